@@ -1,0 +1,6 @@
+//! observer: how Kubernetes Service traffic is really spread across pods on a node.
+//!
+//! Pure logic lives here, free of aya and tokio types so it is unit-testable without
+//! root; `main.rs` and `capture` are the edges that touch the kernel.
+
+pub mod record;

@@ -1,0 +1,253 @@
+//! The connection log: one JSON object per line. This schema is a contract (README.md,
+//! "Record schema"); other projects' tests parse it.
+//!
+//! ```text
+//! {"type":"conn","proto":"tcp","client":"10.244.1.9:45364","original_dst":"10.96.35.226:80",
+//!  "backend":"10.244.1.13:3000","service":"shop/checkout:http","endpoint_in_rules":true,
+//!  "netns":4026532301,"start":"2026-08-06T13:46:36.412345Z","end":"2026-08-06T13:46:40.500000Z",
+//!  "duration_ms":4087.655,"requests":30,"bytes_to_backend":2790,"bytes_from_backend":5400,
+//!  "close":"fin","start_seen":true}
+//! {"type":"summary","connections":22,"dnat_events":22,"lost_events":0,"read_errors":0,...}
+//! ```
+
+use std::net::SocketAddr;
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde::{Deserialize, Serialize};
+
+/// Transport protocol of a connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Proto {
+    Tcp,
+    Udp,
+}
+
+impl std::fmt::Display for Proto {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Proto::Tcp => "tcp",
+            Proto::Udp => "udp",
+        })
+    }
+}
+
+/// How a connection ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Close {
+    /// TCP: both sides sent FIN.
+    Fin,
+    /// TCP: a side sent RST.
+    Rst,
+    /// No packet for the idle timeout (UDP; TCP that never got a reply).
+    Timeout,
+    /// Still open when the recording ended.
+    Open,
+}
+
+/// One connection that the node's NAT rules DNATed: what the client dialed, which
+/// backend conntrack pinned it to, for how long, and what it carried.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ConnRecord {
+    pub proto: Proto,
+    /// The client's address and port (conntrack's original source).
+    pub client: SocketAddr,
+    /// What the client dialed: ClusterIP:port, NodeIP:NodePort, external IP...
+    pub original_dst: SocketAddr,
+    /// The backend the connection was pinned to: pod IP:targetPort.
+    pub backend: SocketAddr,
+    /// `ns/name:port` as kube-proxy's rules name the Service port; null when unknown.
+    pub service: Option<String>,
+    /// Whether `backend` is still an endpoint of `service` in the node's current rules;
+    /// `false` is a stale pin; null when the service is unknown.
+    #[serde(default)]
+    pub endpoint_in_rules: Option<bool>,
+    /// Network namespace (inode) of the conntrack entry: which node made the decision.
+    pub netns: u32,
+    /// First packet seen.
+    #[serde(with = "micros")]
+    pub start: DateTime<Utc>,
+    /// Last packet (FIN/RST) or idle-timeout start; null while open.
+    #[serde(with = "micros_opt")]
+    pub end: Option<DateTime<Utc>>,
+    /// How long the connection stayed pinned (so far, when open), in milliseconds.
+    pub duration_ms: f64,
+    /// Requests: the first client payload, then each client payload after backend payload.
+    pub requests: u64,
+    pub bytes_to_backend: u64,
+    pub bytes_from_backend: u64,
+    pub close: Close,
+    /// False when observer attached after the connection's first packet (counts then
+    /// cover only what was seen).
+    #[serde(default = "yes")]
+    pub start_seen: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// The last line of a recording.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SummaryRecord {
+    /// Connection records written.
+    pub connections: u64,
+    /// DNAT decisions reported by the kernel (open events).
+    pub dnat_events: u64,
+    /// Events lost: ring buffer full, or connection table full.
+    pub lost_events: u64,
+    /// Kernel memory reads that failed.
+    pub read_errors: u64,
+    #[serde(with = "micros")]
+    pub started: DateTime<Utc>,
+    #[serde(with = "micros")]
+    pub ended: DateTime<Utc>,
+}
+
+/// One line of a recording.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub enum LogLine {
+    Conn(ConnRecord),
+    Summary(SummaryRecord),
+}
+
+/// Errors reading a recording.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error("{path}: cannot read: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}:{line}: not a connection log line: {message}")]
+    Parse {
+        path: String,
+        line: usize,
+        message: String,
+    },
+    #[error("{path}: the file is empty; expected JSON Lines written by `observer record`")]
+    Empty { path: String },
+}
+
+/// A parsed recording.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Recording {
+    pub conns: Vec<ConnRecord>,
+    pub summary: Option<SummaryRecord>,
+}
+
+impl Recording {
+    /// Parses JSON Lines text; `path` only names the source in errors.
+    pub fn parse(path: &str, text: &str) -> Result<Recording, ReadError> {
+        let mut recording = Recording::default();
+        let mut lines = 0;
+        for (index, line) in text.lines().enumerate() {
+            if line.trim().is_empty() {
+                continue;
+            }
+            lines += 1;
+            let parsed: LogLine =
+                serde_json::from_str(line).map_err(|err| ReadError::Parse {
+                    path: path.to_owned(),
+                    line: index + 1,
+                    message: err.to_string(),
+                })?;
+            match parsed {
+                LogLine::Conn(conn) => recording.conns.push(conn),
+                LogLine::Summary(summary) => recording.summary = Some(summary),
+            }
+        }
+        if lines == 0 {
+            return Err(ReadError::Empty { path: path.to_owned() });
+        }
+        Ok(recording)
+    }
+
+    /// Reads and parses a file.
+    pub fn read(path: &std::path::Path) -> Result<Recording, ReadError> {
+        let name = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| ReadError::Io {
+            path: name.clone(),
+            source,
+        })?;
+        Recording::parse(&name, &text)
+    }
+}
+
+/// Formats a time the way the log writes it: RFC 3339, microseconds, `Z`.
+pub fn format_time(time: &DateTime<Utc>) -> String {
+    time.to_rfc3339_opts(SecondsFormat::Micros, true)
+}
+
+mod micros {
+    use chrono::{DateTime, Utc};
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(time: &DateTime<Utc>, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&super::format_time(time))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<DateTime<Utc>, D::Error> {
+        let text = String::deserialize(d)?;
+        DateTime::parse_from_rfc3339(&text)
+            .map(|t| t.with_timezone(&Utc))
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+mod micros_opt {
+    use chrono::{DateTime, Utc};
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(time: &Option<DateTime<Utc>>, s: S) -> Result<S::Ok, S::Error> {
+        match time {
+            Some(time) => s.serialize_str(&super::format_time(time)),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<DateTime<Utc>>, D::Error> {
+        Option::<String>::deserialize(d)?
+            .map(|text| {
+                DateTime::parse_from_rfc3339(&text)
+                    .map(|t| t.with_timezone(&Utc))
+                    .map_err(serde::de::Error::custom)
+            })
+            .transpose()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EXAMPLE: &str = r#"{"type":"conn","proto":"tcp","client":"10.244.1.9:45364","original_dst":"10.96.35.226:80","backend":"10.244.1.13:3000","service":null,"endpoint_in_rules":null,"netns":4026532301,"start":"2026-08-06T13:46:36.412345Z","end":"2026-08-06T13:46:40.500000Z","duration_ms":4087.655,"requests":30,"bytes_to_backend":2790,"bytes_from_backend":5400,"close":"fin","start_seen":true}"#;
+
+    #[test]
+    fn conn_line_round_trips_byte_for_byte() {
+        let line: LogLine = serde_json::from_str(EXAMPLE).unwrap();
+        assert_eq!(serde_json::to_string(&line).unwrap(), EXAMPLE);
+    }
+
+    #[test]
+    fn ipv6_endpoints_are_bracketed() {
+        let addr: SocketAddr = "[fd00::1]:80".parse().unwrap();
+        assert_eq!(serde_json::to_string(&addr).unwrap(), "\"[fd00::1]:80\"");
+    }
+
+    #[test]
+    fn parse_errors_name_the_line() {
+        let text = format!("{EXAMPLE}\n{{\"type\":\"conn\"\n");
+        let err = Recording::parse("x.jsonl", &text).unwrap_err();
+        assert!(err.to_string().starts_with("x.jsonl:2: "), "{err}");
+    }
+
+    #[test]
+    fn empty_file_is_an_error() {
+        let err = Recording::parse("e.jsonl", "\n").unwrap_err();
+        assert!(matches!(err, ReadError::Empty { .. }));
+    }
+}

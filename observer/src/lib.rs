@@ -4,3 +4,4 @@
 //! root; `main.rs` and `capture` are the edges that touch the kernel.
 
 pub mod record;
+pub mod live;

@@ -105,11 +105,54 @@ pub struct SummaryRecord {
     pub ended: DateTime<Utc>,
 }
 
+/// How traffic reaches a Service: which kind of address the client dialed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FrontendKind {
+    ClusterIp,
+    NodePort,
+    ExternalIp,
+    LoadBalancer,
+}
+
+/// One address of a Service. `ip` is null for a NodePort (any local address).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Frontend {
+    pub kind: FrontendKind,
+    pub ip: Option<std::net::IpAddr>,
+    pub port: u16,
+}
+
+/// One endpoint of a Service with the share of new connections the rules give it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EndpointShare {
+    pub addr: SocketAddr,
+    /// The iptables `--probability` waterfall multiplied out; 1/N in nftables mode.
+    pub expected_share: f64,
+}
+
+/// A Service port as the node's rules define it, written once when a recording first
+/// sees it and again whenever its endpoints change, so that summaries can show backends
+/// that received nothing (the "30 / 0 / 0" of a keep-alive client).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ServiceRecord {
+    /// `ns/name:port` as kube-proxy names the Service port.
+    pub service: String,
+    pub proto: Proto,
+    /// Network namespace (inode) whose rules define it.
+    pub netns: u32,
+    pub frontends: Vec<Frontend>,
+    pub endpoints: Vec<EndpointShare>,
+    #[serde(with = "micros")]
+    pub time: DateTime<Utc>,
+}
+
 /// One line of a recording.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "lowercase")]
 pub enum LogLine {
     Conn(ConnRecord),
+    Service(ServiceRecord),
     Summary(SummaryRecord),
 }
 
@@ -136,6 +179,8 @@ pub enum ReadError {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Recording {
     pub conns: Vec<ConnRecord>,
+    /// Service lines in file order (a later line for the same service and netns wins).
+    pub services: Vec<ServiceRecord>,
     pub summary: Option<SummaryRecord>,
 }
 
@@ -157,6 +202,7 @@ impl Recording {
                 })?;
             match parsed {
                 LogLine::Conn(conn) => recording.conns.push(conn),
+                LogLine::Service(service) => recording.services.push(service),
                 LogLine::Summary(summary) => recording.summary = Some(summary),
             }
         }

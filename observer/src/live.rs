@@ -1,0 +1,45 @@
+//! What the capture side hands to its consumers (the recorder and the live view) while
+//! it runs. Plain data: no aya or tokio types, so consumers are testable without root.
+
+use crate::record::{ConnRecord, ServiceRecord};
+
+/// Identifies one connection: the kernel's `struct nf_conn` address (reused after the
+/// entry is freed) plus the time its first packet was seen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ConnId {
+    pub conntrack: u64,
+    pub start_ns: u64,
+}
+
+/// Counters from the kernel side and the capture loop, cumulative since start.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CaptureStats {
+    /// Events read from the ring buffer.
+    pub events: u64,
+    /// DNAT decisions (open events) seen.
+    pub dnat_events: u64,
+    /// Events lost (ring buffer full + connection table full).
+    pub lost_events: u64,
+    /// Kernel memory reads that failed.
+    pub read_errors: u64,
+    /// Kernel programs attached.
+    pub hooks_attached: u32,
+    /// Distinct network namespaces whose conntrack entries were seen.
+    pub netns_seen: u32,
+    /// Connections currently tracked by the kernel.
+    pub live_connections: u64,
+    /// Where the connection log is being written, if anywhere.
+    pub recording: Option<String>,
+}
+
+/// One update from the capture side.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Update {
+    /// A connection opened, progressed (`record.close == Close::Open`, counters so far)
+    /// or finished (`record.close` is fin, rst or timeout: the final record).
+    Conn { id: ConnId, record: ConnRecord },
+    /// A Service's definition from the rules (first sight or changed endpoints).
+    Service(ServiceRecord),
+    /// Counters, sent about once a second.
+    Stats(CaptureStats),
+}

@@ -1,10 +1,23 @@
+//! observer's kernel programs. They run on hooks this kernel allows without kprobes or
+//! fentry (tracepoints), read conntrack's own decision from each packet's `skb->_nfct`,
+//! and keep one entry per DNATed connection.
+//!
+//! Layout: `maps.rs` (maps, counters, the offsets global), `kernel.rs` (reads of kernel
+//! memory), `packet.rs` (header parsing), `conn.rs` (per-connection accounting),
+//! `hooks/` (one file per hook family).
 #![no_std]
 #![no_main]
+
+mod conn;
+mod hooks;
+mod kernel;
+mod maps;
+mod packet;
 
 #[cfg(not(test))]
 #[panic_handler]
 fn panic(_info: &core::panic::PanicInfo<'_>) -> ! {
-    // SAFETY: the verifier rejects any program that could reach this; it only exists
-    // because `no_std` binaries need a panic handler.
+    // SAFETY: eBPF programs cannot unwind; the verifier rejects a program that could
+    // reach this, it only exists because `no_std` binaries need a panic handler.
     unsafe { core::hint::unreachable_unchecked() }
 }

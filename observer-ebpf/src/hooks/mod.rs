@@ -1,0 +1,3 @@
+//! One file per hook family.
+
+mod dev_queue;

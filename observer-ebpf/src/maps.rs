@@ -1,0 +1,67 @@
+//! Maps shared with user space, and the offsets global it fills in before load.
+
+use aya_ebpf::{
+    macros::map,
+    maps::{HashMap, PerCpuArray, RingBuf},
+};
+use observer_common::{conn::ConnState, counters, offsets::KernelOffsets};
+
+/// Kernel structure offsets read from BTF by user space (`EbpfLoader::set_global`).
+/// All zero (and `valid == 0`) until then, in which case the programs do nothing.
+#[unsafe(no_mangle)]
+static OFFSETS: KernelOffsets = KernelOffsets {
+    skb_nfct: 0,
+    skb_head: 0,
+    skb_data: 0,
+    skb_len: 0,
+    skb_network_header: 0,
+    ct_tuple_original: 0,
+    ct_tuple_reply: 0,
+    ct_status: 0,
+    ct_net: 0,
+    ct_tcp_state: 0,
+    net_ns_inum: 0,
+    tuple_src_addr: 0,
+    tuple_src_port: 0,
+    tuple_src_l3num: 0,
+    tuple_dst_addr: 0,
+    tuple_dst_port: 0,
+    tuple_dst_protonum: 0,
+    valid: 0,
+};
+
+/// The offsets as user space set them. A volatile read keeps the compiler from
+/// folding the all-zero initializer into the code.
+#[inline(always)]
+pub fn offsets() -> KernelOffsets {
+    // SAFETY: `OFFSETS` is a plain static of POD data; the read is aligned and valid.
+    unsafe { core::ptr::read_volatile(&raw const OFFSETS) }
+}
+
+/// Tracked DNATed connections, keyed by the `struct nf_conn` address. User space sizes
+/// it (`--max-connections`) and removes entries that idle out.
+#[map]
+pub static CONNS: HashMap<u64, ConnState> = HashMap::with_max_entries(65536, 0);
+
+/// Open and close events for user space.
+#[map]
+pub static EVENTS: RingBuf = RingBuf::with_byte_size(4 * 1024 * 1024, 0);
+
+/// `observer_common::counters` indices.
+#[map]
+pub static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counters::COUNT, 0);
+
+/// One `ConnState` per CPU to build a new entry in: too large for the 512-byte stack
+/// together with everything else.
+#[map]
+pub static SCRATCH: PerCpuArray<ConnState> = PerCpuArray::with_max_entries(1, 0);
+
+/// Adds one to a per-CPU counter.
+#[inline(always)]
+pub fn count(index: u32) {
+    if let Some(counter) = COUNTERS.get_ptr_mut(index) {
+        // SAFETY: per-CPU slot, only this CPU writes it while this program runs
+        // (programs are not preempted on their CPU).
+        unsafe { *counter += 1 };
+    }
+}

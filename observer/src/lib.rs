@@ -5,3 +5,4 @@
 
 pub mod record;
 pub mod live;
+pub mod stats;

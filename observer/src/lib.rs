@@ -6,3 +6,7 @@
 pub mod record;
 pub mod live;
 pub mod stats;
+pub mod btf;
+pub mod offsets;
+pub mod decode;
+pub mod tracker;

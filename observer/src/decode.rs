@@ -1,0 +1,83 @@
+//! Decoding of what the kernel programs hand over: ring-buffer records and tuples.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+use observer_common::conn::{ConnEvent, Endpoint, FAMILY_IPV6, PROTO_TCP, PROTO_UDP};
+
+use crate::record::Proto;
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum DecodeError {
+    #[error("ring-buffer record of {got} bytes, expected {expected}")]
+    Length { got: usize, expected: usize },
+    #[error("unknown IP protocol {0} in a tracked connection")]
+    Protocol(u8),
+}
+
+/// Decodes one ring-buffer record, checking its length first.
+pub fn conn_event(bytes: &[u8]) -> Result<ConnEvent, DecodeError> {
+    let expected = std::mem::size_of::<ConnEvent>();
+    if bytes.len() < expected {
+        return Err(DecodeError::Length { got: bytes.len(), expected });
+    }
+    // SAFETY: the length is checked above, `ConnEvent` is `#[repr(C)]` plain data for
+    // which every bit pattern is valid, and `read_unaligned` has no alignment needs.
+    Ok(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<ConnEvent>()) })
+}
+
+/// An endpoint as a socket address: IPv4 uses the first four address bytes.
+pub fn socket_addr(family: u16, endpoint: &Endpoint) -> SocketAddr {
+    let ip = if family == FAMILY_IPV6 {
+        IpAddr::V6(Ipv6Addr::from(endpoint.addr))
+    } else {
+        let [a, b, c, d, ..] = endpoint.addr;
+        IpAddr::V4(Ipv4Addr::new(a, b, c, d))
+    };
+    SocketAddr::new(ip, endpoint.port)
+}
+
+/// The record's protocol for a kernel protocol number.
+pub fn proto(protocol: u8) -> Result<Proto, DecodeError> {
+    match protocol {
+        PROTO_TCP => Ok(Proto::Tcp),
+        PROTO_UDP => Ok(Proto::Udp),
+        other => Err(DecodeError::Protocol(other)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use observer_common::conn::{EVENT_OPEN, FAMILY_IPV4};
+
+    use super::*;
+
+    #[test]
+    fn decodes_a_record_and_rejects_short_ones() {
+        let mut event = ConnEvent { kind: EVENT_OPEN, conntrack: 0xffff_8880_1234_5600, ..Default::default() };
+        event.state.requests = 30;
+        // SAFETY: viewing a POD struct as bytes for the test.
+        let bytes = unsafe {
+            std::slice::from_raw_parts((&raw const event).cast::<u8>(), std::mem::size_of::<ConnEvent>())
+        };
+        // An unaligned copy, as ring-buffer records may be.
+        let mut unaligned = vec![0u8; bytes.len() + 1];
+        unaligned[1..].copy_from_slice(bytes);
+        assert_eq!(conn_event(&unaligned[1..]), Ok(event));
+        assert_eq!(
+            conn_event(&bytes[..100]),
+            Err(DecodeError::Length { got: 100, expected: 184 })
+        );
+    }
+
+    #[test]
+    fn addresses() {
+        let mut endpoint = Endpoint { port: 8080, ..Default::default() };
+        endpoint.addr[..4].copy_from_slice(&[10, 244, 1, 12]);
+        assert_eq!(socket_addr(FAMILY_IPV4, &endpoint).to_string(), "10.244.1.12:8080");
+        let mut v6 = Endpoint { port: 80, ..Default::default() };
+        v6.addr = "fd00::1".parse::<Ipv6Addr>().unwrap().octets();
+        assert_eq!(socket_addr(FAMILY_IPV6, &v6).to_string(), "[fd00::1]:80");
+        assert_eq!(proto(6), Ok(Proto::Tcp));
+        assert_eq!(proto(1), Err(DecodeError::Protocol(1)));
+    }
+}

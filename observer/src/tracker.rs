@@ -1,0 +1,249 @@
+//! Turns kernel events and connection-table snapshots into connection records: every
+//! DNATed connection exactly once, closed by FIN/RST (kernel), by idle timeout
+//! (here), or still open when the recording ends.
+
+use std::collections::HashMap;
+
+use chrono::{DateTime, Utc};
+use observer_common::conn::{
+    flags, ConnEvent, ConnState, CLOSE_FIN, CLOSE_RST, EVENT_OPEN, PROTO_UDP,
+};
+
+use crate::{
+    decode::{self, DecodeError},
+    live::ConnId,
+    record::{Close, ConnRecord},
+};
+
+/// Maps the kernel's monotonic clock (`bpf_ktime_get_ns`) to wall-clock time.
+#[derive(Clone, Copy, Debug)]
+pub struct Clock {
+    pub monotonic_ns: u64,
+    pub wall: DateTime<Utc>,
+}
+
+impl Clock {
+    pub fn wall(&self, monotonic_ns: u64) -> DateTime<Utc> {
+        let delta = monotonic_ns as i128 - self.monotonic_ns as i128;
+        self.wall + chrono::Duration::nanoseconds(delta as i64)
+    }
+}
+
+/// What a sweep of the kernel's connection table found.
+#[derive(Debug, Default, PartialEq)]
+pub struct Sweep {
+    /// Open connections whose counters moved since the last sweep.
+    pub progress: Vec<(ConnId, ConnRecord)>,
+    /// Connections idle past the timeout: remove them from the kernel table, then call
+    /// `Tracker::expired` for each removal that succeeded.
+    pub idle: Vec<(u64, ConnState)>,
+}
+
+pub struct Tracker {
+    clock: Clock,
+    idle_timeout_ns: u64,
+    /// Open connections and the `last_ns` reported for each.
+    open: HashMap<ConnId, u64>,
+    dnat_events: u64,
+}
+
+impl Tracker {
+    pub fn new(clock: Clock, idle_timeout: std::time::Duration) -> Tracker {
+        Tracker { clock, idle_timeout_ns: idle_timeout.as_nanos() as u64, open: HashMap::new(), dnat_events: 0 }
+    }
+
+    /// DNAT decisions reported by the kernel so far.
+    pub fn dnat_events(&self) -> u64 {
+        self.dnat_events
+    }
+
+    /// Connections currently open.
+    pub fn open_count(&self) -> usize {
+        self.open.len()
+    }
+
+    /// An open or close event from the ring buffer.
+    pub fn on_event(&mut self, event: &ConnEvent) -> Result<(ConnId, ConnRecord), DecodeError> {
+        let id = ConnId { conntrack: event.conntrack, start_ns: event.state.start_ns };
+        if event.kind == EVENT_OPEN {
+            self.dnat_events += 1;
+            let record = self.record(&event.state, Close::Open, event.time_ns)?;
+            self.open.insert(id, event.state.last_ns);
+            return Ok((id, record));
+        }
+        self.open.remove(&id);
+        let close = match event.close {
+            CLOSE_FIN => Close::Fin,
+            CLOSE_RST => Close::Rst,
+            // The kernel reused the entry's memory: the connection idled out unseen.
+            _ => Close::Timeout,
+        };
+        Ok((id, self.record(&event.state, close, event.state.last_ns)?))
+    }
+
+    /// Compares the kernel's table with what is known: progress for the live view,
+    /// idle connections to expire.
+    pub fn sweep(&mut self, entries: &[(u64, ConnState)], now_ns: u64) -> Sweep {
+        let mut sweep = Sweep::default();
+        for (conntrack, state) in entries {
+            let id = ConnId { conntrack: *conntrack, start_ns: state.start_ns };
+            if self.is_idle(state, now_ns) {
+                sweep.idle.push((*conntrack, *state));
+                continue;
+            }
+            let moved = self.open.insert(id, state.last_ns) != Some(state.last_ns);
+            if moved {
+                if let Ok(record) = self.record(state, Close::Open, now_ns) {
+                    sweep.progress.push((id, record));
+                }
+            }
+        }
+        sweep
+    }
+
+    /// A connection removed from the kernel table for idling: its final record.
+    pub fn expired(&mut self, conntrack: u64, state: &ConnState) -> Result<(ConnId, ConnRecord), DecodeError> {
+        let id = ConnId { conntrack, start_ns: state.start_ns };
+        self.open.remove(&id);
+        Ok((id, self.record(state, Close::Timeout, state.last_ns)?))
+    }
+
+    /// At the end of a recording: every connection still in the kernel table, as open.
+    pub fn finish(&mut self, entries: &[(u64, ConnState)], now_ns: u64) -> Vec<Result<(ConnId, ConnRecord), DecodeError>> {
+        self.open.clear();
+        entries
+            .iter()
+            .map(|(conntrack, state)| {
+                let id = ConnId { conntrack: *conntrack, start_ns: state.start_ns };
+                Ok((id, self.record(state, Close::Open, now_ns)?))
+            })
+            .collect()
+    }
+
+    /// UDP has no end but silence; a TCP connection that never got an answer (a SYN to
+    /// a dead backend) ends the same way. Established TCP waits for FIN or RST.
+    fn is_idle(&self, state: &ConnState, now_ns: u64) -> bool {
+        let silent = now_ns.saturating_sub(state.last_ns) >= self.idle_timeout_ns;
+        let answered = state.flags & flags::SEQ_KNOWN_REPLY != 0;
+        silent && (state.original.protocol == PROTO_UDP || !answered)
+    }
+
+    /// The record for `state`: `close == Open` measures the duration up to `until_ns`;
+    /// otherwise the connection ended at `until_ns`.
+    fn record(&self, state: &ConnState, close: Close, until_ns: u64) -> Result<ConnRecord, DecodeError> {
+        let proto = decode::proto(state.original.protocol)?;
+        let end_ns = until_ns.max(state.start_ns);
+        Ok(ConnRecord {
+            proto,
+            client: decode::socket_addr(state.original.family, &state.original.src),
+            original_dst: decode::socket_addr(state.original.family, &state.original.dst),
+            backend: decode::socket_addr(state.reply.family, &state.reply.src),
+            service: None,
+            endpoint_in_rules: None,
+            netns: state.netns,
+            start: self.clock.wall(state.start_ns),
+            end: (close != Close::Open).then(|| self.clock.wall(end_ns)),
+            duration_ms: (end_ns - state.start_ns) as f64 / 1e6,
+            requests: state.requests as u64,
+            bytes_to_backend: state.bytes[0],
+            bytes_from_backend: state.bytes[1],
+            close,
+            start_seen: state.flags & flags::START_SEEN != 0,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use observer_common::conn::{Endpoint, FlowTuple, EVENT_CLOSE, FAMILY_IPV4, PROTO_TCP};
+
+    use super::*;
+
+    const SECOND: u64 = 1_000_000_000;
+
+    fn endpoint(ip: [u8; 4], port: u16) -> Endpoint {
+        let mut addr = [0; 16];
+        addr[..4].copy_from_slice(&ip);
+        Endpoint { addr, port, _pad: [0; 2] }
+    }
+
+    fn state(protocol: u8, start_ns: u64, last_ns: u64) -> ConnState {
+        ConnState {
+            start_ns,
+            last_ns,
+            bytes: [93, 180],
+            requests: 1,
+            netns: 4026532301,
+            flags: flags::START_SEEN | flags::SEQ_KNOWN_REPLY,
+            original: FlowTuple {
+                src: endpoint([10, 244, 1, 9], 45364),
+                dst: endpoint([10, 96, 35, 226], 80),
+                family: FAMILY_IPV4,
+                protocol,
+                _pad: 0,
+            },
+            reply: FlowTuple {
+                src: endpoint([10, 244, 1, 13], 8080),
+                dst: endpoint([10, 244, 1, 9], 45364),
+                family: FAMILY_IPV4,
+                protocol,
+                _pad: 0,
+            },
+            ..Default::default()
+        }
+    }
+
+    fn tracker() -> Tracker {
+        let clock = Clock { monotonic_ns: 100 * SECOND, wall: "2026-08-06T13:46:00Z".parse().unwrap() };
+        Tracker::new(clock, std::time::Duration::from_secs(30))
+    }
+
+    #[test]
+    fn open_then_fin_gives_one_closed_record() {
+        let mut tracker = tracker();
+        let open = ConnEvent { kind: EVENT_OPEN, conntrack: 7, time_ns: 136 * SECOND, state: state(PROTO_TCP, 136 * SECOND, 136 * SECOND), ..Default::default() };
+        let (id, record) = tracker.on_event(&open).unwrap();
+        assert_eq!(record.close, Close::Open);
+        assert_eq!(record.end, None);
+        assert_eq!(tracker.open_count(), 1);
+        let mut closing = state(PROTO_TCP, 136 * SECOND, 140 * SECOND + 500_000);
+        closing.requests = 30;
+        let close = ConnEvent { kind: EVENT_CLOSE, close: CLOSE_FIN, conntrack: 7, time_ns: closing.last_ns, state: closing };
+        let (closed_id, record) = tracker.on_event(&close).unwrap();
+        assert_eq!(closed_id, id);
+        assert_eq!(tracker.open_count(), 0);
+        assert_eq!(tracker.dnat_events(), 1);
+        let line = serde_json::to_string(&crate::record::LogLine::Conn(record)).unwrap();
+        assert_eq!(
+            line,
+            r#"{"type":"conn","proto":"tcp","client":"10.244.1.9:45364","original_dst":"10.96.35.226:80","backend":"10.244.1.13:8080","service":null,"endpoint_in_rules":null,"netns":4026532301,"start":"2026-08-06T13:46:36.000000Z","end":"2026-08-06T13:46:40.000500Z","duration_ms":4000.5,"requests":30,"bytes_to_backend":93,"bytes_from_backend":180,"close":"fin","start_seen":true}"#
+        );
+    }
+
+    #[test]
+    fn udp_idles_out_and_tcp_established_does_not() {
+        let mut tracker = tracker();
+        let udp = state(PROTO_UDP, 100 * SECOND, 101 * SECOND);
+        let tcp = state(PROTO_TCP, 100 * SECOND, 101 * SECOND);
+        let mut unanswered = state(PROTO_TCP, 100 * SECOND, 101 * SECOND);
+        unanswered.flags = flags::START_SEEN;
+        let entries = [(1, udp), (2, tcp), (3, unanswered)];
+        let early = tracker.sweep(&entries, 130 * SECOND);
+        assert!(early.idle.is_empty());
+        assert_eq!(early.progress.len(), 3);
+        assert!(tracker.sweep(&entries, 130 * SECOND).progress.is_empty(), "no change, no progress");
+        let late = tracker.sweep(&entries, 131 * SECOND);
+        assert_eq!(late.idle.iter().map(|(ct, _)| *ct).collect::<Vec<_>>(), vec![1, 3]);
+        let (_, record) = tracker.expired(1, &udp).unwrap();
+        assert_eq!(record.close, Close::Timeout);
+        assert_eq!(record.duration_ms, 1000.0);
+    }
+
+    #[test]
+    fn finish_reports_open_connections() {
+        let mut tracker = tracker();
+        let records = tracker.finish(&[(9, state(PROTO_TCP, 100 * SECOND, 101 * SECOND))], 103 * SECOND);
+        let (_, record) = records[0].as_ref().unwrap();
+        assert_eq!((record.close, record.end, record.duration_ms), (Close::Open, None, 3000.0));
+    }
+}

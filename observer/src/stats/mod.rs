@@ -11,13 +11,18 @@
 //!   N = backends seen, and `in_rules` is `true` (nothing says the pin is stale).
 //! - Percentiles are nearest-rank: the p-th percentile of N sorted values is the value
 //!   at rank ceil(p/100 * N) (1-based), so it is always a value that occurred.
-//! - Skew: max over backends of `request_share / expected_share`, over backends with a
-//!   positive expected share; 1.00 is a perfect spread, 3.00 is "one backend of three got
-//!   everything". `None` when the Service has no requests.
+//! - Skew: max over backends of `share / expected_share`, over backends with a positive
+//!   expected share, where `share` is the backend's part of the requests to those
+//!   backends (equal to `request_share` unless backends outside the rules got requests:
+//!   those are reported as stale pins instead of dragging skew below 1). 1.00 is a
+//!   perfect spread, 3.00 is "one backend of three got everything". `None` when no such
+//!   backend got a request.
 //!
 //! [`Aggregator::apply`] keeps running totals, so an update costs a few hash look-ups;
 //! percentiles are computed only when [`Aggregator::services`] is called. Every
 //! connection's duration is kept (8 bytes + id per connection) for the percentiles.
+
+pub mod summary;
 
 use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
@@ -81,28 +86,43 @@ pub struct ServiceStats {
     /// Every endpoint of the latest `ServiceRecord` (even with no connections) and every
     /// backend seen, sorted by address.
     pub backends: Vec<BackendStats>,
-    /// Max over backends of request_share / expected_share; `None` with no requests.
+    /// Max over backends of share / expected_share (see the module doc); `None` with no
+    /// requests.
     pub skew: Option<f64>,
 }
 
+/// The backend that determines a Service's skew.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SkewDetail<'a> {
+    pub backend: &'a BackendStats,
+    /// Its share of the requests to backends that have an expected share.
+    pub share: f64,
+    /// `share / expected_share`.
+    pub skew: f64,
+}
+
 impl ServiceStats {
-    /// The backend that determines `skew` (highest request_share / expected_share).
-    pub fn skew_backend(&self) -> Option<&BackendStats> {
-        if self.requests == 0 {
+    /// The backend with the highest share / expected share (the first one on ties);
+    /// `None` when no backend with a positive expected share got a request.
+    pub fn skew_detail(&self) -> Option<SkewDetail<'_>> {
+        let expected = |b: &BackendStats| b.expected_share.filter(|e| *e > 0.0);
+        let total: u64 = self
+            .backends
+            .iter()
+            .filter(|b| expected(b).is_some())
+            .map(|b| b.requests)
+            .sum();
+        if total == 0 {
             return None;
         }
         self.backends
             .iter()
-            .filter_map(|b| ratio(b).map(|r| (r, b)))
-            .max_by(|a, b| a.0.total_cmp(&b.0))
-            .map(|(_, b)| b)
-    }
-}
-
-fn ratio(backend: &BackendStats) -> Option<f64> {
-    match backend.expected_share {
-        Some(expected) if expected > 0.0 => Some(backend.request_share / expected),
-        _ => None,
+            .filter_map(|backend| {
+                let share = backend.requests as f64 / total as f64;
+                let skew = share / expected(backend)?;
+                Some(SkewDetail { backend, share, skew })
+            })
+            .reduce(|best, next| if next.skew > best.skew { next } else { best })
     }
 }
 
@@ -346,7 +366,7 @@ impl Aggregator {
             backends,
             skew: None,
         };
-        stats.skew = stats.skew_backend().and_then(ratio);
+        stats.skew = stats.skew_detail().map(|d| d.skew);
         stats
     }
 
@@ -468,7 +488,8 @@ pub(crate) mod tests {
         assert_eq!(s.backends[1].lifetime_ms, None);
         assert_eq!(s.backends[1].expected_share, Some(THIRD));
         assert_eq!(s.skew, Some(1.0 / THIRD));
-        assert_eq!(s.skew_backend().unwrap().backend, addr("10.244.1.12:8080"));
+        let detail = s.skew_detail().unwrap();
+        assert_eq!((detail.backend.backend, detail.share), (addr("10.244.1.12:8080"), 1.0));
         assert_eq!(s.frontends.len(), 1);
         let b = &s.backends[0];
         assert_eq!((b.bytes_to_backend, b.bytes_from_backend), (2790, 5400));
@@ -669,8 +690,9 @@ pub(crate) mod tests {
                 (addr("10.244.1.99:8080"), false, None, 2),
             ]
         );
-        // Only backends with an expected share count towards skew.
-        assert_eq!(s.skew, Some(0.5));
+        // Requests to the stale backend do not count towards skew: the current
+        // endpoint got all the others, as its share of 1.0 says.
+        assert_eq!(s.skew, Some(1.0));
     }
 
     #[test]

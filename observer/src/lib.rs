@@ -10,3 +10,4 @@ pub mod btf;
 pub mod offsets;
 pub mod decode;
 pub mod tracker;
+pub mod tui;

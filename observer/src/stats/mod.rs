@@ -22,6 +22,7 @@
 //! percentiles are computed only when [`Aggregator::services`] is called. Every
 //! connection's duration is kept (8 bytes + id per connection) for the percentiles.
 
+pub mod check;
 pub mod summary;
 
 use std::collections::{BTreeSet, HashMap};

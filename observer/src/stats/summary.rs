@@ -123,7 +123,7 @@ pub fn render(file: &str, summary: Option<&SummaryRecord>, services: &[ServiceSt
     out
 }
 
-fn plural(n: u64, word: &str) -> String {
+pub(crate) fn plural(n: u64, word: &str) -> String {
     if n == 1 {
         format!("{n} {word}")
     } else {
@@ -160,7 +160,7 @@ fn frontend_text(service: &ServiceStats) -> String {
         .join(", ")
 }
 
-pub fn percent(share: f64) -> String {
+fn percent(share: f64) -> String {
     format!("{:.0}%", share * 100.0)
 }
 
@@ -207,8 +207,8 @@ fn backend_note(b: &BackendStats) -> String {
     }
 }
 
-/// "skew 3.00x: 10.244.1.12:8080 got 100% of requests, expected 33%".
-pub fn skew_sentence(s: &ServiceStats, detail: &SkewDetail<'_>) -> String {
+/// "10.244.1.12:8080 got 100% of requests, expected 33%": why a Service is skewed.
+pub fn skew_cause(detail: &SkewDetail<'_>) -> String {
     // Requests to backends outside the rules do not count (see `stats`); say so when
     // that makes the share differ from the table's.
     let of = if detail.share == detail.backend.request_share {
@@ -217,19 +217,24 @@ pub fn skew_sentence(s: &ServiceStats, detail: &SkewDetail<'_>) -> String {
         "the requests to current endpoints"
     };
     format!(
-        "skew {:.2}x: {} got {} of {of}, expected {}",
-        detail.skew,
+        "{} got {} of {of}, expected {}",
         detail.backend.backend,
         percent(detail.share),
         detail
             .backend
             .expected_share
             .map_or("-".to_owned(), percent),
-    ) + if s.has_rules {
+    )
+}
+
+/// "skew 3.00x: 10.244.1.12:8080 got 100% of requests, expected 33%".
+fn skew_sentence(s: &ServiceStats, detail: &SkewDetail<'_>) -> String {
+    let guess = if s.has_rules {
         ""
     } else {
         " (1/N: no rules known)"
-    }
+    };
+    format!("skew {:.2}x: {}{guess}", detail.skew, skew_cause(detail))
 }
 
 fn render_service(s: &ServiceStats) -> String {

@@ -1,0 +1,539 @@
+//! `observer check FILE`: asserts how a recording's traffic was spread, for CI.
+//!
+//! Exit status: 0 when every condition holds; 1 with one line per violated condition;
+//! 2 when the file cannot be read (missing, empty, or a line that is not a log line:
+//! the message names the line) or the arguments are wrong.
+//!
+//! ```text
+//! $ observer check --max-skew 1.5 --min-backends 3 observer/tests/data/logs/keepalive.jsonl
+//! shop/checkout:http: 1 backend got requests < --min-backends 3 (none to 10.244.1.13:8080, 10.244.1.14:8080)
+//! shop/checkout:http: skew 3.00 > --max-skew 1.5 (10.244.1.12:8080 got 100% of requests, expected 33%)
+//! $ echo $?
+//! 1
+//! $ observer check --max-skew 1.5 --min-backends 3 observer/tests/data/logs/balanced.jsonl
+//! ok: observer/tests/data/logs/balanced.jsonl: 1 Service, 6 connections, every condition holds
+//! $ echo $?
+//! 0
+//! $ observer check --service shop/cart:http observer/tests/data/logs/mixed.jsonl
+//! recording: 2 lost events > --max-lost 0 (ring buffer or connection table full: counts are incomplete)
+//! $ observer check observer/tests/data/logs/corrupt.jsonl
+//! error: observer/tests/data/logs/corrupt.jsonl:3: not a connection log line: EOF while parsing an object at line 1 column 52
+//! $ echo $?
+//! 2
+//! ```
+//!
+//! Conditions on Services apply to each Service selected with `--service` (all of them
+//! by default); a `--service` the recording does not have is a violation. Skew and stale
+//! pins are defined in [`crate::stats`].
+
+use std::fmt;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use super::summary::{plural, skew_cause};
+use super::{Aggregator, ServiceStats};
+use crate::record::{ReadError, Recording, SummaryRecord};
+
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct CheckArgs {
+    /// Connection log written by `observer record` (JSON Lines).
+    #[arg(value_name = "FILE")]
+    pub file: PathBuf,
+    /// Check only this Service (`ns/name:port`, or `IP:port` for unnamed ones); repeatable.
+    #[arg(long, value_name = "NAME")]
+    pub service: Vec<String>,
+    /// Fail when a backend got more than R times its expected share of requests.
+    #[arg(long, value_name = "R", value_parser = skew_ratio)]
+    pub max_skew: Option<f64>,
+    /// Fail when fewer than N backends got at least one request.
+    #[arg(long, value_name = "N")]
+    pub min_backends: Option<u64>,
+    /// Fail when more than N connections were pinned to a backend no longer in the rules.
+    #[arg(long, value_name = "N")]
+    pub max_stale: Option<u64>,
+    /// Fail when a Service has fewer than N connections.
+    #[arg(long, value_name = "N")]
+    pub min_connections: Option<u64>,
+    /// Fail when the recording lost more than N events (or has no summary line).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub max_lost: u64,
+    /// Fail when a Service got fewer than N requests.
+    #[arg(long, value_name = "N")]
+    pub min_requests: Option<u64>,
+}
+
+/// Skew is a max over ratios whose expected values sum to 1, so it is never below 1.
+fn skew_ratio(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(r) if r.is_finite() && r >= 1.0 => Ok(r),
+        _ => Err(format!("{text:?} is not a ratio >= 1 (1 = perfectly even)")),
+    }
+}
+
+/// One violated condition: `subject: text`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Violation {
+    /// The Service, or `recording` for whole-file conditions.
+    pub subject: String,
+    pub text: String,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.subject, self.text)
+    }
+}
+
+pub fn run(args: &CheckArgs) -> anyhow::Result<ExitCode> {
+    match check_file(args) {
+        Err(err) => {
+            eprintln!("error: {err}");
+            Ok(ExitCode::from(2))
+        }
+        Ok((_, violations)) if !violations.is_empty() => {
+            for violation in violations {
+                println!("{violation}");
+            }
+            Ok(ExitCode::from(1))
+        }
+        Ok((services, _)) => {
+            let connections: u64 = services.iter().map(|s| s.connections).sum();
+            println!(
+                "ok: {}: {}, {}, every condition holds",
+                args.file.display(),
+                plural(services.len() as u64, "Service"),
+                plural(connections, "connection"),
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// Reads the file and evaluates the conditions: the Services checked and the violations.
+fn check_file(args: &CheckArgs) -> Result<(Vec<ServiceStats>, Vec<Violation>), ReadError> {
+    let recording = Recording::read(&args.file)?;
+    let mut services = Aggregator::from_recording(&recording).services();
+    let found = violations(args, recording.summary.as_ref(), &services);
+    if !args.service.is_empty() {
+        services.retain(|s| args.service.contains(&s.service));
+    }
+    Ok((services, found))
+}
+
+fn label(service: &ServiceStats) -> String {
+    if service.named {
+        service.service.clone()
+    } else {
+        format!("{}/{}", service.service, service.proto)
+    }
+}
+
+/// Every violated condition, whole-file ones first, then per Service in name order.
+pub fn violations(
+    args: &CheckArgs,
+    summary: Option<&SummaryRecord>,
+    services: &[ServiceStats],
+) -> Vec<Violation> {
+    let mut found = Vec::new();
+    let mut violation = |subject: String, text: String| found.push(Violation { subject, text });
+    let recording = || "recording".to_owned();
+    match summary {
+        None => violation(
+            recording(),
+            format!(
+                "no summary line, so lost events are unknown (the recording did not end cleanly) and --max-lost {} cannot hold",
+                args.max_lost
+            ),
+        ),
+        Some(s) if s.lost_events > args.max_lost => violation(
+            recording(),
+            format!(
+                "{} > --max-lost {} (ring buffer or connection table full: counts are incomplete)",
+                plural(s.lost_events, "lost event"),
+                args.max_lost
+            ),
+        ),
+        Some(_) => {}
+    }
+
+    let selected: Vec<&ServiceStats> = if args.service.is_empty() {
+        services.iter().collect()
+    } else {
+        services
+            .iter()
+            .filter(|s| args.service.contains(&s.service))
+            .collect()
+    };
+    for name in &args.service {
+        if !services.iter().any(|s| &s.service == name) {
+            let known: Vec<&str> = services.iter().map(|s| s.service.as_str()).collect();
+            let known = if known.is_empty() {
+                "none".to_owned()
+            } else {
+                known.join(", ")
+            };
+            violation(
+                name.clone(),
+                format!("not in the recording (it has: {known})"),
+            );
+        }
+    }
+    let per_service = args.max_skew.is_some()
+        || args.min_backends.is_some()
+        || args.max_stale.is_some()
+        || args.min_connections.is_some()
+        || args.min_requests.is_some();
+    if per_service && services.is_empty() && args.service.is_empty() {
+        violation(
+            recording(),
+            "no Services or connections to check".to_owned(),
+        );
+    }
+
+    for s in selected {
+        let subject = || label(s);
+        if let Some(min) = args.min_connections
+            && s.connections < min
+        {
+            violation(
+                subject(),
+                format!(
+                    "{} < --min-connections {min}",
+                    plural(s.connections, "connection")
+                ),
+            );
+        }
+        if let Some(min) = args.min_requests
+            && s.requests < min
+        {
+            violation(
+                subject(),
+                format!("{} < --min-requests {min}", plural(s.requests, "request")),
+            );
+        }
+        if let Some(min) = args.min_backends {
+            let served = s.backends.iter().filter(|b| b.requests > 0).count() as u64;
+            if served < min {
+                let idle: Vec<String> = s
+                    .backends
+                    .iter()
+                    .filter(|b| b.requests == 0 && b.in_rules)
+                    .map(|b| b.backend.to_string())
+                    .collect();
+                let detail = if idle.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (none to {})", idle.join(", "))
+                };
+                violation(
+                    subject(),
+                    format!(
+                        "{} got requests < --min-backends {min}{detail}",
+                        plural(served, "backend")
+                    ),
+                );
+            }
+        }
+        if let Some(max) = args.max_skew
+            && let Some(detail) = s.skew_detail()
+            && detail.skew > max
+        {
+            violation(
+                subject(),
+                format!(
+                    "skew {:.2} > --max-skew {max} ({})",
+                    detail.skew,
+                    skew_cause(&detail)
+                ),
+            );
+        }
+        if let Some(max) = args.max_stale
+            && s.stale_pins > max
+        {
+            let pinned: Vec<String> = s
+                .backends
+                .iter()
+                .filter(|b| b.stale_pins > 0)
+                .map(|b| format!("{}: {}", b.backend, b.stale_pins))
+                .collect();
+            violation(
+                subject(),
+                format!(
+                    "{} > --max-stale {max} ({})",
+                    plural(s.stale_pins, "stale pin"),
+                    pinned.join(", ")
+                ),
+            );
+        }
+    }
+    found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn path(name: &str) -> PathBuf {
+        format!("{}/tests/data/logs/{name}", env!("CARGO_MANIFEST_DIR")).into()
+    }
+
+    fn args(name: &str) -> CheckArgs {
+        CheckArgs {
+            file: path(name),
+            ..CheckArgs::default()
+        }
+    }
+
+    /// The violation lines `observer check` would print.
+    fn lines(args: &CheckArgs) -> Vec<String> {
+        let (_, found) = check_file(args).unwrap();
+        found.iter().map(Violation::to_string).collect()
+    }
+
+    const CHECKOUT: &str = "shop/checkout:http";
+
+    #[test]
+    fn worked_example_in_the_module_doc_is_exact() {
+        let keepalive = CheckArgs {
+            max_skew: Some(1.5),
+            min_backends: Some(3),
+            ..args("keepalive.jsonl")
+        };
+        assert_eq!(
+            lines(&keepalive),
+            [
+                "shop/checkout:http: 1 backend got requests < --min-backends 3 (none to 10.244.1.13:8080, 10.244.1.14:8080)",
+                "shop/checkout:http: skew 3.00 > --max-skew 1.5 (10.244.1.12:8080 got 100% of requests, expected 33%)",
+            ]
+        );
+        let balanced = CheckArgs {
+            file: path("balanced.jsonl"),
+            ..keepalive.clone()
+        };
+        assert_eq!(lines(&balanced), Vec::<String>::new());
+        let mixed = CheckArgs {
+            service: vec!["shop/cart:http".to_owned()],
+            ..args("mixed.jsonl")
+        };
+        assert_eq!(
+            lines(&mixed),
+            [
+                "recording: 2 lost events > --max-lost 0 (ring buffer or connection table full: counts are incomplete)"
+            ]
+        );
+    }
+
+    #[test]
+    fn exit_codes() {
+        let failing = CheckArgs {
+            max_skew: Some(1.5),
+            ..args("keepalive.jsonl")
+        };
+        assert_eq!(run(&failing).unwrap(), ExitCode::from(1));
+        let passing = CheckArgs {
+            max_skew: Some(1.5),
+            ..args("balanced.jsonl")
+        };
+        assert_eq!(run(&passing).unwrap(), ExitCode::SUCCESS);
+        for broken in ["missing.jsonl", "empty.jsonl", "corrupt.jsonl"] {
+            assert_eq!(run(&args(broken)).unwrap(), ExitCode::from(2), "{broken}");
+        }
+    }
+
+    #[test]
+    fn unreadable_files_name_the_cause_and_line() {
+        let err = |name: &str| check_file(&args(name)).unwrap_err().to_string();
+        let dir = path("");
+        let dir = dir.display();
+        assert_eq!(
+            err("corrupt.jsonl"),
+            format!(
+                "{dir}corrupt.jsonl:3: not a connection log line: EOF while parsing an object at line 1 column 52"
+            )
+        );
+        assert_eq!(
+            err("empty.jsonl"),
+            format!(
+                "{dir}empty.jsonl: the file is empty; expected JSON Lines written by `observer record`"
+            )
+        );
+        assert!(
+            err("missing.jsonl")
+                .starts_with(&format!("{dir}missing.jsonl: cannot read: No such file"))
+        );
+    }
+
+    #[test]
+    fn max_skew_passes_at_the_limit_and_fails_above() {
+        let at = CheckArgs {
+            max_skew: Some(3.0),
+            ..args("keepalive.jsonl")
+        };
+        // 1 / 0.33333333349 = 2.9999999986: within 3.
+        assert_eq!(lines(&at), Vec::<String>::new());
+        let below = CheckArgs {
+            max_skew: Some(2.99),
+            ..at
+        };
+        assert_eq!(
+            lines(&below),
+            [
+                "shop/checkout:http: skew 3.00 > --max-skew 2.99 (10.244.1.12:8080 got 100% of requests, expected 33%)"
+            ]
+        );
+    }
+
+    #[test]
+    fn min_backends_counts_backends_with_a_request() {
+        let pass = CheckArgs {
+            min_backends: Some(3),
+            ..args("balanced.jsonl")
+        };
+        assert_eq!(lines(&pass), Vec::<String>::new());
+        let fail = CheckArgs {
+            min_backends: Some(4),
+            ..pass
+        };
+        // Every endpoint got requests, so no idle ones to name.
+        assert_eq!(
+            lines(&fail),
+            ["shop/checkout:http: 3 backends got requests < --min-backends 4"]
+        );
+    }
+
+    #[test]
+    fn min_connections_and_min_requests() {
+        let pass = CheckArgs {
+            min_connections: Some(6),
+            min_requests: Some(30),
+            ..args("balanced.jsonl")
+        };
+        assert_eq!(lines(&pass), Vec::<String>::new());
+        let fail = CheckArgs {
+            min_connections: Some(7),
+            min_requests: Some(31),
+            ..pass
+        };
+        assert_eq!(
+            lines(&fail),
+            [
+                "shop/checkout:http: 6 connections < --min-connections 7",
+                "shop/checkout:http: 30 requests < --min-requests 31",
+            ]
+        );
+    }
+
+    #[test]
+    fn max_stale_and_unnamed_services_are_labelled_with_proto() {
+        let check = |max_stale| CheckArgs {
+            max_stale: Some(max_stale),
+            min_connections: Some(2),
+            max_lost: 2,
+            ..args("mixed.jsonl")
+        };
+        assert_eq!(
+            lines(&check(0)),
+            [
+                "10.96.0.10:53/udp: 1 connection < --min-connections 2",
+                "shop/cart:http: 1 stale pin > --max-stale 0 (10.244.2.99:8080: 1)",
+            ]
+        );
+        assert_eq!(
+            lines(&check(1)),
+            ["10.96.0.10:53/udp: 1 connection < --min-connections 2"]
+        );
+    }
+
+    #[test]
+    fn max_lost_and_a_missing_summary_line() {
+        let lost = |max_lost| CheckArgs {
+            max_lost,
+            ..args("mixed.jsonl")
+        };
+        assert_eq!(lines(&lost(2)), Vec::<String>::new());
+        assert_eq!(lines(&lost(1)).len(), 1);
+        assert_eq!(
+            lines(&args("nosummary.jsonl")),
+            [
+                "recording: no summary line, so lost events are unknown (the recording did not end cleanly) and --max-lost 0 cannot hold"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_service_missing_from_the_recording_is_a_violation() {
+        let check = CheckArgs {
+            service: vec![CHECKOUT.to_owned(), "shop/cart:http".to_owned()],
+            min_connections: Some(1),
+            ..args("keepalive.jsonl")
+        };
+        assert_eq!(
+            lines(&check),
+            ["shop/cart:http: not in the recording (it has: shop/checkout:http)"]
+        );
+        assert_eq!(run(&check).unwrap(), ExitCode::from(1));
+    }
+
+    #[test]
+    fn conditions_on_a_recording_without_services_fail() {
+        let summary = SummaryRecord::default();
+        let check = CheckArgs {
+            min_requests: Some(1),
+            ..CheckArgs::default()
+        };
+        let found: Vec<String> = violations(&check, Some(&summary), &[])
+            .iter()
+            .map(Violation::to_string)
+            .collect();
+        assert_eq!(found, ["recording: no Services or connections to check"]);
+        // Without per-Service conditions an empty, loss-free recording passes.
+        assert_eq!(violations(&CheckArgs::default(), Some(&summary), &[]), []);
+    }
+
+    #[test]
+    fn service_filter_limits_the_conditions_to_the_named_services() {
+        let check = CheckArgs {
+            service: vec!["shop/cart:http".to_owned()],
+            min_connections: Some(2),
+            max_lost: 2,
+            ..args("mixed.jsonl")
+        };
+        // The unnamed DNS service has 1 connection but is not selected.
+        assert_eq!(lines(&check), Vec::<String>::new());
+        let (services, _) = check_file(&check).unwrap();
+        assert_eq!(services.len(), 1);
+    }
+
+    #[test]
+    fn max_skew_below_one_is_rejected() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            check: CheckArgs,
+        }
+        let parsed = Cli::try_parse_from(["observer", "--max-skew", "0.5", "x.jsonl"]);
+        let err = parsed.err().unwrap();
+        assert_eq!(err.exit_code(), 2);
+        assert!(
+            err.to_string().contains("\"0.5\" is not a ratio >= 1"),
+            "{err}"
+        );
+        let parsed = Cli::try_parse_from([
+            "observer",
+            "--service",
+            "a",
+            "--service",
+            "b",
+            "--max-skew",
+            "1.5",
+            "x.jsonl",
+        ])
+        .unwrap();
+        assert_eq!(parsed.check.service, ["a", "b"]);
+        assert_eq!(
+            (parsed.check.max_skew, parsed.check.max_lost),
+            (Some(1.5), 0)
+        );
+    }
+}

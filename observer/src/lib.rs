@@ -11,3 +11,4 @@ pub mod offsets;
 pub mod decode;
 pub mod tracker;
 pub mod tui;
+pub mod rules; pub mod naming; pub mod rules_cmd;

@@ -11,4 +11,7 @@ pub mod offsets;
 pub mod decode;
 pub mod tracker;
 pub mod tui;
+pub mod capture;
+pub mod output;
+pub mod session;
 pub mod rules; pub mod naming; pub mod rules_cmd;

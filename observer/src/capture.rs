@@ -1,0 +1,197 @@
+//! The kernel edge: checks privileges and BTF, loads and attaches the programs, and
+//! reads their maps. Everything above this works on plain data (`tracker`, `record`).
+
+use aya::{
+    maps::{HashMap, MapData, PerCpuArray, RingBuf},
+    programs::RawTracePoint,
+    Ebpf, EbpfLoader,
+};
+use observer_common::{
+    conn::{ConnEvent, ConnState},
+    counters,
+};
+
+use crate::{btf::Btf, decode};
+
+/// The compiled kernel programs, built by `build.rs` and embedded in the binary.
+static PROGRAMS: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/observer"));
+
+/// The tracepoints observer attaches to: (program name, tracepoint).
+const HOOKS: [(&str, &str); 1] = [("net_dev_queue", "net_dev_queue")];
+
+/// Why capture could not start. Each message is one sentence naming cause and fix.
+#[derive(Debug, thiserror::Error)]
+pub enum CaptureError {
+    #[error("observer needs root (CAP_BPF and CAP_PERFMON, or CAP_SYS_ADMIN) to load its kernel programs; run it with sudo")]
+    NotPrivileged,
+    #[error("this kernel has no BTF at /sys/kernel/btf/vmlinux ({0}); observer needs a kernel built with CONFIG_DEBUG_INFO_BTF=y to find conntrack's structure offsets")]
+    NoBtf(std::io::Error),
+    #[error("cannot read the kernel's BTF: {0}; observer needs it to find conntrack's structure offsets")]
+    BadBtf(crate::btf::BtfError),
+    #[error("the kernel refused observer's programs: {0}")]
+    Load(String),
+    #[error("the kernel refused to attach to tracepoint {hook}: {reason}")]
+    Attach { hook: &'static str, reason: String },
+}
+
+/// Options for `Capture::start`.
+#[derive(Clone, Debug)]
+pub struct CaptureOptions {
+    /// Size of the kernel's connection table (`CONNS`).
+    pub max_connections: u32,
+}
+
+/// Summed per-CPU counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    pub packets: u64,
+    pub events_emitted: u64,
+    pub ringbuf_drops: u64,
+    pub read_errors: u64,
+    pub table_full: u64,
+}
+
+impl Counters {
+    /// Events lost for any reason.
+    pub fn lost(&self) -> u64 {
+        self.ringbuf_drops + self.table_full
+    }
+}
+
+/// Attached programs and their maps. Dropping it detaches everything.
+pub struct Capture {
+    /// Owns the programs; `None` once detached.
+    ebpf: Option<Ebpf>,
+    events: tokio::io::unix::AsyncFd<RingBuf<MapData>>,
+    conns: HashMap<MapData, u64, ConnState>,
+    counters: PerCpuArray<MapData, u64>,
+    hooks_attached: u32,
+}
+
+/// Whether the process holds the capabilities needed to load tracing programs.
+fn privileged() -> bool {
+    const CAP_SYS_ADMIN: u32 = 21;
+    const CAP_PERFMON: u32 = 38;
+    const CAP_BPF: u32 = 39;
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+        return false;
+    };
+    let effective = status
+        .lines()
+        .find_map(|line| line.strip_prefix("CapEff:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .unwrap_or(0);
+    let has = |cap: u32| effective & (1 << cap) != 0;
+    has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON))
+}
+
+impl Capture {
+    /// Checks privileges and BTF, then loads and attaches every program.
+    pub fn start(options: &CaptureOptions) -> Result<Capture, CaptureError> {
+        if !privileged() {
+            return Err(CaptureError::NotPrivileged);
+        }
+        let btf_bytes = Btf::from_sys_fs().map_err(CaptureError::NoBtf)?;
+        let btf = Btf::parse(&btf_bytes).map_err(CaptureError::BadBtf)?;
+        let offsets = crate::offsets::kernel_offsets(&btf).map_err(CaptureError::BadBtf)?;
+
+        let mut ebpf = EbpfLoader::new()
+            .override_global("OFFSETS", &offsets, true)
+            .map_max_entries("CONNS", options.max_connections)
+            .load(PROGRAMS)
+            .map_err(|err| CaptureError::Load(error_chain(&err)))?;
+        let mut hooks_attached = 0;
+        for (program, hook) in HOOKS {
+            let attach = |ebpf: &mut Ebpf| -> Result<(), String> {
+                let program: &mut RawTracePoint = ebpf
+                    .program_mut(program)
+                    .ok_or("program missing from the object")?
+                    .try_into()
+                    .map_err(|err| error_chain(&err))?;
+                program.load().map_err(|err| error_chain(&err))?;
+                program.attach(hook).map_err(|err| error_chain(&err))?;
+                Ok(())
+            };
+            attach(&mut ebpf).map_err(|reason| CaptureError::Attach { hook, reason })?;
+            hooks_attached += 1;
+        }
+        let map = |ebpf: &mut Ebpf, name: &str| {
+            ebpf.take_map(name).ok_or_else(|| CaptureError::Load(format!("map {name} missing from the object")))
+        };
+        let events = RingBuf::try_from(map(&mut ebpf, "EVENTS")?).map_err(|err| CaptureError::Load(error_chain(&err)))?;
+        let conns = HashMap::try_from(map(&mut ebpf, "CONNS")?).map_err(|err| CaptureError::Load(error_chain(&err)))?;
+        let counters = PerCpuArray::try_from(map(&mut ebpf, "COUNTERS")?).map_err(|err| CaptureError::Load(error_chain(&err)))?;
+        // SAFETY: the ring buffer owns its descriptor and moves into the AsyncFd, which
+        // deregisters it before dropping it, so the descriptor outlives the registration.
+        let events = unsafe { tokio::io::unix::AsyncFd::register_with_interest(events, tokio::io::Interest::READABLE) }
+            .map_err(|err| CaptureError::Load(format!("cannot poll the ring buffer: {}", err.into_parts().1)))?;
+        Ok(Capture { ebpf: Some(ebpf), events, conns, counters, hooks_attached })
+    }
+
+    pub fn hooks_attached(&self) -> u32 {
+        if self.ebpf.is_some() { self.hooks_attached } else { 0 }
+    }
+
+    /// Detaches every program; maps stay readable so the last events can be drained.
+    pub fn detach(&mut self) {
+        self.ebpf = None;
+    }
+
+    /// Waits until the ring buffer has records.
+    pub async fn wait_for_events(&mut self) -> std::io::Result<()> {
+        let mut guard = self.events.readable_mut().await?;
+        guard.clear_ready();
+        Ok(())
+    }
+
+    /// Moves every pending ring-buffer record into `out`; malformed ones are counted.
+    pub fn drain_events(&mut self, out: &mut Vec<ConnEvent>) -> u64 {
+        let ring = self.events.get_mut();
+        let mut malformed = 0;
+        while let Some(item) = ring.next() {
+            match decode::conn_event(&item) {
+                Ok(event) => out.push(event),
+                Err(_) => malformed += 1,
+            }
+        }
+        malformed
+    }
+
+    /// The kernel's connection table as it is now.
+    pub fn connections(&self) -> Vec<(u64, ConnState)> {
+        self.conns.iter().filter_map(Result::ok).collect()
+    }
+
+    /// Removes a connection from the kernel table; false when the kernel removed it
+    /// first (then its close event is on the way).
+    pub fn remove(&mut self, conntrack: u64) -> bool {
+        self.conns.remove(&conntrack).is_ok()
+    }
+
+    /// The programs' counters, summed over CPUs.
+    pub fn counters(&self) -> Counters {
+        let sum = |index: u32| -> u64 {
+            self.counters.get(&index, 0).map(|values| values.iter().sum()).unwrap_or(0)
+        };
+        Counters {
+            packets: sum(counters::PACKETS),
+            events_emitted: sum(counters::EVENTS_EMITTED),
+            ringbuf_drops: sum(counters::RINGBUF_DROPS),
+            read_errors: sum(counters::READ_ERRORS),
+            table_full: sum(counters::TABLE_FULL),
+        }
+    }
+
+}
+
+/// An error and its sources on one line.
+fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}

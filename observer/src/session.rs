@@ -1,0 +1,165 @@
+//! One capture session: reads kernel events and sweeps the connection table until told
+//! to stop, writing the connection log and/or feeding the live view.
+
+use std::{future::Future, time::Duration};
+
+use anyhow::Context as _;
+use chrono::Utc;
+use observer_common::conn::ConnEvent;
+use tokio::sync::mpsc;
+
+use crate::{
+    capture::Capture,
+    live::{CaptureStats, ConnId, Update},
+    output::LogWriter,
+    record::{ConnRecord, SummaryRecord},
+    tracker::{Clock, Tracker},
+};
+
+pub struct SessionOptions {
+    /// UDP (and unanswered TCP) connections end after this much silence.
+    pub idle_timeout: Duration,
+    /// How often the kernel's connection table is swept.
+    pub sweep_interval: Duration,
+    pub log: Option<LogWriter>,
+    pub updates: Option<mpsc::Sender<Update>>,
+}
+
+/// The kernel's monotonic clock (what `bpf_ktime_get_ns` reads), in nanoseconds.
+pub fn monotonic_ns() -> u64 {
+    let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .expect("CLOCK_MONOTONIC is always available on Linux");
+    now.tv_sec() as u64 * 1_000_000_000 + now.tv_nsec() as u64
+}
+
+struct Session {
+    capture: Capture,
+    tracker: Tracker,
+    log: Option<LogWriter>,
+    updates: Option<mpsc::Sender<Update>>,
+    netns_seen: std::collections::HashSet<u32>,
+    malformed: u64,
+    events: u64,
+}
+
+/// Runs until `stop` completes, then detaches, drains, writes connections still open
+/// and the summary line. Returns the summary.
+pub async fn run(capture: Capture, options: SessionOptions, stop: impl Future<Output = ()>) -> anyhow::Result<SummaryRecord> {
+    let started = Utc::now();
+    let clock = Clock { monotonic_ns: monotonic_ns(), wall: started };
+    let mut session = Session {
+        capture,
+        tracker: Tracker::new(clock, options.idle_timeout),
+        log: options.log,
+        updates: options.updates,
+        netns_seen: Default::default(),
+        malformed: 0,
+        events: 0,
+    };
+    let mut sweep = tokio::time::interval(options.sweep_interval);
+    sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            () = &mut stop => break,
+            ready = session.capture.wait_for_events() => {
+                ready.context("cannot poll the kernel's ring buffer")?;
+                session.drain()?;
+            }
+            _ = sweep.tick() => session.sweep()?,
+        }
+    }
+    session.capture.detach();
+    session.drain()?;
+    let now = monotonic_ns();
+    for result in session.tracker.finish(&session.capture.connections(), now) {
+        if let Ok((id, record)) = result {
+            session.finished(id, record)?;
+        }
+    }
+    let counters = session.capture.counters();
+    let summary = SummaryRecord {
+        connections: session.log.as_ref().map_or(0, LogWriter::connections),
+        dnat_events: session.tracker.dnat_events(),
+        lost_events: counters.lost() + session.malformed,
+        read_errors: counters.read_errors,
+        started,
+        ended: Utc::now(),
+    };
+    if let Some(log) = session.log.as_mut() {
+        log.summary(&summary).with_context(|| format!("cannot write the connection log to {}", log.name))?;
+    }
+    Ok(summary)
+}
+
+impl Session {
+    fn drain(&mut self) -> anyhow::Result<()> {
+        let mut events: Vec<ConnEvent> = Vec::new();
+        self.malformed += self.capture.drain_events(&mut events);
+        self.events += events.len() as u64;
+        for event in &events {
+            match self.tracker.on_event(event) {
+                Ok((id, record)) if record.end.is_some() => self.finished(id, record)?,
+                Ok((id, record)) => self.progress(id, record),
+                Err(_) => self.malformed += 1,
+            }
+        }
+        Ok(())
+    }
+
+    fn sweep(&mut self) -> anyhow::Result<()> {
+        let entries = self.capture.connections();
+        let sweep = self.tracker.sweep(&entries, monotonic_ns());
+        for (id, record) in sweep.progress {
+            self.progress(id, record);
+        }
+        for (conntrack, state) in sweep.idle {
+            // When the kernel removed it first, its close event is on the way.
+            if self.capture.remove(conntrack) {
+                if let Ok((id, record)) = self.tracker.expired(conntrack, &state) {
+                    self.finished(id, record)?;
+                }
+            }
+        }
+        if let Some(log) = self.log.as_mut() {
+            log.flush().with_context(|| format!("cannot write the connection log to {}", log.name))?;
+        }
+        self.send(Update::Stats(self.stats()));
+        Ok(())
+    }
+
+    fn stats(&self) -> CaptureStats {
+        let counters = self.capture.counters();
+        CaptureStats {
+            events: self.events,
+            dnat_events: self.tracker.dnat_events(),
+            lost_events: counters.lost() + self.malformed,
+            read_errors: counters.read_errors,
+            hooks_attached: self.capture.hooks_attached(),
+            netns_seen: self.netns_seen.len() as u32,
+            live_connections: self.tracker.open_count() as u64,
+            recording: self.log.as_ref().map(|log| log.name.clone()),
+        }
+    }
+
+    fn progress(&mut self, id: ConnId, record: ConnRecord) {
+        self.netns_seen.insert(record.netns);
+        self.send(Update::Conn { id, record });
+    }
+
+    fn finished(&mut self, id: ConnId, record: ConnRecord) -> anyhow::Result<()> {
+        self.netns_seen.insert(record.netns);
+        if let Some(log) = self.log.as_mut() {
+            log.conn(&record).with_context(|| format!("cannot write the connection log to {}", log.name))?;
+        }
+        self.send(Update::Conn { id, record });
+        Ok(())
+    }
+
+    fn send(&self, update: Update) {
+        if let Some(updates) = &self.updates {
+            // A full channel means the view is behind; it catches up from the next sweep.
+            let _ = updates.try_send(update);
+        }
+    }
+}

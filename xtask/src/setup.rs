@@ -1,0 +1,136 @@
+//! `cargo xtask setup`: installs what building and testing observer needs on a fresh
+//! Debian machine, and nothing when it is already there (so it is fast to re-run).
+//!
+//! - Debian packages the lab and tests use (iproute2, iptables, nftables, conntrack, tmux).
+//! - The nightly toolchain's `rust-src` (the eBPF crate builds `core` from source).
+//! - `bpf-linker`, built against the nightly toolchain's own LLVM (Debian has no LLVM
+//!   matching rustc's), as ../shared/FACTS.md describes.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{bail, Context as _};
+
+/// Command a package provides, and the Debian package.
+const PACKAGES: [(&str, &str); 6] = [
+    ("ip", "iproute2"),
+    ("iptables", "iptables"),
+    ("nft", "nftables"),
+    ("conntrack", "conntrack"),
+    ("tmux", "tmux"),
+    ("nsenter", "util-linux"),
+];
+
+const BPF_LINKER_VERSION: &str = "0.13.0";
+
+pub fn setup() -> anyhow::Result<()> {
+    debian_packages()?;
+    nightly_rust_src()?;
+    bpf_linker()?;
+    for program in ["python3", "node"] {
+        if which(program).is_none() {
+            bail!("{program} is not installed; the lab's servers and clients need it (Python 3 and Node.js 20 come with this machine image)");
+        }
+    }
+    Ok(())
+}
+
+pub fn which(program: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin", "/sbin"].map(PathBuf::from))
+        .map(|dir| dir.join(program))
+        .find(|candidate| candidate.is_file())
+}
+
+pub fn run(command: &mut Command) -> anyhow::Result<()> {
+    let status = command.status().with_context(|| format!("cannot start {command:?}"))?;
+    if !status.success() {
+        bail!("{command:?} failed ({status})");
+    }
+    Ok(())
+}
+
+fn output(command: &mut Command) -> anyhow::Result<String> {
+    let out = command.output().with_context(|| format!("cannot start {command:?}"))?;
+    if !out.status.success() {
+        bail!("{command:?} failed: {}", String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+fn debian_packages() -> anyhow::Result<()> {
+    let missing: Vec<&str> = PACKAGES
+        .iter()
+        .filter(|(program, _)| which(program).is_none())
+        .map(|(_, package)| *package)
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    eprintln!("setup: installing Debian packages: {}", missing.join(" "));
+    run(Command::new("apt-get").args(["update", "-qq"]))?;
+    run(Command::new("apt-get")
+        .args(["install", "-y", "-qq", "--no-install-recommends"])
+        .args(&missing)
+        .env("DEBIAN_FRONTEND", "noninteractive"))
+}
+
+fn nightly_sysroot() -> anyhow::Result<PathBuf> {
+    output(Command::new("rustc").args(["+nightly", "--print", "sysroot"]))
+        .map(PathBuf::from)
+        .context("the nightly Rust toolchain is needed to build the eBPF programs; install it with `rustup toolchain install nightly`")
+}
+
+fn nightly_rust_src() -> anyhow::Result<()> {
+    let sysroot = nightly_sysroot()?;
+    if sysroot.join("lib/rustlib/src/rust/library/core").is_dir() {
+        return Ok(());
+    }
+    eprintln!("setup: adding rust-src to the nightly toolchain");
+    run(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))
+}
+
+fn bpf_linker() -> anyhow::Result<()> {
+    if let Ok(version) = output(Command::new("bpf-linker").arg("--version")) {
+        if version.contains(BPF_LINKER_VERSION) {
+            return Ok(());
+        }
+    }
+    let sysroot = nightly_sysroot()?;
+    let llvm = std::fs::read_dir(sysroot.join("lib"))?
+        .filter_map(Result::ok)
+        .map(|entry| entry.path())
+        .find(|path| file_name(path).starts_with("libLLVM.so."))
+        .context("the nightly toolchain ships no libLLVM.so.*; cannot build bpf-linker against it")?;
+    let llvm_major = file_name(&llvm)
+        .trim_start_matches("libLLVM.so.")
+        .split('.')
+        .next()
+        .unwrap_or_default()
+        .to_owned();
+    // bpf-linker links against `libLLVM.so` and finds `libLLVM.so.<full name>` at run time.
+    let prefix = home()?.join(".local/share/observer-llvm");
+    let lib = prefix.join("lib");
+    std::fs::create_dir_all(&lib)?;
+    for name in ["libLLVM.so".to_owned(), file_name(&llvm)] {
+        let link = lib.join(name);
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(&llvm, &link).with_context(|| format!("cannot link {}", link.display()))?;
+    }
+    eprintln!("setup: building bpf-linker {BPF_LINKER_VERSION} against LLVM {llvm_major} from the nightly toolchain (about a minute)");
+    run(Command::new("cargo")
+        .args(["install", "bpf-linker", "--version", BPF_LINKER_VERSION, "--no-default-features", "--features"])
+        .arg(format!("llvm-{llvm_major}"))
+        .env("LLVM_PREFIX", &prefix))
+}
+
+fn file_name(path: &Path) -> String {
+    path.file_name().map(|name| name.to_string_lossy().into_owned()).unwrap_or_default()
+}
+
+fn home() -> anyhow::Result<PathBuf> {
+    std::env::var_os("HOME").map(PathBuf::from).context("HOME is not set")
+}

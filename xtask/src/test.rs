@@ -1,0 +1,22 @@
+//! `cargo xtask test`: sets up, then runs every test: unit tests and the root
+//! integration tests (real conntrack, NAT and eBPF in network namespaces the tests
+//! create). Root tests fail rather than skip when not run as root.
+
+use std::process::Command;
+
+use anyhow::bail;
+
+use crate::setup::{run, setup};
+
+pub fn test(extra: &[String]) -> anyhow::Result<()> {
+    setup()?;
+    if !nix::unistd::geteuid().is_root() {
+        bail!("the test suite includes root tests (eBPF programs, network namespaces); run it as root: sudo -E cargo xtask test");
+    }
+    // One test binary at a time, one test at a time: root tests each build a lab of
+    // network namespaces and attach kernel programs that see every namespace.
+    run(Command::new("cargo")
+        .args(["test", "--workspace", "--locked", "--no-fail-fast"])
+        .args(extra)
+        .args(["--", "--test-threads=1"]))
+}

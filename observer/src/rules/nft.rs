@@ -98,18 +98,12 @@ struct ChainName<'a> {
 }
 
 fn chain_name(chain: &str) -> Option<ChainName<'_>> {
-    let (prefix, base) = ["service-", "local-", "external-", "firewall-", "endpoint-"]
+    let (prefix, base) = ["service-", "local-", "external-"]
         .into_iter()
         .find_map(|prefix| chain.strip_prefix(prefix).map(|rest| (prefix, rest)))?;
     let (_hash, rest) = base.split_once('-')?;
-    // Endpoint chains append `__ip/port` to the Service port's base.
-    let rest = rest.split_once("__").map_or(rest, |(service, _)| service);
     let mut parts = rest.splitn(4, '/');
     let (namespace, name, proto, port) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
-    let base = match base.split_once("__") {
-        Some((service, _)) => service,
-        None => base,
-    };
     Some(ChainName {
         prefix,
         base,

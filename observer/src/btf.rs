@@ -77,10 +77,8 @@ fn u32_at(data: &[u8], at: usize) -> Result<u32, BtfError> {
 }
 
 impl Btf {
-    /// Reads the running kernel's BTF.
-    pub fn from_sys_fs() -> std::io::Result<Vec<u8>> {
-        std::fs::read("/sys/kernel/btf/vmlinux")
-    }
+    /// Where the running kernel exposes its BTF.
+    pub const SYS_FS: &'static str = "/sys/kernel/btf/vmlinux";
 
     /// Parses little-endian BTF as the kernel exposes it.
     pub fn parse(data: &[u8]) -> Result<Btf, BtfError> {

@@ -22,10 +22,10 @@ const HOOKS: [(&str, &str); 1] = [("net_dev_queue", "net_dev_queue")];
 /// Why capture could not start. Each message is one sentence naming cause and fix.
 #[derive(Debug, thiserror::Error)]
 pub enum CaptureError {
-    #[error("observer needs root (CAP_BPF and CAP_PERFMON, or CAP_SYS_ADMIN) to load its kernel programs; run it with sudo")]
+    #[error("loading kernel programs needs root (CAP_BPF and CAP_PERFMON, or CAP_SYS_ADMIN); run observer with sudo")]
     NotPrivileged,
-    #[error("this kernel has no BTF at /sys/kernel/btf/vmlinux ({0}); observer needs a kernel built with CONFIG_DEBUG_INFO_BTF=y to find conntrack's structure offsets")]
-    NoBtf(std::io::Error),
+    #[error("cannot read kernel BTF at {path} ({error}); observer needs a kernel built with CONFIG_DEBUG_INFO_BTF=y (or --btf FILE) to find conntrack's structure offsets")]
+    NoBtf { path: String, error: std::io::Error },
     #[error("cannot read the kernel's BTF: {0}; observer needs it to find conntrack's structure offsets")]
     BadBtf(crate::btf::BtfError),
     #[error("the kernel refused observer's programs: {0}")]
@@ -39,6 +39,8 @@ pub enum CaptureError {
 pub struct CaptureOptions {
     /// Size of the kernel's connection table (`CONNS`).
     pub max_connections: u32,
+    /// Where the kernel's BTF is (normally `/sys/kernel/btf/vmlinux`).
+    pub btf_path: std::path::PathBuf,
 }
 
 /// Summed per-CPU counters.
@@ -68,6 +70,12 @@ pub struct Capture {
     hooks_attached: u32,
 }
 
+/// Fails unless the process may load tracing programs; checked before anything else
+/// so that an unprivileged run changes nothing.
+pub fn check_privileges() -> Result<(), CaptureError> {
+    if privileged() { Ok(()) } else { Err(CaptureError::NotPrivileged) }
+}
+
 /// Whether the process holds the capabilities needed to load tracing programs.
 fn privileged() -> bool {
     const CAP_SYS_ADMIN: u32 = 21;
@@ -88,10 +96,11 @@ fn privileged() -> bool {
 impl Capture {
     /// Checks privileges and BTF, then loads and attaches every program.
     pub fn start(options: &CaptureOptions) -> Result<Capture, CaptureError> {
-        if !privileged() {
-            return Err(CaptureError::NotPrivileged);
-        }
-        let btf_bytes = Btf::from_sys_fs().map_err(CaptureError::NoBtf)?;
+        check_privileges()?;
+        let btf_bytes = std::fs::read(&options.btf_path).map_err(|error| CaptureError::NoBtf {
+            path: options.btf_path.display().to_string(),
+            error,
+        })?;
         let btf = Btf::parse(&btf_bytes).map_err(CaptureError::BadBtf)?;
         let offsets = crate::offsets::kernel_offsets(&btf).map_err(CaptureError::BadBtf)?;
 

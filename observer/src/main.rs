@@ -42,6 +42,9 @@ struct CaptureArgs {
     /// Size of the kernel's connection table; connections beyond it are counted as lost.
     #[arg(long, value_name = "N", default_value_t = 65536, value_parser = clap::value_parser!(u32).range(1..=4_194_304))]
     max_connections: u32,
+    /// The kernel's BTF, for kernels that keep it somewhere else.
+    #[arg(long, value_name = "FILE", default_value = observer::btf::Btf::SYS_FS)]
+    btf: std::path::PathBuf,
 }
 
 #[derive(Args)]
@@ -92,7 +95,7 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 }
 
 fn start_capture(args: &CaptureArgs) -> anyhow::Result<Capture> {
-    Ok(Capture::start(&CaptureOptions { max_connections: args.max_connections })?)
+    Ok(Capture::start(&CaptureOptions { max_connections: args.max_connections, btf_path: args.btf.clone() })?)
 }
 
 /// Resolves when Ctrl-C or SIGTERM arrives, or after `duration`.
@@ -113,6 +116,7 @@ async fn stop_signal(duration: Option<Duration>) {
 }
 
 fn record(args: RecordArgs) -> anyhow::Result<ExitCode> {
+    observer::capture::check_privileges()?;
     let log = LogWriter::create(&args.output)?;
     let runtime = runtime()?;
     runtime.block_on(async {

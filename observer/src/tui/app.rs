@@ -428,48 +428,70 @@ impl App {
         self.conn_selected = self.conn_selected.min(conns.saturating_sub(1));
     }
 
+    /// Bounded work even with many thousands of connections: one pass to filter and
+    /// count, then only the rows shown are sorted and built.
     fn detail(&self, key: &ServiceKey) -> Detail {
         let clock = self.clock();
-        let mut histogram = self.histograms.get(key).copied().unwrap_or_default();
-        let mut open: Vec<(&ConnRecord, ConnRow)> = self
-            .conns
-            .open()
-            .map(|(_, record)| record)
-            .filter(|record| conn_key(record) == *key)
-            .map(|record| {
-                histogram[bucket(record.duration_ms)] += 1;
-                let age_ms = millis(clock - record.start).max(record.duration_ms);
-                let row = ConnRow {
-                    client: record.client,
-                    backend: record.backend,
-                    age_ms,
-                    requests: record.requests,
-                    idle_ms: Some((age_ms - record.duration_ms).max(0.0)),
-                    close: record.close,
-                };
-                (record, row)
-            })
-            .collect();
-        open.sort_by(|(a, _), (b, _)| a.start.cmp(&b.start).then(a.client.cmp(&b.client)));
-        let open_count = open.len();
-        let closed: Vec<ConnRow> = self
-            .conns
-            .closed()
-            .map(|(_, record)| record)
-            .filter(|record| conn_key(record) == *key)
-            .map(|record| ConnRow {
+        let unnamed: Option<SocketAddr> = key.0.parse().ok();
+        let belongs = |record: &&ConnRecord| {
+            record.proto == key.1
+                && match &record.service {
+                    Some(name) => *name == key.0,
+                    None => Some(record.original_dst) == unnamed,
+                }
+        };
+        let age = |record: &ConnRecord| millis(clock - record.start).max(record.duration_ms);
+        let open_row = |record: &ConnRecord| {
+            let age_ms = age(record);
+            ConnRow {
                 client: record.client,
                 backend: record.backend,
-                age_ms: record.duration_ms,
+                age_ms,
                 requests: record.requests,
-                idle_ms: None,
+                idle_ms: Some((age_ms - record.duration_ms).max(0.0)),
                 close: record.close,
-            })
-            .collect();
-        let closed_count = closed.len();
-        let mut conns: Vec<ConnRow> = open.into_iter().map(|(_, row)| row).chain(closed).collect();
-        let longest = conns.iter().max_by(|a, b| a.age_ms.total_cmp(&b.age_ms)).cloned();
-        conns.truncate(CONN_ROWS);
+            }
+        };
+        let closed_row = |record: &ConnRecord| ConnRow {
+            client: record.client,
+            backend: record.backend,
+            age_ms: record.duration_ms,
+            requests: record.requests,
+            idle_ms: None,
+            close: record.close,
+        };
+
+        let mut histogram = self.histograms.get(key).copied().unwrap_or_default();
+        let mut open: Vec<&ConnRecord> = self.conns.open().map(|(_, r)| r).filter(belongs).collect();
+        let mut longest: Option<&ConnRecord> = None;
+        for record in &open {
+            histogram[bucket(record.duration_ms)] += 1;
+            if longest.is_none_or(|l| age(record) > age(l)) {
+                longest = Some(record);
+            }
+        }
+        let mut longest = longest.map(open_row);
+        let order = |a: &&ConnRecord, b: &&ConnRecord| {
+            (a.start, a.client, a.backend).cmp(&(b.start, b.client, b.backend))
+        };
+        let open_count = open.len();
+        if open.len() > CONN_ROWS {
+            open.select_nth_unstable_by(CONN_ROWS, order);
+            open.truncate(CONN_ROWS);
+        }
+        open.sort_by(order);
+        let mut conns: Vec<ConnRow> = open.iter().map(|r| open_row(r)).collect();
+
+        let mut closed_count = 0;
+        for record in self.conns.closed().map(|(_, r)| r).filter(belongs) {
+            closed_count += 1;
+            if longest.as_ref().is_none_or(|l| record.duration_ms > l.age_ms) {
+                longest = Some(closed_row(record));
+            }
+            if conns.len() < CONN_ROWS {
+                conns.push(closed_row(record));
+            }
+        }
         Detail { conns, open: open_count, closed: closed_count, histogram, longest }
     }
 

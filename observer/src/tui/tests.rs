@@ -556,3 +556,29 @@ fn snapshot_help_and_replay_status() {
     keys(&mut app, "?");
     assert_snapshot("help_replay", &screen(&app, 80, 24));
 }
+
+#[test]
+fn the_connection_list_is_capped_oldest_open_first() {
+    use super::app::CONN_ROWS;
+    let mut app = steady();
+    let extra = CONN_ROWS as u64 + 5;
+    for n in 0..extra {
+        // Newer starts for higher n; none older than the keep-alive connection.
+        let client = format!("10.244.9.{}:{}", n / 60000, 1 + n % 60000);
+        let record = conn(CHECKOUT, &client, PODS[1], 600 + n as i64, 1.0, 1, Close::Open);
+        live(&mut app, Update::Conn { id: id(1000 + n), record });
+    }
+    let record = conn(CHECKOUT, "10.244.1.9:1", PODS[2], 700, 9000.0, 2, Close::Fin);
+    live(&mut app, Update::Conn { id: id(2), record });
+    tick(&mut app, 6000);
+    assert_eq!(key(&mut app, KeyCode::Enter), None);
+    let detail = app.frame.detail.as_ref().unwrap();
+    assert_eq!((detail.open, detail.closed, detail.conns.len()), (extra as usize + 1, 1, CONN_ROWS));
+    assert_eq!(detail.conns[0].client, addr("10.244.1.9:45364"));
+    assert_eq!(detail.conns[1].client, addr("10.244.9.0:1"));
+    assert_eq!(detail.conns[CONN_ROWS - 1].client, addr(&format!("10.244.9.0:{}", CONN_ROWS - 1)));
+    // The closed connection pinned for 9 s beats the open one's 5.5 s.
+    assert_eq!(detail.longest.as_ref().map(|c| (c.client, c.age_ms)), Some((addr("10.244.1.9:1"), 9000.0)));
+    // 1 ms opens, then the keep-alive connection (4.1 s) and the closed one (9 s).
+    assert_eq!(detail.histogram, [extra, 0, 0, 2, 0, 0]);
+}

@@ -387,7 +387,7 @@ fn service_screen(app: &App, detail: &Detail, area: Rect, compact: bool) -> Vec<
     // The longest-pinned connection and the lifetime histogram.
     let longest = match &detail.longest {
         Some(conn) => format!(
-            "longest pinned: {} → {}  {}  {} requests  {}",
+            "longest pinned: {} → {}  {}  requests {}  {}",
             conn.client,
             conn.backend,
             duration(conn.age_ms),

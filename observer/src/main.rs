@@ -7,8 +7,11 @@ use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 use observer::{
     capture::{Capture, CaptureOptions},
+    naming::{Namer, NamerConfig, SystemSource},
     output::LogWriter,
+    record::Recording,
     session::{self, SessionOptions},
+    tui::{self, TuiOptions},
 };
 
 #[derive(Parser)]
@@ -24,12 +27,35 @@ use observer::{
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
+    #[command(flatten)]
+    live: LiveArgs,
 }
 
 #[derive(Subcommand)]
 enum Command {
     /// Record every DNATed connection on this node as JSON Lines (needs root).
     Record(RecordArgs),
+    /// Print the Services, frontends and endpoints (with expected shares) that the node's
+    /// kube-proxy rules define, per network namespace (needs root).
+    Rules(observer::rules_cmd::RulesArgs),
+    /// Per Service and backend: connections, requests, share vs expected, pinning
+    /// lifetimes and skew, from a recorded log.
+    Summary(observer::stats::summary::SummaryArgs),
+    /// Exit 0 when a recorded log meets every condition, 1 with one line per violation.
+    Check(observer::stats::check::CheckArgs),
+}
+
+/// The live view (no subcommand).
+#[derive(Args)]
+struct LiveArgs {
+    /// Also write the connection log to FILE while showing it.
+    #[arg(long, value_name = "FILE", conflicts_with = "replay")]
+    record: Option<String>,
+    /// Show a recorded log instead of live traffic (no root needed).
+    #[arg(long, value_name = "FILE")]
+    replay: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    capture: CaptureArgs,
 }
 
 /// Capture settings shared by the live view and `record`.
@@ -45,6 +71,15 @@ struct CaptureArgs {
     /// The kernel's BTF, for kernels that keep it somewhere else.
     #[arg(long, value_name = "FILE", default_value = observer::btf::Btf::SYS_FS)]
     btf: std::path::PathBuf,
+    /// Do not read kube-proxy's rules: connections keep `service: null`.
+    #[arg(long)]
+    no_names: bool,
+}
+
+impl CaptureArgs {
+    fn namer(&self) -> Option<Namer> {
+        (!self.no_names).then(|| Namer::new(NamerConfig::default(), Box::new(SystemSource::new())))
+    }
 }
 
 #[derive(Args)]
@@ -72,10 +107,10 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Some(Command::Record(args)) => record(args),
-        None => {
-            eprintln!("observer: the live view is not built yet; use `observer record --output FILE`");
-            Ok(ExitCode::from(2))
-        }
+        Some(Command::Rules(args)) => observer::rules_cmd::run(&args).map(|()| ExitCode::SUCCESS),
+        Some(Command::Summary(args)) => observer::stats::summary::run(&args).map(|()| ExitCode::SUCCESS),
+        Some(Command::Check(args)) => observer::stats::check::run(&args),
+        None => live(cli.live),
     };
     match result {
         Ok(code) => code,
@@ -131,6 +166,8 @@ fn record(args: RecordArgs) -> anyhow::Result<ExitCode> {
             sweep_interval: Duration::from_secs(1),
             log: Some(log),
             updates: None,
+            namer: args.capture.namer(),
+            warn: Box::new(|warning| eprintln!("observer: warning: {warning}")),
         };
         let summary = session::run(capture, options, stop_signal(args.duration)).await?;
         eprintln!(
@@ -139,4 +176,69 @@ fn record(args: RecordArgs) -> anyhow::Result<ExitCode> {
         );
         Ok(ExitCode::SUCCESS)
     })
+}
+
+/// The live view: capture (and optionally record) while showing, or replay a log.
+fn live(args: LiveArgs) -> anyhow::Result<ExitCode> {
+    tui::check_terminal()?;
+    let runtime = runtime()?;
+    if let Some(path) = &args.replay {
+        let recording = Recording::read(path)?;
+        let updates = tui::replay_updates(&recording);
+        let (send, receive) = tokio::sync::mpsc::channel(updates.len() + 1);
+        for update in updates {
+            // Capacity covers every update: this cannot fail.
+            let _ = send.try_send(update);
+        }
+        let options = TuiOptions {
+            title: format!("replay of {}", path.display()),
+            recording: Some(path.display().to_string()),
+            replay: true,
+        };
+        runtime.block_on(tui::run(receive, options))?;
+        return Ok(ExitCode::SUCCESS);
+    }
+
+    observer::capture::check_privileges()?;
+    let log = args.record.as_deref().map(LogWriter::create).transpose()?;
+    let warnings = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    runtime.block_on(async {
+        let capture = start_capture(&args.capture)?;
+        let (send, receive) = tokio::sync::mpsc::channel(65536);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let collected = warnings.clone();
+        let options = SessionOptions {
+            idle_timeout: args.capture.idle_timeout,
+            sweep_interval: Duration::from_secs(1),
+            log,
+            updates: Some(send),
+            namer: args.capture.namer(),
+            warn: Box::new(move |warning| {
+                if let Ok(mut list) = collected.lock() {
+                    list.push(warning);
+                }
+            }),
+        };
+        let session = tokio::spawn(session::run(capture, options, async {
+            let _ = stopped.await;
+        }));
+        let title = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|name| name.trim().to_owned())
+            .unwrap_or_else(|_| "this node".to_owned());
+        let shown = tui::run(receive, TuiOptions { title, recording: args.record.clone(), replay: false }).await;
+        let _ = stop.send(());
+        let summary = session.await.context("the capture task failed")??;
+        shown?;
+        if let Some(path) = &args.record {
+            eprintln!(
+                "observer: wrote {} connections to {path} ({} lost events)",
+                summary.connections, summary.lost_events
+            );
+        }
+        Ok::<_, anyhow::Error>(())
+    })?;
+    for warning in warnings.lock().map(|list| list.clone()).unwrap_or_default() {
+        eprintln!("observer: warning: {warning}");
+    }
+    Ok(ExitCode::SUCCESS)
 }

@@ -1,7 +1,10 @@
 //! One capture session: reads kernel events and sweeps the connection table until told
 //! to stop, writing the connection log and/or feeding the live view.
 
-use std::{future::Future, time::Duration};
+use std::{
+    future::Future,
+    time::{Duration, Instant},
+};
 
 use anyhow::Context as _;
 use chrono::Utc;
@@ -11,6 +14,7 @@ use tokio::sync::mpsc;
 use crate::{
     capture::Capture,
     live::{CaptureStats, ConnId, Update},
+    naming::Namer,
     output::LogWriter,
     record::{ConnRecord, SummaryRecord},
     tracker::{Clock, Tracker},
@@ -23,6 +27,10 @@ pub struct SessionOptions {
     pub sweep_interval: Duration,
     pub log: Option<LogWriter>,
     pub updates: Option<mpsc::Sender<Update>>,
+    /// Names connections from the node's rules; `None` leaves `service` null.
+    pub namer: Option<Namer>,
+    /// Where warnings go (e.g. rules that cannot be read): once each.
+    pub warn: Box<dyn FnMut(String) + Send>,
 }
 
 /// The kernel's monotonic clock (what `bpf_ktime_get_ns` reads), in nanoseconds.
@@ -37,6 +45,8 @@ struct Session {
     tracker: Tracker,
     log: Option<LogWriter>,
     updates: Option<mpsc::Sender<Update>>,
+    namer: Option<Namer>,
+    warn: Box<dyn FnMut(String) + Send>,
     netns_seen: std::collections::HashSet<u32>,
     malformed: u64,
     events: u64,
@@ -52,6 +62,8 @@ pub async fn run(capture: Capture, options: SessionOptions, stop: impl Future<Ou
         tracker: Tracker::new(clock, options.idle_timeout),
         log: options.log,
         updates: options.updates,
+        namer: options.namer,
+        warn: options.warn,
         netns_seen: Default::default(),
         malformed: 0,
         events: 0,
@@ -142,17 +154,45 @@ impl Session {
         }
     }
 
-    fn progress(&mut self, id: ConnId, record: ConnRecord) {
-        self.netns_seen.insert(record.netns);
+    fn progress(&mut self, id: ConnId, mut record: ConnRecord) {
+        // The live view gets service definitions too; a log only with final records.
+        if let Err(err) = self.name(&mut record) {
+            (self.warn)(format!("{err:#}"));
+        }
         self.send(Update::Conn { id, record });
     }
 
-    fn finished(&mut self, id: ConnId, record: ConnRecord) -> anyhow::Result<()> {
-        self.netns_seen.insert(record.netns);
+    fn finished(&mut self, id: ConnId, mut record: ConnRecord) -> anyhow::Result<()> {
+        self.name(&mut record)?;
         if let Some(log) = self.log.as_mut() {
             log.conn(&record).with_context(|| format!("cannot write the connection log to {}", log.name))?;
         }
         self.send(Update::Conn { id, record });
+        Ok(())
+    }
+
+    /// Fills in `service` and `endpoint_in_rules` from the rules of the namespace that
+    /// made the decision; writes new or changed Service definitions first.
+    fn name(&mut self, record: &mut ConnRecord) -> anyhow::Result<()> {
+        self.netns_seen.insert(record.netns);
+        let Some(namer) = self.namer.as_mut() else {
+            return Ok(());
+        };
+        // Re-reading rules runs iptables-save/nft: keep the runtime's other tasks going.
+        let naming = tokio::task::block_in_place(|| {
+            namer.name(record.netns, record.proto, record.original_dst, record.backend, Instant::now())
+        });
+        record.service = naming.service;
+        record.endpoint_in_rules = naming.endpoint_in_rules;
+        for warning in namer.take_warnings() {
+            (self.warn)(warning);
+        }
+        for service in namer.take_service_updates() {
+            if let Some(log) = self.log.as_mut() {
+                log.service(&service).with_context(|| format!("cannot write the connection log to {}", log.name))?;
+            }
+            self.send(Update::Service(service));
+        }
         Ok(())
     }
 

@@ -1,0 +1,102 @@
+"""Lab clients. Each runs in the client namespace and prints its own record as JSON:
+which local port each request or query used and which pod answered.
+
+  http-fresh HOST PORT COUNT      a new TCP connection per request
+  http-keepalive HOST PORT COUNT  one connection (http.client), COUNT sequential requests
+  udp HOST PORT COUNT             each query from a new socket
+  probe PROTO:HOST:PORT...        wait until every target answers (lab start-up)
+"""
+
+import http.client
+import json
+import socket
+import sys
+import time
+
+TIMEOUT = 5.0
+
+
+def http_fresh(host: str, port: int, count: int) -> list:
+    out = []
+    for _ in range(count):
+        conn = http.client.HTTPConnection(host, port, timeout=TIMEOUT)
+        conn.connect()
+        local_port = conn.sock.getsockname()[1]
+        conn.request("GET", "/", headers={"Connection": "close"})
+        body = conn.getresponse().read().decode()
+        conn.close()
+        out.append([local_port, body])
+    return out
+
+
+def http_keepalive(host: str, port: int, count: int) -> list:
+    out = []
+    conn = http.client.HTTPConnection(host, port, timeout=TIMEOUT)
+    for _ in range(count):
+        conn.request("GET", "/")
+        # http.client reconnects silently if the server closed: record the port per request.
+        local_port = conn.sock.getsockname()[1]
+        body = conn.getresponse().read().decode()
+        out.append([local_port, body])
+    conn.close()
+    return out
+
+
+def udp_query(host: str, port: int, tries: int = 3) -> list:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.settimeout(TIMEOUT / tries)
+    try:
+        for _ in range(tries):
+            # Resending from the same socket keeps the same conntrack entry.
+            sock.sendto(b"q", (host, port))
+            try:
+                data, _ = sock.recvfrom(2048)
+                return [sock.getsockname()[1], data.decode()]
+            except socket.timeout:
+                continue
+        raise TimeoutError(f"no UDP answer from {host}:{port}")
+    finally:
+        sock.close()
+
+
+def udp(host: str, port: int, count: int) -> list:
+    return [udp_query(host, port) for _ in range(count)]
+
+
+def probe(targets: list) -> dict:
+    deadline = time.monotonic() + 10
+    answers = {}
+    for target in targets:
+        proto, host, port = target.split(":")
+        while True:
+            try:
+                if proto == "tcp":
+                    answers[target] = http_fresh(host, int(port), 1)[0][1]
+                else:
+                    answers[target] = udp_query(host, int(port), tries=1)[1]
+                break
+            except OSError as e:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{target} does not answer: {e}") from e
+                time.sleep(0.05)
+    return answers
+
+
+def main() -> None:
+    mode, rest = sys.argv[1], sys.argv[2:]
+    try:
+        if mode == "probe":
+            result = probe(rest)
+        else:
+            host, port, count = rest[0], int(rest[1]), int(rest[2])
+            result = {"http-fresh": http_fresh, "http-keepalive": http_keepalive, "udp": udp}[mode](
+                host, port, count
+            )
+    except (OSError, http.client.HTTPException) as e:
+        print(f"{mode}: {e}", file=sys.stderr)
+        sys.exit(1)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

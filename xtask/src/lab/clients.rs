@@ -1,0 +1,59 @@
+//! Real clients running in the lab's client namespace, each returning its own record.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddrV4;
+
+use anyhow::Context;
+use serde::de::DeserializeOwned;
+
+use super::Lab;
+use super::sys::{find_tool, in_netns, run};
+
+/// One answer as the client saw it: its local port and the pod name in the answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Answer {
+    pub client_port: u16,
+    pub pod: String,
+}
+
+fn run_json<T: DeserializeOwned>(lab: &Lab, program: &std::path::Path, args: &[String]) -> anyhow::Result<T> {
+    let out = run(in_netns(&lab.tools.ip, lab.client_ns(), program).args(args))?;
+    serde_json::from_slice(&out.stdout)
+        .with_context(|| format!("unexpected client output: {}", String::from_utf8_lossy(&out.stdout)))
+}
+
+fn python_client(lab: &Lab, mode: &str, target: SocketAddrV4, count: usize) -> anyhow::Result<Vec<Answer>> {
+    let script = lab.state_dir.join("clients.py");
+    let args = [
+        script.to_string_lossy().into_owned(),
+        mode.to_string(),
+        target.ip().to_string(),
+        target.port().to_string(),
+        count.to_string(),
+    ];
+    let raw: Vec<(u16, String)> = run_json(lab, &lab.tools.python3, &args)?;
+    Ok(raw.into_iter().map(|(client_port, pod)| Answer { client_port, pod }).collect())
+}
+
+/// Python: `count` HTTP requests, each on a new TCP connection.
+pub fn http_fresh(lab: &Lab, target: SocketAddrV4, count: usize) -> anyhow::Result<Vec<Answer>> {
+    python_client(lab, "http-fresh", target, count)
+}
+
+/// Python `http.client`: one connection, `count` sequential requests on it.
+pub fn http_keepalive(lab: &Lab, target: SocketAddrV4, count: usize) -> anyhow::Result<Vec<Answer>> {
+    python_client(lab, "http-keepalive", target, count)
+}
+
+/// Python: `count` UDP queries, each from a new socket.
+pub fn udp_queries(lab: &Lab, target: SocketAddrV4, count: usize) -> anyhow::Result<Vec<Answer>> {
+    python_client(lab, "udp", target, count)
+}
+
+/// Node's `fetch` (undici keep-alive) in a loop in one process: answers per pod.
+pub fn node_fetch(lab: &Lab, target: SocketAddrV4, count: usize) -> anyhow::Result<BTreeMap<String, usize>> {
+    let node = find_tool("node", "nodejs")?;
+    let script = lab.state_dir.join("node_fetch.mjs");
+    let args = [script.to_string_lossy().into_owned(), format!("http://{target}/"), count.to_string()];
+    run_json(lab, &node, &args)
+}

@@ -1,0 +1,183 @@
+//! The simulated cluster: which pods and Services the lab builds. Addresses are kind's:
+//! pod CIDR 10.244.1.0/24 on the node, Service CIDR 10.96.0.0/16, cluster CIDR 10.244.0.0/16.
+
+use std::net::{Ipv4Addr, SocketAddrV4};
+
+/// The node's address on the pod network: the bridge (bridged) or every host-side veth
+/// (routed), the pods' gateway, and the address NodePorts answer on.
+pub const NODE_IP: Ipv4Addr = Ipv4Addr::new(10, 244, 1, 1);
+/// The client pod's address.
+pub const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(10, 244, 1, 9);
+/// kube-proxy's `--cluster-cidr` in kind: its local-traffic detector matches it.
+pub const CLUSTER_CIDR: &str = "10.244.0.0/16";
+/// kind's Service CIDR (kube-proxy learns it from the ServiceCIDR objects).
+pub const SERVICE_CIDR: &str = "10.96.0.0/16";
+/// Every pod's HTTP server port.
+pub const HTTP_PORT: u16 = 8080;
+/// Every pod's UDP responder port.
+pub const UDP_PORT: u16 = 5353;
+
+/// Transport protocol of a Service port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Proto {
+    Tcp,
+    Udp,
+}
+
+impl Proto {
+    /// Lower case, as kube-proxy writes it into rules and hashes.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Proto::Tcp => "tcp",
+            Proto::Udp => "udp",
+        }
+    }
+}
+
+impl std::fmt::Display for Proto {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A pod: its own network namespace with `eth0` on the pod network, running an HTTP/1.1
+/// keep-alive server and a UDP responder that both answer with the pod's name.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Pod {
+    pub name: String,
+    /// The network namespace's name (`{prefix}-pod-{name}`).
+    pub ns: String,
+    pub ip: Ipv4Addr,
+    pub http_port: u16,
+    pub udp_port: u16,
+}
+
+/// One Service port with its ready endpoints, as kube-proxy sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Service {
+    /// Kubernetes namespace (not a network namespace).
+    pub namespace: String,
+    pub name: String,
+    pub port_name: String,
+    pub proto: Proto,
+    pub cluster_ip: Ipv4Addr,
+    pub port: u16,
+    /// The endpoints' port (the pods' containerPort).
+    pub target_port: u16,
+    pub node_port: Option<u16>,
+    pub endpoints: Vec<Pod>,
+}
+
+impl Service {
+    /// `ns/name:port`, kube-proxy's `ServicePortName.String()` (no `:` when the port is unnamed).
+    pub fn port_name_string(&self) -> String {
+        if self.port_name.is_empty() {
+            format!("{}/{}", self.namespace, self.name)
+        } else {
+            format!("{}/{}:{}", self.namespace, self.name, self.port_name)
+        }
+    }
+
+    /// ClusterIP:port.
+    pub fn cluster_addr(&self) -> SocketAddrV4 {
+        SocketAddrV4::new(self.cluster_ip, self.port)
+    }
+
+    /// The endpoints as `ip:targetPort`, in kube-proxy's order (sorted by their string form).
+    pub fn endpoint_addrs(&self) -> Vec<SocketAddrV4> {
+        let mut addrs: Vec<SocketAddrV4> = self
+            .endpoints
+            .iter()
+            .map(|p| SocketAddrV4::new(p.ip, self.target_port))
+            .collect();
+        addrs.sort_by_key(|a| a.to_string());
+        addrs
+    }
+}
+
+/// The pods that serve (the client is not among them), in namespaces named after `prefix`.
+pub fn pods(prefix: &str) -> Vec<Pod> {
+    [
+        ("checkout-a", 12),
+        ("checkout-b", 13),
+        ("checkout-c", 14),
+        ("dns-a", 20),
+        ("dns-b", 21),
+    ]
+    .into_iter()
+    .map(|(name, last)| Pod {
+        name: name.to_string(),
+        ns: format!("{prefix}-pod-{name}"),
+        ip: Ipv4Addr::new(10, 244, 1, last),
+        http_port: HTTP_PORT,
+        udp_port: UDP_PORT,
+    })
+    .collect()
+}
+
+/// `shop/checkout:http` (TCP, NodePort 30080) on the checkout pods and `kube-system/kube-dns:dns`
+/// (UDP) on the dns pods.
+pub fn services(pods: &[Pod]) -> Vec<Service> {
+    let with_prefix = |p: &str| -> Vec<Pod> {
+        pods.iter().filter(|pod| pod.name.starts_with(p)).cloned().collect()
+    };
+    vec![
+        Service {
+            namespace: "shop".into(),
+            name: "checkout".into(),
+            port_name: "http".into(),
+            proto: Proto::Tcp,
+            cluster_ip: Ipv4Addr::new(10, 96, 35, 226),
+            port: 80,
+            target_port: HTTP_PORT,
+            node_port: Some(30080),
+            endpoints: with_prefix("checkout-"),
+        },
+        Service {
+            namespace: "kube-system".into(),
+            name: "kube-dns".into(),
+            port_name: "dns".into(),
+            proto: Proto::Udp,
+            cluster_ip: Ipv4Addr::new(10, 96, 0, 10),
+            port: 53,
+            target_port: UDP_PORT,
+            node_port: None,
+            endpoints: with_prefix("dns-"),
+        },
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn services_have_kind_addresses_and_their_pods() {
+        let pods = pods("obs");
+        let svcs = services(&pods);
+        assert_eq!(svcs[0].port_name_string(), "shop/checkout:http");
+        assert_eq!(svcs[0].cluster_addr().to_string(), "10.96.35.226:80");
+        let eps: Vec<String> = svcs[0].endpoint_addrs().iter().map(|a| a.to_string()).collect();
+        assert_eq!(eps, ["10.244.1.12:8080", "10.244.1.13:8080", "10.244.1.14:8080"]);
+        assert_eq!(svcs[1].port_name_string(), "kube-system/kube-dns:dns");
+        let eps: Vec<String> = svcs[1].endpoint_addrs().iter().map(|a| a.to_string()).collect();
+        assert_eq!(eps, ["10.244.1.20:5353", "10.244.1.21:5353"]);
+        assert_eq!(pods[0].ns, "obs-pod-checkout-a");
+    }
+
+    #[test]
+    fn endpoints_sort_as_strings_like_kube_proxy() {
+        let mut svc = services(&pods("x")).remove(0);
+        svc.endpoints[0].ip = Ipv4Addr::new(10, 244, 1, 100);
+        let eps: Vec<String> = svc.endpoint_addrs().iter().map(|a| a.to_string()).collect();
+        // "10.244.1.100" < "10.244.1.13" as strings.
+        assert_eq!(eps, ["10.244.1.100:8080", "10.244.1.13:8080", "10.244.1.14:8080"]);
+    }
+
+    #[test]
+    fn unnamed_port_has_no_colon() {
+        let mut svc = services(&pods("x")).remove(0);
+        svc.port_name.clear();
+        assert_eq!(svc.port_name_string(), "shop/checkout");
+    }
+}

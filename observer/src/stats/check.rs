@@ -30,7 +30,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use super::summary::{plural, skew_cause};
+use super::summary::{emit, plural, skew_cause};
 use super::{Aggregator, ServiceStats};
 use crate::record::{ReadError, Recording, SummaryRecord};
 
@@ -91,19 +91,18 @@ pub fn run(args: &CheckArgs) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::from(2))
         }
         Ok((_, violations)) if !violations.is_empty() => {
-            for violation in violations {
-                println!("{violation}");
-            }
+            let lines: String = violations.iter().map(|v| format!("{v}\n")).collect();
+            emit(&lines)?;
             Ok(ExitCode::from(1))
         }
         Ok((services, _)) => {
             let connections: u64 = services.iter().map(|s| s.connections).sum();
-            println!(
-                "ok: {}: {}, {}, every condition holds",
+            emit(&format!(
+                "ok: {}: {}, {}, every condition holds\n",
                 args.file.display(),
                 plural(services.len() as u64, "Service"),
                 plural(connections, "connection"),
-            );
+            ))?;
             Ok(ExitCode::SUCCESS)
         }
     }

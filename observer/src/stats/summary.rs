@@ -67,11 +67,22 @@ pub fn run(args: &SummaryArgs) -> anyhow::Result<()> {
             summary: recording.summary.as_ref(),
             services: &services,
         };
-        println!("{}", serde_json::to_string_pretty(&json)?);
+        emit(&(serde_json::to_string_pretty(&json)? + "\n"))
     } else {
-        print!("{}", render(&file, recording.summary.as_ref(), &services));
+        emit(&render(&file, recording.summary.as_ref(), &services))
     }
-    Ok(())
+}
+
+/// Writes a report to stdout; a reader that went away (`| head`) is not an error.
+pub(crate) fn emit(text: &str) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(err) if err.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(anyhow::Error::new(err).context("cannot write to stdout"))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// The whole text report.

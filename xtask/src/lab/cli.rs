@@ -37,8 +37,16 @@ pub enum LabCommand {
 
 pub fn run(args: LabArgs) -> anyhow::Result<()> {
     match args.command {
-        LabCommand::Up { topology, rules, prefix } => {
-            let lab = Lab::up(LabConfig { topology, rules, prefix })?;
+        LabCommand::Up {
+            topology,
+            rules,
+            prefix,
+        } => {
+            let lab = Lab::up(LabConfig {
+                topology,
+                rules,
+                prefix,
+            })?;
             print!("{}", describe(&lab));
             lab.detach();
         }
@@ -60,7 +68,11 @@ fn describe(lab: &Lab) -> String {
     let c = lab.config();
     let (p, node, client) = (&c.prefix, lab.node_ns(), lab.client_ns());
     let mut s = String::new();
-    let _ = writeln!(s, "lab `{p}` is up: {} topology, kube-proxy {} rules", c.topology, c.rules);
+    let _ = writeln!(
+        s,
+        "lab `{p}` is up: {} topology, kube-proxy {} rules",
+        c.topology, c.rules
+    );
     let attach = match c.topology {
         Topology::Bridged => format!("bridge cni0 {NODE_IP}/24, br_netfilter on"),
         Topology::Routed => format!("{NODE_IP}/32 on every veth, /32 route per pod"),
@@ -68,11 +80,22 @@ fn describe(lab: &Lab) -> String {
     let _ = writeln!(s, "  node    {node:<24} {attach}, ip_forward=1, no uplink");
     let _ = writeln!(s, "  client  {client:<24} {CLIENT_IP}");
     for pod in lab.pods() {
-        let _ = writeln!(s, "  pod     {:<24} {} (http :{}, udp :{})", pod.ns, pod.ip, pod.http_port, pod.udp_port);
+        let _ = writeln!(
+            s,
+            "  pod     {:<24} {} (http :{}, udp :{})",
+            pod.ns, pod.ip, pod.http_port, pod.udp_port
+        );
     }
     for svc in lab.services() {
-        let eps: Vec<String> = svc.endpoint_addrs().iter().map(ToString::to_string).collect();
-        let np = svc.node_port.map(|n| format!(", NodePort {n}")).unwrap_or_default();
+        let eps: Vec<String> = svc
+            .endpoint_addrs()
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        let np = svc
+            .node_port
+            .map(|n| format!(", NodePort {n}"))
+            .unwrap_or_default();
         let _ = writeln!(
             s,
             "  service {} {} {} -> {}{np}",
@@ -87,14 +110,31 @@ fn describe(lab: &Lab) -> String {
         RuleMode::Nftables => "nft list table ip kube-proxy",
     };
     let _ = writeln!(s, "try it:");
-    let _ = writeln!(s, "  ip netns exec {client} curl -s http://10.96.35.226/          # a checkout pod's name");
-    let _ = writeln!(s, "  ip netns exec {client} curl -s http://{NODE_IP}:30080/       # through the NodePort");
+    let _ = writeln!(
+        s,
+        "  ip netns exec {client} curl -s http://10.96.35.226/          # a checkout pod's name"
+    );
+    let _ = writeln!(
+        s,
+        "  ip netns exec {client} curl -s http://{NODE_IP}:30080/       # through the NodePort"
+    );
     let _ = writeln!(
         s,
         "  ip netns exec {client} python3 -c 'import socket; s=socket.socket(2,2); s.sendto(b\"q\",(\"10.96.0.10\",53)); print(s.recv(99))'"
     );
-    let _ = writeln!(s, "  ip netns exec {node} conntrack -E -e NEW            # watch the DNAT decisions");
+    let _ = writeln!(
+        s,
+        "  ip netns exec {node} conntrack -E -e NEW            # watch the DNAT decisions"
+    );
     let _ = writeln!(s, "  ip netns exec {node} {rules}");
-    let _ = writeln!(s, "  cargo xtask lab down{}", if p == "obs" { String::new() } else { format!(" --prefix {p}") });
+    let _ = writeln!(
+        s,
+        "  cargo xtask lab down{}",
+        if p == "obs" {
+            String::new()
+        } else {
+            format!(" --prefix {p}")
+        }
+    );
     s
 }

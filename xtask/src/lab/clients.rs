@@ -16,13 +16,26 @@ pub struct Answer {
     pub pod: String,
 }
 
-fn run_json<T: DeserializeOwned>(lab: &Lab, program: &std::path::Path, args: &[String]) -> anyhow::Result<T> {
+fn run_json<T: DeserializeOwned>(
+    lab: &Lab,
+    program: &std::path::Path,
+    args: &[String],
+) -> anyhow::Result<T> {
     let out = run(in_netns(&lab.tools.ip, lab.client_ns(), program).args(args))?;
-    serde_json::from_slice(&out.stdout)
-        .with_context(|| format!("unexpected client output: {}", String::from_utf8_lossy(&out.stdout)))
+    serde_json::from_slice(&out.stdout).with_context(|| {
+        format!(
+            "unexpected client output: {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
 }
 
-fn python_client(lab: &Lab, mode: &str, target: SocketAddrV4, count: usize) -> anyhow::Result<Vec<Answer>> {
+fn python_client(
+    lab: &Lab,
+    mode: &str,
+    target: SocketAddrV4,
+    count: usize,
+) -> anyhow::Result<Vec<Answer>> {
     let script = lab.state_dir.join("clients.py");
     let args = [
         script.to_string_lossy().into_owned(),
@@ -32,7 +45,10 @@ fn python_client(lab: &Lab, mode: &str, target: SocketAddrV4, count: usize) -> a
         count.to_string(),
     ];
     let raw: Vec<(u16, String)> = run_json(lab, &lab.tools.python3, &args)?;
-    Ok(raw.into_iter().map(|(client_port, pod)| Answer { client_port, pod }).collect())
+    Ok(raw
+        .into_iter()
+        .map(|(client_port, pod)| Answer { client_port, pod })
+        .collect())
 }
 
 /// Python: `count` HTTP requests, each on a new TCP connection.
@@ -41,7 +57,11 @@ pub fn http_fresh(lab: &Lab, target: SocketAddrV4, count: usize) -> anyhow::Resu
 }
 
 /// Python `http.client`: one connection, `count` sequential requests on it.
-pub fn http_keepalive(lab: &Lab, target: SocketAddrV4, count: usize) -> anyhow::Result<Vec<Answer>> {
+pub fn http_keepalive(
+    lab: &Lab,
+    target: SocketAddrV4,
+    count: usize,
+) -> anyhow::Result<Vec<Answer>> {
     python_client(lab, "http-keepalive", target, count)
 }
 
@@ -51,9 +71,17 @@ pub fn udp_queries(lab: &Lab, target: SocketAddrV4, count: usize) -> anyhow::Res
 }
 
 /// Node's `fetch` (undici keep-alive) in a loop in one process: answers per pod.
-pub fn node_fetch(lab: &Lab, target: SocketAddrV4, count: usize) -> anyhow::Result<BTreeMap<String, usize>> {
+pub fn node_fetch(
+    lab: &Lab,
+    target: SocketAddrV4,
+    count: usize,
+) -> anyhow::Result<BTreeMap<String, usize>> {
     let node = find_tool("node", "nodejs")?;
     let script = lab.state_dir.join("node_fetch.mjs");
-    let args = [script.to_string_lossy().into_owned(), format!("http://{target}/"), count.to_string()];
+    let args = [
+        script.to_string_lossy().into_owned(),
+        format!("http://{target}/"),
+        count.to_string(),
+    ];
     run_json(lab, &node, &args)
 }

@@ -40,7 +40,10 @@ pub enum ParseError {
 /// and UDP give `None`.
 pub fn parse_event(line: &str) -> Result<Option<CtEvent>, ParseError> {
     let tokens: Vec<&str> = line.split_whitespace().collect();
-    let Some(proto) = tokens.iter().find(|t| **t == "tcp" || **t == "udp" || **t == "icmp") else {
+    let Some(proto) = tokens
+        .iter()
+        .find(|t| **t == "tcp" || **t == "udp" || **t == "icmp")
+    else {
         return Ok(None);
     };
     if *proto == "icmp" {
@@ -48,19 +51,31 @@ pub fn parse_event(line: &str) -> Result<Option<CtEvent>, ParseError> {
     }
     // The first src/dst/sport/dport are the original tuple, the second the reply tuple.
     let values = |key: &str| -> Vec<&str> {
-        tokens.iter().filter_map(|t| t.strip_prefix(key).and_then(|v| v.strip_prefix('='))).collect()
+        tokens
+            .iter()
+            .filter_map(|t| t.strip_prefix(key).and_then(|v| v.strip_prefix('=')))
+            .collect()
     };
     let pick = |key: &'static str, nth: usize| -> Result<&str, ParseError> {
         values(key)
             .get(nth)
             .copied()
-            .ok_or_else(|| ParseError::Missing { field: key, line: line.to_string() })
+            .ok_or_else(|| ParseError::Missing {
+                field: key,
+                line: line.to_string(),
+            })
     };
     let ip = |key: &'static str, nth: usize| -> Result<Ipv4Addr, ParseError> {
-        pick(key, nth)?.parse().map_err(|_| ParseError::Bad { field: key, line: line.to_string() })
+        pick(key, nth)?.parse().map_err(|_| ParseError::Bad {
+            field: key,
+            line: line.to_string(),
+        })
     };
     let port = |key: &'static str, nth: usize| -> Result<u16, ParseError> {
-        pick(key, nth)?.parse().map_err(|_| ParseError::Bad { field: key, line: line.to_string() })
+        pick(key, nth)?.parse().map_err(|_| ParseError::Bad {
+            field: key,
+            line: line.to_string(),
+        })
     };
     Ok(Some(CtEvent {
         proto: proto.to_string(),
@@ -108,8 +123,15 @@ impl ConntrackWatch {
                 sink.lock().unwrap_or_else(|e| e.into_inner()).push(line);
             }
         });
-        let mut watch =
-            ConntrackWatch { ip, conntrack, netns: netns.to_string(), child, lines, reader, start_line: 0 };
+        let mut watch = ConntrackWatch {
+            ip,
+            conntrack,
+            netns: netns.to_string(),
+            child,
+            lines,
+            reader,
+            start_line: 0,
+        };
         match watch.mark() {
             Ok(after) => {
                 watch.start_line = after;
@@ -129,8 +151,16 @@ impl ConntrackWatch {
         let needle = format!("src={MARKER_SRC} dst={MARKER_DST} sport={port} dport={port}");
         let entry = |op: &str| {
             let mut cmd = in_netns(&self.ip, &self.netns, &self.conntrack);
-            cmd.args([op, "-p", "udp", "-s", &MARKER_SRC.to_string(), "-d", &MARKER_DST.to_string()])
-                .args(["--sport", &port.to_string(), "--dport", &port.to_string()]);
+            cmd.args([
+                op,
+                "-p",
+                "udp",
+                "-s",
+                &MARKER_SRC.to_string(),
+                "-d",
+                &MARKER_DST.to_string(),
+            ])
+            .args(["--sport", &port.to_string(), "--dport", &port.to_string()]);
             if op == "-I" {
                 cmd.args(["-t", "10"]);
             }
@@ -212,13 +242,26 @@ mod tests {
     fn other_protocols_are_skipped_and_broken_lines_are_errors() {
         let icmp = "    [NEW] icmp     1 30 src=10.244.1.9 dst=10.244.1.1 type=8 code=0 id=7 [UNREPLIED] src=10.244.1.1 dst=10.244.1.9 type=0 code=0 id=7";
         assert_eq!(parse_event(icmp).unwrap(), None);
-        assert_eq!(parse_event("conntrack v1.4.7: 3 flow events").unwrap(), None);
-        let cut = "    [NEW] tcp      6 120 SYN_SENT src=10.244.1.9 dst=10.96.35.226 sport=1 dport=80";
+        assert_eq!(
+            parse_event("conntrack v1.4.7: 3 flow events").unwrap(),
+            None
+        );
+        let cut =
+            "    [NEW] tcp      6 120 SYN_SENT src=10.244.1.9 dst=10.96.35.226 sport=1 dport=80";
         assert_eq!(
             parse_event(cut),
-            Err(ParseError::Missing { field: "src", line: cut.to_string() })
+            Err(ParseError::Missing {
+                field: "src",
+                line: cut.to_string()
+            })
         );
         let bad = "    [NEW] tcp      6 120 SYN_SENT src=10.244.1.9 dst=10.96.35.226 sport=x dport=80 src=1.2.3.4 dst=1.2.3.5 sport=1 dport=2";
-        assert_eq!(parse_event(bad), Err(ParseError::Bad { field: "sport", line: bad.to_string() }));
+        assert_eq!(
+            parse_event(bad),
+            Err(ParseError::Bad {
+                field: "sport",
+                line: bad.to_string()
+            })
+        );
     }
 }

@@ -21,8 +21,13 @@ const KUBE_FIREWALL: &str = "KUBE-FIREWALL";
 const KUBE_PROXY_CANARY: &str = "KUBE-PROXY-CANARY";
 
 /// Chains kube-proxy owns per Service and deletes when they go stale (`isServiceChainName`).
-const SERVICE_CHAIN_PREFIXES: [&str; 5] =
-    ["KUBE-SVC-", "KUBE-SVL-", "KUBE-SEP-", "KUBE-FW-", "KUBE-EXT-"];
+const SERVICE_CHAIN_PREFIXES: [&str; 5] = [
+    "KUBE-SVC-",
+    "KUBE-SVL-",
+    "KUBE-SEP-",
+    "KUBE-FW-",
+    "KUBE-EXT-",
+];
 
 fn chain_line(chain: &str) -> String {
     format!(":{chain} - [0:0]")
@@ -36,18 +41,90 @@ pub fn setup() -> String {
     const NEW: &str = "-m conntrack --ctstate NEW ";
     // (table, destination chain, source chain, comment, extra match)
     let jumps: [(&str, &str, &str, &str, &str); 14] = [
-        ("filter", KUBE_EXTERNAL_SERVICES, "INPUT", "kubernetes externally-visible service portals", NEW),
-        ("filter", KUBE_EXTERNAL_SERVICES, "FORWARD", "kubernetes externally-visible service portals", NEW),
-        ("filter", KUBE_NODEPORTS, "INPUT", "kubernetes health check service ports", ""),
-        ("filter", KUBE_SERVICES, "FORWARD", "kubernetes service portals", NEW),
-        ("filter", KUBE_SERVICES, "OUTPUT", "kubernetes service portals", NEW),
-        ("filter", KUBE_FORWARD, "FORWARD", "kubernetes forwarding rules", ""),
-        ("filter", KUBE_PROXY_FIREWALL, "INPUT", "kubernetes load balancer firewall", NEW),
-        ("filter", KUBE_PROXY_FIREWALL, "OUTPUT", "kubernetes load balancer firewall", NEW),
-        ("filter", KUBE_PROXY_FIREWALL, "FORWARD", "kubernetes load balancer firewall", NEW),
-        ("nat", KUBE_SERVICES, "OUTPUT", "kubernetes service portals", ""),
-        ("nat", KUBE_SERVICES, "PREROUTING", "kubernetes service portals", ""),
-        ("nat", KUBE_POSTROUTING, "POSTROUTING", "kubernetes postrouting rules", ""),
+        (
+            "filter",
+            KUBE_EXTERNAL_SERVICES,
+            "INPUT",
+            "kubernetes externally-visible service portals",
+            NEW,
+        ),
+        (
+            "filter",
+            KUBE_EXTERNAL_SERVICES,
+            "FORWARD",
+            "kubernetes externally-visible service portals",
+            NEW,
+        ),
+        (
+            "filter",
+            KUBE_NODEPORTS,
+            "INPUT",
+            "kubernetes health check service ports",
+            "",
+        ),
+        (
+            "filter",
+            KUBE_SERVICES,
+            "FORWARD",
+            "kubernetes service portals",
+            NEW,
+        ),
+        (
+            "filter",
+            KUBE_SERVICES,
+            "OUTPUT",
+            "kubernetes service portals",
+            NEW,
+        ),
+        (
+            "filter",
+            KUBE_FORWARD,
+            "FORWARD",
+            "kubernetes forwarding rules",
+            "",
+        ),
+        (
+            "filter",
+            KUBE_PROXY_FIREWALL,
+            "INPUT",
+            "kubernetes load balancer firewall",
+            NEW,
+        ),
+        (
+            "filter",
+            KUBE_PROXY_FIREWALL,
+            "OUTPUT",
+            "kubernetes load balancer firewall",
+            NEW,
+        ),
+        (
+            "filter",
+            KUBE_PROXY_FIREWALL,
+            "FORWARD",
+            "kubernetes load balancer firewall",
+            NEW,
+        ),
+        (
+            "nat",
+            KUBE_SERVICES,
+            "OUTPUT",
+            "kubernetes service portals",
+            "",
+        ),
+        (
+            "nat",
+            KUBE_SERVICES,
+            "PREROUTING",
+            "kubernetes service portals",
+            "",
+        ),
+        (
+            "nat",
+            KUBE_POSTROUTING,
+            "POSTROUTING",
+            "kubernetes postrouting rules",
+            "",
+        ),
         // The kubelet's firewall chain: no comment.
         ("filter", KUBE_FIREWALL, "INPUT", "", ""),
         ("filter", KUBE_FIREWALL, "OUTPUT", "", ""),
@@ -93,17 +170,31 @@ pub fn probability(n: usize) -> String {
 /// otherwise only the per-Service chains of Services that changed are rewritten (a partial
 /// sync, as after a readiness flip). `existing_nat_chains` are the chains `iptables-save -t
 /// nat` lists now: Service chains among them that are no longer used are flushed and deleted.
-pub fn sync(services: &[Service], previous: Option<&[Service]>, existing_nat_chains: &[String]) -> String {
-    let mut filter_chains: Vec<String> =
-        [KUBE_SERVICES, KUBE_EXTERNAL_SERVICES, KUBE_FORWARD, KUBE_NODEPORTS, KUBE_PROXY_FIREWALL]
-            .iter()
-            .map(|c| chain_line(c))
-            .collect();
+pub fn sync(
+    services: &[Service],
+    previous: Option<&[Service]>,
+    existing_nat_chains: &[String],
+) -> String {
+    let mut filter_chains: Vec<String> = [
+        KUBE_SERVICES,
+        KUBE_EXTERNAL_SERVICES,
+        KUBE_FORWARD,
+        KUBE_NODEPORTS,
+        KUBE_PROXY_FIREWALL,
+    ]
+    .iter()
+    .map(|c| chain_line(c))
+    .collect();
     let mut filter_rules: Vec<String> = Vec::new();
-    let mut nat_chains: Vec<String> = [KUBE_SERVICES, KUBE_NODEPORTS, KUBE_POSTROUTING, KUBE_MARK_MASQ]
-        .iter()
-        .map(|c| chain_line(c))
-        .collect();
+    let mut nat_chains: Vec<String> = [
+        KUBE_SERVICES,
+        KUBE_NODEPORTS,
+        KUBE_POSTROUTING,
+        KUBE_MARK_MASQ,
+    ]
+    .iter()
+    .map(|c| chain_line(c))
+    .collect();
     let mut nat_rules: Vec<String> = vec![
         format!("-A {KUBE_POSTROUTING} -m mark ! --mark {MASQ_MARK}/{MASQ_MARK} -j RETURN"),
         format!("-A {KUBE_POSTROUTING} -j MARK --xor-mark {MASQ_MARK}"),
@@ -180,18 +271,26 @@ pub fn sync(services: &[Service], previous: Option<&[Service]>, existing_nat_cha
             for (i, ep) in endpoints.iter().enumerate() {
                 let sep = ipt_sep_chain(&spn, proto, &ep.to_string());
                 let statistic = if i < n - 1 {
-                    format!(" -m statistic --mode random --probability {}", probability(n - i))
+                    format!(
+                        " -m statistic --mode random --probability {}",
+                        probability(n - i)
+                    )
                 } else {
                     String::new()
                 };
-                rules.push(format!("-A {svc_chain} -m comment --comment \"{spn} -> {ep}\"{statistic} -j {sep}"));
+                rules.push(format!(
+                    "-A {svc_chain} -m comment --comment \"{spn} -> {ep}\"{statistic} -j {sep}"
+                ));
             }
         }
         for ep in &endpoints {
             let sep = ipt_sep_chain(&spn, proto, &ep.to_string());
             chains.push(chain_line(&sep));
             active.insert(sep.clone());
-            rules.push(format!("-A {sep} -m comment --comment {spn} -s {} -j {KUBE_MARK_MASQ}", ep.ip()));
+            rules.push(format!(
+                "-A {sep} -m comment --comment {spn} -s {} -j {KUBE_MARK_MASQ}",
+                ep.ip()
+            ));
             rules.push(format!(
                 "-A {sep} -m comment --comment {spn} -m {proto} -p {proto} -j DNAT --to-destination {ep}"
             ));
@@ -210,7 +309,9 @@ pub fn sync(services: &[Service], previous: Option<&[Service]>, existing_nat_cha
         "-A {KUBE_SERVICES} -m comment --comment \"kubernetes service nodeports; NOTE: this must be the last rule in this chain\" -m addrtype --dst-type LOCAL -j {KUBE_NODEPORTS}"
     ));
     // nf_conntrack_tcp_be_liberal is 0: drop INVALID packets.
-    filter_rules.push(format!("-A {KUBE_FORWARD} -m conntrack --ctstate INVALID -j DROP"));
+    filter_rules.push(format!(
+        "-A {KUBE_FORWARD} -m conntrack --ctstate INVALID -j DROP"
+    ));
     filter_rules.push(format!(
         "-A {KUBE_FORWARD} -m comment --comment \"kubernetes forwarding rules\" -m mark --mark {MASQ_MARK}/{MASQ_MARK} -j ACCEPT"
     ));
@@ -268,23 +369,57 @@ mod tests {
         let nat_start = l.iter().position(|x| *x == "*nat").unwrap();
         let nat = &l[nat_start..];
         let expected_checkout = [
-            format!("-A KUBE-SERVICES -m comment --comment \"shop/checkout:http cluster IP\" -m tcp -p tcp -d 10.96.35.226 --dport 80 -j {svc}"),
-            format!("-A KUBE-NODEPORTS -m comment --comment shop/checkout:http -m tcp -p tcp --dport 30080 -j {ext}"),
-            format!("-A {svc} -m comment --comment \"shop/checkout:http cluster IP\" -m tcp -p tcp -d 10.96.35.226 --dport 80 ! -s 10.244.0.0/16 -j KUBE-MARK-MASQ"),
-            format!("-A {ext} -m comment --comment \"masquerade traffic for shop/checkout:http external destinations\" -j KUBE-MARK-MASQ"),
+            format!(
+                "-A KUBE-SERVICES -m comment --comment \"shop/checkout:http cluster IP\" -m tcp -p tcp -d 10.96.35.226 --dport 80 -j {svc}"
+            ),
+            format!(
+                "-A KUBE-NODEPORTS -m comment --comment shop/checkout:http -m tcp -p tcp --dport 30080 -j {ext}"
+            ),
+            format!(
+                "-A {svc} -m comment --comment \"shop/checkout:http cluster IP\" -m tcp -p tcp -d 10.96.35.226 --dport 80 ! -s 10.244.0.0/16 -j KUBE-MARK-MASQ"
+            ),
+            format!(
+                "-A {ext} -m comment --comment \"masquerade traffic for shop/checkout:http external destinations\" -j KUBE-MARK-MASQ"
+            ),
             format!("-A {ext} -j {svc}"),
-            format!("-A {svc} -m comment --comment \"shop/checkout:http -> 10.244.1.12:8080\" -m statistic --mode random --probability 0.3333333333 -j {}", sep("10.244.1.12:8080")),
-            format!("-A {svc} -m comment --comment \"shop/checkout:http -> 10.244.1.13:8080\" -m statistic --mode random --probability 0.5000000000 -j {}", sep("10.244.1.13:8080")),
-            format!("-A {svc} -m comment --comment \"shop/checkout:http -> 10.244.1.14:8080\" -j {}", sep("10.244.1.14:8080")),
-            format!("-A {} -m comment --comment shop/checkout:http -s 10.244.1.12 -j KUBE-MARK-MASQ", sep("10.244.1.12:8080")),
-            format!("-A {} -m comment --comment shop/checkout:http -m tcp -p tcp -j DNAT --to-destination 10.244.1.12:8080", sep("10.244.1.12:8080")),
+            format!(
+                "-A {svc} -m comment --comment \"shop/checkout:http -> 10.244.1.12:8080\" -m statistic --mode random --probability 0.3333333333 -j {}",
+                sep("10.244.1.12:8080")
+            ),
+            format!(
+                "-A {svc} -m comment --comment \"shop/checkout:http -> 10.244.1.13:8080\" -m statistic --mode random --probability 0.5000000000 -j {}",
+                sep("10.244.1.13:8080")
+            ),
+            format!(
+                "-A {svc} -m comment --comment \"shop/checkout:http -> 10.244.1.14:8080\" -j {}",
+                sep("10.244.1.14:8080")
+            ),
+            format!(
+                "-A {} -m comment --comment shop/checkout:http -s 10.244.1.12 -j KUBE-MARK-MASQ",
+                sep("10.244.1.12:8080")
+            ),
+            format!(
+                "-A {} -m comment --comment shop/checkout:http -m tcp -p tcp -j DNAT --to-destination 10.244.1.12:8080",
+                sep("10.244.1.12:8080")
+            ),
         ];
-        let first = nat.iter().position(|x| *x == expected_checkout[0]).expect("ClusterIP rule");
+        let first = nat
+            .iter()
+            .position(|x| *x == expected_checkout[0])
+            .expect("ClusterIP rule");
         for (i, want) in expected_checkout.iter().enumerate() {
             assert_eq!(nat[first + i], want, "line {i}");
         }
         // Chain declarations: top-level first, then EXT, SVC, SEPs of checkout.
-        assert_eq!(&nat[1..5], [":KUBE-SERVICES - [0:0]", ":KUBE-NODEPORTS - [0:0]", ":KUBE-POSTROUTING - [0:0]", ":KUBE-MARK-MASQ - [0:0]"]);
+        assert_eq!(
+            &nat[1..5],
+            [
+                ":KUBE-SERVICES - [0:0]",
+                ":KUBE-NODEPORTS - [0:0]",
+                ":KUBE-POSTROUTING - [0:0]",
+                ":KUBE-MARK-MASQ - [0:0]"
+            ]
+        );
         assert_eq!(nat[5], format!(":{ext} - [0:0]"));
         assert_eq!(nat[6], format!(":{svc} - [0:0]"));
         // The UDP service: two endpoints, probability 1/2 then the catch-all.
@@ -292,7 +427,10 @@ mod tests {
         assert!(out.contains(&format!("-A {dns} -m comment --comment \"kube-system/kube-dns:dns -> 10.244.1.20:5353\" -m statistic --mode random --probability 0.5000000000 -j {}\n", ipt_sep_chain("kube-system/kube-dns:dns", "udp", "10.244.1.20:5353"))));
         assert!(out.contains("-m comment --comment kube-system/kube-dns:dns -m udp -p udp -j DNAT --to-destination 10.244.1.21:5353\n"));
         // The NodePort jump closes KUBE-SERVICES; the table ends with COMMIT.
-        assert_eq!(nat[nat.len() - 2], "-A KUBE-SERVICES -m comment --comment \"kubernetes service nodeports; NOTE: this must be the last rule in this chain\" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS");
+        assert_eq!(
+            nat[nat.len() - 2],
+            "-A KUBE-SERVICES -m comment --comment \"kubernetes service nodeports; NOTE: this must be the last rule in this chain\" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS"
+        );
         assert_eq!(nat[nat.len() - 1], "COMMIT");
         assert!(!out.contains("REJECT"));
     }
@@ -324,10 +462,27 @@ mod tests {
         let c = ipt_sep_chain("shop/checkout:http", "tcp", "10.244.1.14:8080");
         let l = lines(&out);
         // The new waterfall: 1/2 then the rest.
-        let wf: Vec<&&str> = l.iter().filter(|x| x.starts_with(&format!("-A {svc} -m comment --comment \"shop/checkout:http ->"))).collect();
+        let wf: Vec<&&str> = l
+            .iter()
+            .filter(|x| {
+                x.starts_with(&format!(
+                    "-A {svc} -m comment --comment \"shop/checkout:http ->"
+                ))
+            })
+            .collect();
         assert_eq!(wf.len(), 2);
-        assert_eq!(*wf[0], format!("-A {svc} -m comment --comment \"shop/checkout:http -> 10.244.1.12:8080\" -m statistic --mode random --probability 0.5000000000 -j {a}"));
-        assert_eq!(*wf[1], format!("-A {svc} -m comment --comment \"shop/checkout:http -> 10.244.1.14:8080\" -j {c}"));
+        assert_eq!(
+            *wf[0],
+            format!(
+                "-A {svc} -m comment --comment \"shop/checkout:http -> 10.244.1.12:8080\" -m statistic --mode random --probability 0.5000000000 -j {a}"
+            )
+        );
+        assert_eq!(
+            *wf[1],
+            format!(
+                "-A {svc} -m comment --comment \"shop/checkout:http -> 10.244.1.14:8080\" -j {c}"
+            )
+        );
         // The removed endpoint's chain: flushed by its chain line, then deleted.
         assert!(l.contains(&format!(":{gone} - [0:0]").as_str()));
         assert!(l.contains(&format!("-X {gone}").as_str()));
@@ -344,8 +499,12 @@ mod tests {
     fn setup_prepends_kube_proxy_jumps() {
         let out = setup();
         assert!(out.starts_with("*mangle\n:KUBE-PROXY-CANARY - [0:0]\nCOMMIT\n*filter\n"));
-        assert!(out.contains("-I PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n"));
-        assert!(out.contains("-I OUTPUT -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n"));
+        assert!(out.contains(
+            "-I PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n"
+        ));
+        assert!(out.contains(
+            "-I OUTPUT -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n"
+        ));
         assert!(out.contains("-I POSTROUTING -m comment --comment \"kubernetes postrouting rules\" -j KUBE-POSTROUTING\n"));
         assert!(out.contains("-I FORWARD -m conntrack --ctstate NEW -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n"));
         assert!(out.contains("-I INPUT -j KUBE-FIREWALL\n"));

@@ -150,7 +150,9 @@ pub struct Lab {
 
 fn check_prefix(prefix: &str) -> anyhow::Result<()> {
     let ok = (1..=16).contains(&prefix.len())
-        && prefix.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+        && prefix
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
     if !ok {
         bail!("lab prefix `{prefix}` is not 1-16 characters of [a-z0-9]");
     }
@@ -173,7 +175,10 @@ fn veth_name(pod: &str) -> String {
 pub fn namespaces(prefix: &str) -> anyhow::Result<Vec<String>> {
     check_prefix(prefix)?;
     let ip = sys::find_tool("ip", "iproute2")?;
-    Ok(list_netns(&ip)?.into_iter().filter(|n| is_lab_netns(prefix, n)).collect())
+    Ok(list_netns(&ip)?
+        .into_iter()
+        .filter(|n| is_lab_netns(prefix, n))
+        .collect())
 }
 
 /// Removes everything the lab with this prefix made: its processes (found through its
@@ -188,7 +193,8 @@ pub fn down(prefix: &str) -> anyhow::Result<Vec<String>> {
     }
     let dir = state_dir(prefix);
     if dir.exists() {
-        std::fs::remove_dir_all(&dir).with_context(|| format!("could not remove {}", dir.display()))?;
+        std::fs::remove_dir_all(&dir)
+            .with_context(|| format!("could not remove {}", dir.display()))?;
         removed.push(dir.display().to_string());
     }
     Ok(removed)
@@ -202,8 +208,10 @@ impl Lab {
         check_prefix(&config.prefix)?;
         let tools = Tools::find()?;
         let prefix = config.prefix.clone();
-        let existing: Vec<String> =
-            list_netns(&tools.ip)?.into_iter().filter(|n| is_lab_netns(&prefix, n)).collect();
+        let existing: Vec<String> = list_netns(&tools.ip)?
+            .into_iter()
+            .filter(|n| is_lab_netns(&prefix, n))
+            .collect();
         let dir = state_dir(&prefix);
         if !existing.is_empty() || dir.exists() {
             let mut what = existing;
@@ -266,7 +274,10 @@ impl Lab {
     /// output whatever its exit status.
     pub fn run_in(&self, netns: &str, program: &str, args: &[&str]) -> anyhow::Result<Output> {
         if !self.all_namespaces().iter().any(|n| n == netns) {
-            bail!("`{netns}` is not a namespace of lab `{}`", self.config.prefix);
+            bail!(
+                "`{netns}` is not a namespace of lab `{}`",
+                self.config.prefix
+            );
         }
         in_netns(&self.tools.ip, netns, program)
             .args(args)
@@ -279,9 +290,20 @@ impl Lab {
     /// `iptables-restore --noflush` or one `nft -f` transaction, then, for UDP, deleting
     /// the conntrack entries that still point at the removed endpoint.
     pub fn remove_endpoint(&mut self, service: &str, pod_ip: Ipv4Addr) -> anyhow::Result<()> {
-        let Some(idx) = self.services.iter().position(|s| s.port_name_string() == service) else {
-            let known: Vec<String> = self.services.iter().map(Service::port_name_string).collect();
-            bail!("the lab has no Service port `{service}` (it has {})", known.join(", "));
+        let Some(idx) = self
+            .services
+            .iter()
+            .position(|s| s.port_name_string() == service)
+        else {
+            let known: Vec<String> = self
+                .services
+                .iter()
+                .map(Service::port_name_string)
+                .collect();
+            bail!(
+                "the lab has no Service port `{service}` (it has {})",
+                known.join(", ")
+            );
         };
         let previous = self.services.clone();
         let svc = &mut self.services[idx];
@@ -307,10 +329,14 @@ impl Lab {
     /// The node's NAT rules: `iptables-save -t nat`, or `nft -j list table ip kube-proxy`.
     pub fn rules_dump(&self) -> anyhow::Result<String> {
         let out = match self.config.rules {
-            RuleMode::Iptables => run(in_netns(&self.tools.ip, &self.node_ns, &self.tools.iptables_save).args(["-t", "nat"]))?,
-            RuleMode::Nftables => {
-                run(in_netns(&self.tools.ip, &self.node_ns, &self.tools.nft).args(["-j", "list", "table", "ip", "kube-proxy"]))?
+            RuleMode::Iptables => {
+                run(
+                    in_netns(&self.tools.ip, &self.node_ns, &self.tools.iptables_save)
+                        .args(["-t", "nat"]),
+                )?
             }
+            RuleMode::Nftables => run(in_netns(&self.tools.ip, &self.node_ns, &self.tools.nft)
+                .args(["-j", "list", "table", "ip", "kube-proxy"]))?,
         };
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
@@ -323,9 +349,14 @@ impl Lab {
     fn build(&mut self) -> anyhow::Result<()> {
         std::fs::create_dir_all(&self.state_dir)
             .with_context(|| format!("could not create {}", self.state_dir.display()))?;
-        for (name, text) in [("pod_server.py", POD_SERVER_PY), ("clients.py", CLIENTS_PY), ("node_fetch.mjs", NODE_FETCH_MJS)] {
+        for (name, text) in [
+            ("pod_server.py", POD_SERVER_PY),
+            ("clients.py", CLIENTS_PY),
+            ("node_fetch.mjs", NODE_FETCH_MJS),
+        ] {
             let path = self.state_dir.join(name);
-            std::fs::write(&path, text).with_context(|| format!("could not write {}", path.display()))?;
+            std::fs::write(&path, text)
+                .with_context(|| format!("could not write {}", path.display()))?;
         }
         self.build_topology()?;
         self.sync_rules(None)?;
@@ -336,14 +367,20 @@ impl Lab {
     fn ip_batch(&self, netns: &str, commands: &[String]) -> anyhow::Result<()> {
         let mut input = commands.join("\n");
         input.push('\n');
-        run_with_input(Command::new(&self.tools.ip).args(["-n", netns, "-batch", "-"]), &input)
-            .with_context(|| format!("could not configure {netns}"))?;
+        run_with_input(
+            Command::new(&self.tools.ip).args(["-n", netns, "-batch", "-"]),
+            &input,
+        )
+        .with_context(|| format!("could not configure {netns}"))?;
         Ok(())
     }
 
     fn sysctls(&self, netns: &str, settings: &[(&str, &str)]) -> anyhow::Result<()> {
-        let script: Vec<String> = settings.iter().map(|(k, v)| format!("echo {v} > /proc/sys/{k}")).collect();
-        run(in_netns(&self.tools.ip, netns, "sh").args(["-c", &script.join(" && ")]))
+        let script: Vec<String> = settings
+            .iter()
+            .map(|(k, v)| format!("echo {v} > /proc/sys/{k}"))
+            .collect();
+        run(in_netns(&self.tools.ip, netns, "/bin/sh").args(["-c", &script.join(" && ")]))
             .with_context(|| format!("could not set sysctls in {netns}"))?;
         Ok(())
     }
@@ -357,9 +394,17 @@ impl Lab {
             http_port: spec::HTTP_PORT,
             udp_port: spec::UDP_PORT,
         };
-        let members: Vec<Pod> = self.pods.iter().cloned().chain(std::iter::once(client)).collect();
+        let members: Vec<Pod> = self
+            .pods
+            .iter()
+            .cloned()
+            .chain(std::iter::once(client))
+            .collect();
         // No IPv6: nothing but the lab's IPv4 traffic reaches conntrack.
-        let no_ipv6 = [("net/ipv6/conf/all/disable_ipv6", "1"), ("net/ipv6/conf/default/disable_ipv6", "1")];
+        let no_ipv6 = [
+            ("net/ipv6/conf/all/disable_ipv6", "1"),
+            ("net/ipv6/conf/default/disable_ipv6", "1"),
+        ];
         for ns in self.all_namespaces() {
             run(Command::new(&self.tools.ip).args(["netns", "add", &ns]))?;
             self.sysctls(&ns, &no_ipv6)?;
@@ -367,12 +412,15 @@ impl Lab {
         let node = self.node_ns.clone();
         self.sysctls(
             &node,
-            &[("net/ipv4/ip_forward", "1"), ("net/ipv4/conf/all/route_localnet", "1")],
+            &[
+                ("net/ipv4/ip_forward", "1"),
+                ("net/ipv4/conf/all/route_localnet", "1"),
+            ],
         )?;
         let mut node_cmds = vec!["link set lo up".to_string()];
         if bridged {
-            let has_bridge_nf = in_netns(&self.tools.ip, &node, "test")
-                .args(["-d", "/proc/sys/net/bridge"])
+            let has_bridge_nf = in_netns(&self.tools.ip, &node, "/bin/sh")
+                .args(["-c", "test -d /proc/sys/net/bridge"])
                 .status()
                 .context("could not look for /proc/sys/net/bridge")?
                 .success();
@@ -390,7 +438,10 @@ impl Lab {
         }
         for pod in &members {
             let veth = veth_name(&pod.name);
-            node_cmds.push(format!("link add {veth} type veth peer name eth0 netns {}", pod.ns));
+            node_cmds.push(format!(
+                "link add {veth} type veth peer name eth0 netns {}",
+                pod.ns
+            ));
             if bridged {
                 node_cmds.extend([
                     format!("link set {veth} master cni0"),
@@ -445,12 +496,16 @@ impl Lab {
                         Vec::new()
                     }
                     Some(_) => {
-                        let save = run(in_netns(&ip, &self.node_ns, &self.tools.iptables_save).args(["-t", "nat"]))?;
+                        let save = run(in_netns(&ip, &self.node_ns, &self.tools.iptables_save)
+                            .args(["-t", "nat"]))?;
                         iptables::chains_in_save(&String::from_utf8_lossy(&save.stdout))
                     }
                 };
-                run_with_input(&mut restore(), &iptables::sync(&self.services, previous, &existing))
-                    .context("could not load kube-proxy's iptables rules")?;
+                run_with_input(
+                    &mut restore(),
+                    &iptables::sync(&self.services, previous, &existing),
+                )
+                .context("could not load kube-proxy's iptables rules")?;
             }
             RuleMode::Nftables => {
                 let nft_f = || {
@@ -459,8 +514,9 @@ impl Lab {
                     cmd
                 };
                 let second_ago = Instant::now() - Duration::from_secs(1);
-                let (old, young): (Vec<_>, Vec<_>) =
-                    std::mem::take(&mut self.stale_nft_chains).into_iter().partition(|(_, t)| *t < second_ago);
+                let (old, young): (Vec<_>, Vec<_>) = std::mem::take(&mut self.stale_nft_chains)
+                    .into_iter()
+                    .partition(|(_, t)| *t < second_ago);
                 self.stale_nft_chains = young;
                 if !old.is_empty() {
                     let chains: Vec<String> = old.into_iter().map(|(c, _)| c).collect();
@@ -477,9 +533,11 @@ impl Lab {
                     }
                 };
                 let sync = nftables::sync(&self.services, previous, &existing);
-                run_with_input(&mut nft_f(), &sync.script).context("could not load kube-proxy's nftables rules")?;
+                run_with_input(&mut nft_f(), &sync.script)
+                    .context("could not load kube-proxy's nftables rules")?;
                 let now = Instant::now();
-                self.stale_nft_chains.extend(sync.stale_chains.into_iter().map(|c| (c, now)));
+                self.stale_nft_chains
+                    .extend(sync.stale_chains.into_iter().map(|c| (c, now)));
             }
         }
         Ok(())
@@ -489,12 +547,18 @@ impl Lab {
         let script = self.state_dir.join("pod_server.py");
         for pod in &self.pods {
             let log_path = self.state_dir.join(format!("{}.log", pod.name));
-            let log = File::create(&log_path).with_context(|| format!("could not create {}", log_path.display()))?;
+            let log = File::create(&log_path)
+                .with_context(|| format!("could not create {}", log_path.display()))?;
             let child = in_netns(&self.tools.ip, &pod.ns, &self.tools.python3)
                 .arg("-u")
                 .arg(&script)
                 .args(["--name", &pod.name])
-                .args(["--http-port", &pod.http_port.to_string(), "--udp-port", &pod.udp_port.to_string()])
+                .args([
+                    "--http-port",
+                    &pod.http_port.to_string(),
+                    "--udp-port",
+                    &pod.udp_port.to_string(),
+                ])
                 .arg("--ready-file")
                 .arg(self.ready_file(pod))
                 .stdin(Stdio::null())
@@ -511,7 +575,10 @@ impl Lab {
             rules: self.config.rules,
             server_pids: self.servers.iter().map(Child::id).collect(),
         };
-        std::fs::write(self.state_dir.join("lab.json"), serde_json::to_string_pretty(&state)?)?;
+        std::fs::write(
+            self.state_dir.join("lab.json"),
+            serde_json::to_string_pretty(&state)?,
+        )?;
         Ok(())
     }
 
@@ -524,8 +591,14 @@ impl Lab {
         for (i, pod) in self.pods.iter().enumerate() {
             while !self.ready_file(pod).exists() {
                 if let Some(status) = self.servers[i].try_wait()? {
-                    let log = std::fs::read_to_string(self.state_dir.join(format!("{}.log", pod.name))).unwrap_or_default();
-                    bail!("the server of pod {} exited ({status}): {}", pod.name, log.trim());
+                    let log =
+                        std::fs::read_to_string(self.state_dir.join(format!("{}.log", pod.name)))
+                            .unwrap_or_default();
+                    bail!(
+                        "the server of pod {} exited ({status}): {}",
+                        pod.name,
+                        log.trim()
+                    );
                 }
                 if Instant::now() > deadline {
                     bail!("the server of pod {} did not start within 10 s", pod.name);
@@ -540,18 +613,24 @@ impl Lab {
             targets.push((format!("udp:{}:{}", pod.ip, pod.udp_port), Some(&pod.name)));
         }
         for svc in &self.services {
-            targets.push((format!("{}:{}:{}", svc.proto, svc.cluster_ip, svc.port), None));
+            targets.push((
+                format!("{}:{}:{}", svc.proto, svc.cluster_ip, svc.port),
+                None,
+            ));
             if let Some(np) = svc.node_port {
                 targets.push((format!("{}:{NODE_IP}:{np}", svc.proto), None));
             }
         }
         let script = self.state_dir.join("clients.py");
-        let out = run(in_netns(&self.tools.ip, &self.client_ns, &self.tools.python3)
-            .arg(&script)
-            .arg("probe")
-            .args(targets.iter().map(|(t, _)| t)))
+        let out = run(
+            in_netns(&self.tools.ip, &self.client_ns, &self.tools.python3)
+                .arg(&script)
+                .arg("probe")
+                .args(targets.iter().map(|(t, _)| t)),
+        )
         .context("the lab's servers do not answer")?;
-        let answers: std::collections::BTreeMap<String, String> = serde_json::from_slice(&out.stdout)?;
+        let answers: std::collections::BTreeMap<String, String> =
+            serde_json::from_slice(&out.stdout)?;
         for (target, want) in &targets {
             let got = answers.get(target).map(String::as_str);
             if want.is_some() && got != *want {
@@ -580,7 +659,10 @@ impl Lab {
         if self.state_dir.exists()
             && let Err(e) = std::fs::remove_dir_all(&self.state_dir)
         {
-            first_error.get_or_insert(anyhow::Error::new(e).context(format!("could not remove {}", self.state_dir.display())));
+            first_error.get_or_insert(
+                anyhow::Error::new(e)
+                    .context(format!("could not remove {}", self.state_dir.display())),
+            );
         }
         first_error.map_or(Ok(()), Err)
     }
@@ -605,17 +687,25 @@ pub fn status(prefix: &str) -> anyhow::Result<String> {
     let found = namespaces(prefix)?;
     let dir = state_dir(prefix);
     if found.is_empty() && !dir.exists() {
-        return Ok(format!("no lab with prefix `{prefix}` (`cargo xtask lab up` builds one)\n"));
+        return Ok(format!(
+            "no lab with prefix `{prefix}` (`cargo xtask lab up` builds one)\n"
+        ));
     }
     let mut out = String::new();
-    match std::fs::read_to_string(dir.join("lab.json")).ok().and_then(|s| serde_json::from_str::<LabState>(&s).ok()) {
+    match std::fs::read_to_string(dir.join("lab.json"))
+        .ok()
+        .and_then(|s| serde_json::from_str::<LabState>(&s).ok())
+    {
         Some(state) => out.push_str(&format!(
             "lab `{prefix}`: {} topology, {} rules; state in {}\n",
             state.topology,
             state.rules,
             dir.display()
         )),
-        None => out.push_str(&format!("lab `{prefix}`: no readable state in {} (a crashed run?)\n", dir.display())),
+        None => out.push_str(&format!(
+            "lab `{prefix}`: no readable state in {} (a crashed run?)\n",
+            dir.display()
+        )),
     }
     for ns in &found {
         let pids = sys::netns_pids(&ip, ns)?;

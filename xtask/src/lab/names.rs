@@ -99,8 +99,14 @@ mod tests {
     // Expected names are copied from kube-proxy's own unit tests (proxier_test.go).
     #[test]
     fn iptables_names_match_kube_proxy_tests() {
-        assert_eq!(ipt_svc_chain("ns1/svc1:p80", "tcp"), "KUBE-SVC-XPGD46QRK7WJZT7O");
-        assert_eq!(ipt_svc_chain("ns2/svc2:p8080", "tcp"), "KUBE-SVC-2VJB64SDSIJUP5T6");
+        assert_eq!(
+            ipt_svc_chain("ns1/svc1:p80", "tcp"),
+            "KUBE-SVC-XPGD46QRK7WJZT7O"
+        );
+        assert_eq!(
+            ipt_svc_chain("ns2/svc2:p8080", "tcp"),
+            "KUBE-SVC-2VJB64SDSIJUP5T6"
+        );
         assert_eq!(
             ipt_sep_chain("ns1/svc1:p80", "tcp", "10.180.0.1:80"),
             "KUBE-SEP-SXIVWICOYRO3J4NJ"
@@ -114,14 +120,26 @@ mod tests {
             "KUBE-SEP-SNQ3ZNILQDEJNDQO"
         );
         // Same hash as KUBE-SVC-, different prefix.
-        assert_eq!(ipt_ext_chain("ns1/svc1:p80", "tcp"), "KUBE-EXT-XPGD46QRK7WJZT7O");
+        assert_eq!(
+            ipt_ext_chain("ns1/svc1:p80", "tcp"),
+            "KUBE-EXT-XPGD46QRK7WJZT7O"
+        );
     }
 
     #[test]
     fn nftables_names_match_kube_proxy_tests() {
-        assert_eq!(nft_service_base("ns1", "svc1", "tcp", "p80"), "ULMVA6XW-ns1/svc1/tcp/p80");
         assert_eq!(
-            nft_endpoint_base("ns1", "svc1", "tcp", "p80", "10.180.0.1:80".parse().unwrap()),
+            nft_service_base("ns1", "svc1", "tcp", "p80"),
+            "ULMVA6XW-ns1/svc1/tcp/p80"
+        );
+        assert_eq!(
+            nft_endpoint_base(
+                "ns1",
+                "svc1",
+                "tcp",
+                "p80",
+                "10.180.0.1:80".parse().unwrap()
+            ),
             "5OJB2KTY-ns1/svc1/tcp/p80__10.180.0.1/80"
         );
     }

@@ -45,9 +45,20 @@ struct Element {
 
 impl Element {
     fn add(&self) -> String {
-        let comment = self.comment.as_ref().map(|c| format!(" comment \"{c}\"")).unwrap_or_default();
-        let value = self.value.as_ref().map(|v| format!(" : {v}")).unwrap_or_default();
-        format!("add element {TABLE} {} {{ {}{comment}{value} }}", self.container, self.key)
+        let comment = self
+            .comment
+            .as_ref()
+            .map(|c| format!(" comment \"{c}\""))
+            .unwrap_or_default();
+        let value = self
+            .value
+            .as_ref()
+            .map(|v| format!(" : {v}"))
+            .unwrap_or_default();
+        format!(
+            "add element {TABLE} {} {{ {}{comment}{value} }}",
+            self.container, self.key
+        )
     }
 
     fn delete(container: &str, key: &str) -> String {
@@ -151,15 +162,23 @@ fn setup(out: &mut Vec<String>) {
         ("services", "nat-prerouting", ""),
         ("masquerading", "nat-postrouting", ""),
         ("cluster-ips-check", "filter-forward", "ct state new "),
-        ("cluster-ips-check", "filter-output-post-dnat", "ct state new "),
+        (
+            "cluster-ips-check",
+            "filter-output-post-dnat",
+            "ct state new ",
+        ),
     ];
-    out.push(format!("add table {TABLE} {{ comment \"rules for kube-proxy\" ; }}"));
+    out.push(format!(
+        "add table {TABLE} {{ comment \"rules for kube-proxy\" ; }}"
+    ));
     for (name, ..) in base_chains {
         out.push(format!("add chain {TABLE} {name}"));
         out.push(format!("delete chain {TABLE} {name}"));
     }
     for (name, kind, hook, prio) in base_chains {
-        out.push(format!("add chain {TABLE} {name} {{ type {kind} hook {hook} priority {prio} ; }}"));
+        out.push(format!(
+            "add chain {TABLE} {name} {{ type {kind} hook {hook} priority {prio} ; }}"
+        ));
         out.push(format!("flush chain {TABLE} {name}"));
     }
     let mut created: BTreeSet<&str> = BTreeSet::new();
@@ -173,7 +192,12 @@ fn setup(out: &mut Vec<String>) {
         ensure(out, dst);
         out.push(format!("add rule {TABLE} {src} {extra}jump {dst}"));
     }
-    for chain in ["services", "cluster-ips-check", "masquerading", MARK_MASQ_CHAIN] {
+    for chain in [
+        "services",
+        "cluster-ips-check",
+        "masquerading",
+        MARK_MASQ_CHAIN,
+    ] {
         ensure(out, chain);
     }
     out.extend([
@@ -213,7 +237,11 @@ fn setup(out: &mut Vec<String>) {
 /// that changed and adds or deletes only the map elements that changed.
 /// `existing_chains` are the table's chains now (`nft list chains`): Service chains among
 /// them that are no longer used are flushed and reported in [`NftSync::stale_chains`].
-pub fn sync(services: &[Service], previous: Option<&[Service]>, existing_chains: &[String]) -> NftSync {
+pub fn sync(
+    services: &[Service],
+    previous: Option<&[Service]>,
+    existing_chains: &[String],
+) -> NftSync {
     let mut out = Vec::new();
     if previous.is_none() {
         setup(&mut out);
@@ -271,12 +299,22 @@ pub fn sync(services: &[Service], previous: Option<&[Service]>, existing_chains:
             ));
         }
         if uses_ext_chain {
-            out.push(format!("add rule {TABLE} {} jump {MARK_MASQ_CHAIN}", n.external));
-            out.push(format!("add rule {TABLE} {} goto {}", n.external, n.service));
+            out.push(format!(
+                "add rule {TABLE} {} jump {MARK_MASQ_CHAIN}",
+                n.external
+            ));
+            out.push(format!(
+                "add rule {TABLE} {} goto {}",
+                n.external, n.service
+            ));
         }
         if has_endpoints {
-            let vmap: Vec<String> =
-                n.endpoints.iter().enumerate().map(|(i, (_, c))| format!("{i} : goto {c}")).collect();
+            let vmap: Vec<String> = n
+                .endpoints
+                .iter()
+                .enumerate()
+                .map(|(i, (_, c))| format!("{i} : goto {c}"))
+                .collect();
             out.push(format!(
                 "add rule {TABLE} {} numgen random mod {} vmap {{ {} }}",
                 n.service,
@@ -285,8 +323,13 @@ pub fn sync(services: &[Service], previous: Option<&[Service]>, existing_chains:
             ));
         }
         for (ep, chain) in &n.endpoints {
-            out.push(format!("add rule {TABLE} {chain} ip saddr {} jump {MARK_MASQ_CHAIN}", ep.ip()));
-            out.push(format!("add rule {TABLE} {chain} meta l4proto {proto} dnat to {ep}"));
+            out.push(format!(
+                "add rule {TABLE} {chain} ip saddr {} jump {MARK_MASQ_CHAIN}",
+                ep.ip()
+            ));
+            out.push(format!(
+                "add rule {TABLE} {chain} meta l4proto {proto} dnat to {ep}"
+            ));
         }
     }
 
@@ -306,12 +349,18 @@ pub fn sync(services: &[Service], previous: Option<&[Service]>, existing_chains:
 
     let mut script = out.join("\n");
     script.push('\n');
-    NftSync { script, stale_chains }
+    NftSync {
+        script,
+        stale_chains,
+    }
 }
 
 /// The transaction that deletes stale chains (kube-proxy's next sync, a second later).
 pub fn delete_chains(chains: &[String]) -> String {
-    chains.iter().map(|c| format!("delete chain {TABLE} {c}\n")).collect()
+    chains
+        .iter()
+        .map(|c| format!("delete chain {TABLE} {c}\n"))
+        .collect()
 }
 
 /// The names of kube-proxy's chains in `nft -j list chains ip` (every table's chains; as
@@ -319,7 +368,10 @@ pub fn delete_chains(chains: &[String]) -> String {
 pub fn chains_in_json(json: &str) -> Result<Vec<String>, serde_json::Error> {
     let v: serde_json::Value = serde_json::from_str(json)?;
     let ours = |chain: &serde_json::Value| {
-        chain.get("table")?.as_str().filter(|t| *t == "kube-proxy")?;
+        chain
+            .get("table")?
+            .as_str()
+            .filter(|t| *t == "kube-proxy")?;
         chain.get("name")?.as_str().map(str::to_string)
     };
     Ok(v.get("nftables")
@@ -344,7 +396,10 @@ mod tests {
     fn service_chain_name_has_hash_and_readable_name() {
         let svcs = services(&pods("t"));
         assert_eq!(names(&svcs[0]).service, SVC);
-        assert_eq!(names(&svcs[0]).external, SVC.replacen("service-", "external-", 1));
+        assert_eq!(
+            names(&svcs[0]).external,
+            SVC.replacen("service-", "external-", 1)
+        );
     }
 
     #[test]
@@ -352,27 +407,48 @@ mod tests {
         let svcs = services(&pods("t"));
         let s = sync(&svcs, None, &[]).script;
         let l: Vec<&str> = s.lines().collect();
-        assert_eq!(l[0], "add table ip kube-proxy { comment \"rules for kube-proxy\" ; }");
+        assert_eq!(
+            l[0],
+            "add table ip kube-proxy { comment \"rules for kube-proxy\" ; }"
+        );
         let ext = SVC.replacen("service-", "external-", 1);
-        let (a, b, c) = (ep_chain("10.244.1.12:8080"), ep_chain("10.244.1.13:8080"), ep_chain("10.244.1.14:8080"));
+        let (a, b, c) = (
+            ep_chain("10.244.1.12:8080"),
+            ep_chain("10.244.1.13:8080"),
+            ep_chain("10.244.1.14:8080"),
+        );
         for want in [
-            "add chain ip kube-proxy nat-prerouting { type nat hook prerouting priority -100 ; }".to_string(),
+            "add chain ip kube-proxy nat-prerouting { type nat hook prerouting priority -100 ; }"
+                .to_string(),
             "add rule ip kube-proxy nat-prerouting jump services".to_string(),
-            "add rule ip kube-proxy services ip daddr . meta l4proto . th dport vmap @ service-ips".to_string(),
+            "add rule ip kube-proxy services ip daddr . meta l4proto . th dport vmap @ service-ips"
+                .to_string(),
             "add element ip kube-proxy cluster-ips { 10.96.35.226 }".to_string(),
-            format!("add element ip kube-proxy service-ips {{ 10.96.35.226 . tcp . 80 : goto {SVC} }}"),
+            format!(
+                "add element ip kube-proxy service-ips {{ 10.96.35.226 . tcp . 80 : goto {SVC} }}"
+            ),
             format!("add element ip kube-proxy service-nodeports {{ tcp . 30080 : goto {ext} }}"),
-            format!("add rule ip kube-proxy {SVC} ip daddr 10.96.35.226 tcp dport 80 ip saddr != 10.244.0.0/16 jump mark-for-masquerade"),
+            format!(
+                "add rule ip kube-proxy {SVC} ip daddr 10.96.35.226 tcp dport 80 ip saddr != 10.244.0.0/16 jump mark-for-masquerade"
+            ),
             format!("add rule ip kube-proxy {ext} jump mark-for-masquerade"),
             format!("add rule ip kube-proxy {ext} goto {SVC}"),
-            format!("add rule ip kube-proxy {SVC} numgen random mod 3 vmap {{ 0 : goto {a} , 1 : goto {b} , 2 : goto {c} }}"),
+            format!(
+                "add rule ip kube-proxy {SVC} numgen random mod 3 vmap {{ 0 : goto {a} , 1 : goto {b} , 2 : goto {c} }}"
+            ),
             format!("add rule ip kube-proxy {a} ip saddr 10.244.1.12 jump mark-for-masquerade"),
             format!("add rule ip kube-proxy {a} meta l4proto tcp dnat to 10.244.1.12:8080"),
-            "add element ip kube-proxy service-ips { 10.96.0.10 . udp . 53 : goto service-".to_string(),
+            "add element ip kube-proxy service-ips { 10.96.0.10 . udp . 53 : goto service-"
+                .to_string(),
         ] {
-            assert!(l.iter().any(|x| x.starts_with(want.as_str())), "missing: {want}\n{s}");
+            assert!(
+                l.iter().any(|x| x.starts_with(want.as_str())),
+                "missing: {want}\n{s}"
+            );
         }
-        assert!(a.starts_with("endpoint-") && a.ends_with("-shop/checkout/tcp/http__10.244.1.12/8080"));
+        assert!(
+            a.starts_with("endpoint-") && a.ends_with("-shop/checkout/tcp/http__10.244.1.12/8080")
+        );
         assert!(!s.contains("no-endpoint-services {  "));
         assert!(!s.contains("add element ip kube-proxy no-endpoint"));
         assert_eq!(sync(&svcs, None, &[]).stale_chains, Vec::<String>::new());
@@ -404,7 +480,11 @@ mod tests {
                 .collect()
         };
         let flip = sync(&after, Some(&before), &existing);
-        let (a, b, c) = (ep_chain("10.244.1.12:8080"), ep_chain("10.244.1.13:8080"), ep_chain("10.244.1.14:8080"));
+        let (a, b, c) = (
+            ep_chain("10.244.1.12:8080"),
+            ep_chain("10.244.1.13:8080"),
+            ep_chain("10.244.1.14:8080"),
+        );
         let want = [
             format!("add chain ip kube-proxy {a}"),
             format!("flush chain ip kube-proxy {a}"),
@@ -414,7 +494,10 @@ mod tests {
             format!("flush chain ip kube-proxy {SVC}"),
         ];
         let l: Vec<&str> = flip.script.lines().collect();
-        assert_eq!(l[..6], want.iter().map(String::as_str).collect::<Vec<_>>()[..]);
+        assert_eq!(
+            l[..6],
+            want.iter().map(String::as_str).collect::<Vec<_>>()[..]
+        );
         assert!(l.contains(&format!("add rule ip kube-proxy {SVC} numgen random mod 2 vmap {{ 0 : goto {a} , 1 : goto {c} }}").as_str()));
         assert_eq!(*l.last().unwrap(), format!("flush chain ip kube-proxy {b}"));
         assert_eq!(flip.stale_chains, vec![b.clone()]);
@@ -422,7 +505,10 @@ mod tests {
         assert!(!flip.script.contains("element"));
         assert!(!flip.script.contains("kube-dns"));
         assert!(!flip.script.contains("add table"));
-        assert_eq!(delete_chains(&flip.stale_chains), format!("delete chain ip kube-proxy {b}\n"));
+        assert_eq!(
+            delete_chains(&flip.stale_chains),
+            format!("delete chain ip kube-proxy {b}\n")
+        );
     }
 
     #[test]
@@ -432,13 +518,18 @@ mod tests {
         after[1].endpoints.clear();
         let s = sync(&after, Some(&before), &[]).script;
         assert!(s.contains("add element ip kube-proxy no-endpoint-services { 10.96.0.10 . udp . 53 comment \"kube-system/kube-dns:dns\" : goto reject-chain }\n"));
-        assert!(s.ends_with("delete element ip kube-proxy service-ips { 10.96.0.10 . udp . 53 }\n"));
+        assert!(
+            s.ends_with("delete element ip kube-proxy service-ips { 10.96.0.10 . udp . 53 }\n")
+        );
     }
 
     #[test]
     fn chains_are_read_from_nft_json() {
         let json = r#"{"nftables": [{"metainfo": {"version": "1.0.6"}}, {"chain": {"family": "ip", "table": "kube-proxy", "name": "services", "handle": 3}}, {"chain": {"family": "ip", "table": "other", "name": "input", "handle": 1}}, {"chain": {"family": "ip", "table": "kube-proxy", "name": "service-X-a/b/tcp/c", "handle": 9}}]}"#;
-        assert_eq!(chains_in_json(json).unwrap(), ["services", "service-X-a/b/tcp/c"]);
+        assert_eq!(
+            chains_in_json(json).unwrap(),
+            ["services", "service-X-a/b/tcp/c"]
+        );
         assert!(chains_in_json("not json").is_err());
     }
 }

@@ -119,7 +119,10 @@ pub fn pods(prefix: &str) -> Vec<Pod> {
 /// (UDP) on the dns pods.
 pub fn services(pods: &[Pod]) -> Vec<Service> {
     let with_prefix = |p: &str| -> Vec<Pod> {
-        pods.iter().filter(|pod| pod.name.starts_with(p)).cloned().collect()
+        pods.iter()
+            .filter(|pod| pod.name.starts_with(p))
+            .cloned()
+            .collect()
     };
     vec![
         Service {
@@ -157,10 +160,21 @@ mod tests {
         let svcs = services(&pods);
         assert_eq!(svcs[0].port_name_string(), "shop/checkout:http");
         assert_eq!(svcs[0].cluster_addr().to_string(), "10.96.35.226:80");
-        let eps: Vec<String> = svcs[0].endpoint_addrs().iter().map(|a| a.to_string()).collect();
-        assert_eq!(eps, ["10.244.1.12:8080", "10.244.1.13:8080", "10.244.1.14:8080"]);
+        let eps: Vec<String> = svcs[0]
+            .endpoint_addrs()
+            .iter()
+            .map(|a| a.to_string())
+            .collect();
+        assert_eq!(
+            eps,
+            ["10.244.1.12:8080", "10.244.1.13:8080", "10.244.1.14:8080"]
+        );
         assert_eq!(svcs[1].port_name_string(), "kube-system/kube-dns:dns");
-        let eps: Vec<String> = svcs[1].endpoint_addrs().iter().map(|a| a.to_string()).collect();
+        let eps: Vec<String> = svcs[1]
+            .endpoint_addrs()
+            .iter()
+            .map(|a| a.to_string())
+            .collect();
         assert_eq!(eps, ["10.244.1.20:5353", "10.244.1.21:5353"]);
         assert_eq!(pods[0].ns, "obs-pod-checkout-a");
     }
@@ -171,7 +185,10 @@ mod tests {
         svc.endpoints[0].ip = Ipv4Addr::new(10, 244, 1, 100);
         let eps: Vec<String> = svc.endpoint_addrs().iter().map(|a| a.to_string()).collect();
         // "10.244.1.100" < "10.244.1.13" as strings.
-        assert_eq!(eps, ["10.244.1.100:8080", "10.244.1.13:8080", "10.244.1.14:8080"]);
+        assert_eq!(
+            eps,
+            ["10.244.1.100:8080", "10.244.1.13:8080", "10.244.1.14:8080"]
+        );
     }
 
     #[test]

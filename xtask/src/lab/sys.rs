@@ -37,18 +37,24 @@ impl Tools {
             nft: find_tool("nft", "nftables")?,
             conntrack: find_tool("conntrack", "conntrack")?,
             // Debian's own interpreter first: it starts faster than a version-manager shim.
-            python3: find_in(&["/usr/bin"], "python3").map_or_else(|| find_tool("python3", "python3"), Ok)?,
+            python3: find_in(&["/usr/bin"], "python3")
+                .map_or_else(|| find_tool("python3", "python3"), Ok)?,
         })
     }
 }
 
 /// Only what watching conntrack needs, so a watch works without the rest installed.
 pub fn ip_and_conntrack() -> anyhow::Result<(PathBuf, PathBuf)> {
-    Ok((find_tool("ip", "iproute2")?, find_tool("conntrack", "conntrack")?))
+    Ok((
+        find_tool("ip", "iproute2")?,
+        find_tool("conntrack", "conntrack")?,
+    ))
 }
 
 fn find_in(dirs: &[&str], name: &str) -> Option<PathBuf> {
-    dirs.iter().map(|d| Path::new(d).join(name)).find(|p| p.is_file())
+    dirs.iter()
+        .map(|d| Path::new(d).join(name))
+        .find(|p| p.is_file())
 }
 
 /// Looks in PATH, then in the sbin directories a non-login root shell may lack.
@@ -72,7 +78,9 @@ fn describe(cmd: &Command) -> String {
 
 /// Runs a command to completion; a non-zero exit is an error carrying its stderr.
 pub fn run(cmd: &mut Command) -> anyhow::Result<Output> {
-    let out = cmd.output().with_context(|| format!("could not start `{}`", describe(cmd)))?;
+    let out = cmd
+        .output()
+        .with_context(|| format!("could not start `{}`", describe(cmd)))?;
     if !out.status.success() {
         bail!(
             "`{}` failed ({}): {}",
@@ -86,8 +94,12 @@ pub fn run(cmd: &mut Command) -> anyhow::Result<Output> {
 
 /// Like [`run`], feeding `input` on stdin (rules for `iptables-restore` / `nft -f -`).
 pub fn run_with_input(cmd: &mut Command, input: &str) -> anyhow::Result<Output> {
-    cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
-    let mut child = cmd.spawn().with_context(|| format!("could not start `{}`", describe(cmd)))?;
+    cmd.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd
+        .spawn()
+        .with_context(|| format!("could not start `{}`", describe(cmd)))?;
     child
         .stdin
         .take()
@@ -133,13 +145,21 @@ pub fn is_lab_netns(prefix: &str, name: &str) -> bool {
 /// The pids of processes living in a namespace.
 pub fn netns_pids(ip: &Path, netns: &str) -> anyhow::Result<Vec<i32>> {
     let out = run(Command::new(ip).args(["netns", "pids", netns]))?;
-    Ok(String::from_utf8_lossy(&out.stdout).lines().filter_map(|l| l.trim().parse().ok()).collect())
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect())
 }
 
 fn alive(pid: i32) -> bool {
     // A zombie has exited; only its parent can reap it.
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => stat.rsplit(')').next().and_then(|s| s.split_whitespace().next()) != Some("Z"),
+        Ok(stat) => {
+            stat.rsplit(')')
+                .next()
+                .and_then(|s| s.split_whitespace().next())
+                != Some("Z")
+        }
         Err(_) => false,
     }
 }

@@ -1,0 +1,84 @@
+//! Shared pieces of the root integration tests: a running `observer record` and the
+//! root check. Each test builds its own lab (xtask::lab), whose Drop removes every
+//! namespace and process, also when an assertion fails.
+
+#![allow(dead_code)]
+
+use std::{
+    io::{BufRead, BufReader},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::mpsc,
+    time::Duration,
+};
+
+use observer::record::Recording;
+
+/// Root tests fail, never skip, without root: CI runs as root and must run them.
+pub fn require_root() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test needs root (eBPF programs, network namespaces); run the suite with `sudo -E cargo xtask test`"
+    );
+}
+
+/// A unique namespace prefix per test.
+pub fn prefix(test: &str) -> String {
+    format!("ot{}{}", test, std::process::id() % 10000)
+}
+
+/// `observer record` running in the background; killed on drop.
+pub struct Recorder {
+    child: Child,
+    pub output: PathBuf,
+    stderr: mpsc::Receiver<String>,
+}
+
+impl Recorder {
+    /// Starts `observer record --output <dir>/conns.jsonl` with `extra` arguments and
+    /// waits for its `attached` line.
+    pub fn start(dir: &Path, extra: &[&str]) -> Recorder {
+        let output = dir.join("conns.jsonl");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_observer"))
+            .arg("record")
+            .arg("--output")
+            .arg(&output)
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start observer record");
+        let (send, stderr) = mpsc::channel();
+        let pipe = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+                eprintln!("[observer] {line}");
+                let _ = send.send(line);
+            }
+        });
+        let recorder = Recorder { child, output, stderr };
+        loop {
+            match recorder.stderr.recv_timeout(Duration::from_secs(60)) {
+                Ok(line) if line.contains("attached") => return recorder,
+                Ok(_) => continue,
+                Err(err) => panic!("observer record never said `attached`: {err}"),
+            }
+        }
+    }
+
+    /// SIGTERM, wait for a clean exit, read the log.
+    pub fn stop(mut self) -> Recording {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), nix::sys::signal::Signal::SIGTERM)
+            .unwrap();
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "observer record exited with {status}");
+        Recording::read(&self.output).expect("a readable connection log")
+    }
+}
+
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

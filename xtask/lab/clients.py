@@ -2,7 +2,8 @@
 which local port each request or query used and which pod answered.
 
   http-fresh HOST PORT COUNT      a new TCP connection per request
-  http-keepalive HOST PORT COUNT  one connection (http.client), COUNT sequential requests
+  http-keepalive HOST PORT COUNT [PAUSE]  one connection (http.client), COUNT sequential
+                                  requests, PAUSE seconds apart (default 0)
   udp HOST PORT COUNT             each query from a new socket
   probe PROTO:HOST:PORT...        wait until every target answers (lab start-up)
 """
@@ -29,10 +30,12 @@ def http_fresh(host: str, port: int, count: int) -> list:
     return out
 
 
-def http_keepalive(host: str, port: int, count: int) -> list:
+def http_keepalive(host: str, port: int, count: int, pause: float = 0.0) -> list:
     out = []
     conn = http.client.HTTPConnection(host, port, timeout=TIMEOUT)
-    for _ in range(count):
+    for i in range(count):
+        if pause and i:
+            time.sleep(pause)
         conn.request("GET", "/")
         # http.client reconnects silently if the server closed: record the port per request.
         local_port = conn.sock.getsockname()[1]
@@ -89,9 +92,12 @@ def main() -> None:
             result = probe(rest)
         else:
             host, port, count = rest[0], int(rest[1]), int(rest[2])
-            result = {"http-fresh": http_fresh, "http-keepalive": http_keepalive, "udp": udp}[mode](
-                host, port, count
-            )
+            if mode == "http-keepalive" and len(rest) > 3:
+                result = http_keepalive(host, port, count, float(rest[3]))
+            else:
+                result = {"http-fresh": http_fresh, "http-keepalive": http_keepalive, "udp": udp}[mode](
+                    host, port, count
+                )
     except (OSError, http.client.HTTPException) as e:
         print(f"{mode}: {e}", file=sys.stderr)
         sys.exit(1)

@@ -2,6 +2,12 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod bench;
+mod demo;
+mod load;
+mod setup;
+mod test;
+
 /// Developer tasks for observer.
 #[derive(Debug, Parser)]
 #[command(name = "cargo xtask")]
@@ -12,14 +18,56 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Task {
+    /// Install what building and testing needs (Debian packages, rust-src, bpf-linker).
+    Setup,
+    /// Set up, then run every test, root integration tests included.
+    Test {
+        /// Extra arguments for `cargo test` (e.g. a test name filter).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// A simulated kind node with pinning traffic, and observer's live view on it.
+    Demo(demo::DemoArgs),
+    /// New connections per second through the lab's DNAT with and without observer.
+    Bench(bench::BenchArgs),
     /// A simulated kind node (network namespaces, kube-proxy rules, pods, a client).
     Lab(xtask::lab::cli::LabArgs),
+    /// (benchmark internals) Accept and drop connections.
+    #[command(hide = true)]
+    BenchSink {
+        #[arg(long)]
+        port: u16,
+    },
+    /// (benchmark internals) Open connections at a rate and print a JSON report.
+    #[command(hide = true)]
+    BenchClient {
+        #[arg(long)]
+        target: std::net::SocketAddr,
+        #[arg(long)]
+        rate: u64,
+        #[arg(long)]
+        seconds: f64,
+    },
+}
+
+/// The workspace's top directory.
+pub fn workspace_root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Task::Setup => setup::setup(),
+        Task::Test { args } => test::test(&args),
+        Task::Demo(args) => demo::demo(args),
+        Task::Bench(args) => bench::bench(args),
         Task::Lab(args) => xtask::lab::cli::run(args),
+        Task::BenchSink { port } => load::sink(port, 2),
+        Task::BenchClient { target, rate, seconds } => {
+            let report = load::client(target, rate, std::time::Duration::from_secs_f64(seconds), 2);
+            serde_json::to_writer(std::io::stdout(), &report).map_err(Into::into)
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

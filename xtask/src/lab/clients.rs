@@ -35,15 +35,17 @@ fn python_client(
     mode: &str,
     target: SocketAddrV4,
     count: usize,
+    extra: &[String],
 ) -> anyhow::Result<Vec<Answer>> {
     let script = lab.state_dir.join("clients.py");
-    let args = [
+    let mut args = vec![
         script.to_string_lossy().into_owned(),
         mode.to_string(),
         target.ip().to_string(),
         target.port().to_string(),
         count.to_string(),
     ];
+    args.extend_from_slice(extra);
     let raw: Vec<(u16, String)> = run_json(lab, &lab.tools.python3, &args)?;
     Ok(raw
         .into_iter()
@@ -53,7 +55,7 @@ fn python_client(
 
 /// Python: `count` HTTP requests, each on a new TCP connection.
 pub fn http_fresh(lab: &Lab, target: SocketAddrV4, count: usize) -> anyhow::Result<Vec<Answer>> {
-    python_client(lab, "http-fresh", target, count)
+    python_client(lab, "http-fresh", target, count, &[])
 }
 
 /// Python `http.client`: one connection, `count` sequential requests on it.
@@ -62,12 +64,23 @@ pub fn http_keepalive(
     target: SocketAddrV4,
     count: usize,
 ) -> anyhow::Result<Vec<Answer>> {
-    python_client(lab, "http-keepalive", target, count)
+    python_client(lab, "http-keepalive", target, count, &[])
+}
+
+/// Python `http.client`: one connection, `count` requests `pause` apart (a pinned,
+/// long-lived keep-alive client for the demo).
+pub fn http_keepalive_paced(
+    lab: &Lab,
+    target: SocketAddrV4,
+    count: usize,
+    pause: std::time::Duration,
+) -> anyhow::Result<Vec<Answer>> {
+    python_client(lab, "http-keepalive", target, count, &[pause.as_secs_f64().to_string()])
 }
 
 /// Python: `count` UDP queries, each from a new socket.
 pub fn udp_queries(lab: &Lab, target: SocketAddrV4, count: usize) -> anyhow::Result<Vec<Answer>> {
-    python_client(lab, "udp", target, count)
+    python_client(lab, "udp", target, count, &[])
 }
 
 /// Node's `fetch` (undici keep-alive) in a loop in one process: answers per pod.

@@ -67,7 +67,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use serde::{Deserialize, Serialize};
 
-pub use clients::{Answer, http_fresh, http_keepalive, node_fetch, udp_queries};
+pub use clients::{Answer, http_fresh, http_keepalive, http_keepalive_paced, node_fetch, udp_queries};
 pub use conntrack::{ConntrackWatch, CtEvent};
 pub use spec::{Pod, Proto, Service};
 
@@ -289,6 +289,21 @@ impl Lab {
     /// the rules as kube-proxy does after the readiness flip: a partial sync through
     /// `iptables-restore --noflush` or one `nft -f` transaction, then, for UDP, deleting
     /// the conntrack entries that still point at the removed endpoint.
+    /// Adds a Service port (e.g. the benchmark's sink) and syncs the rules as kube-proxy
+    /// would when a Service is created.
+    pub fn add_service(&mut self, service: Service) -> anyhow::Result<()> {
+        if self.services.iter().any(|s| s.port_name_string() == service.port_name_string()) {
+            bail!("the lab already has Service port `{}`", service.port_name_string());
+        }
+        let previous = self.services.clone();
+        self.services.push(service);
+        if let Err(e) = self.sync_rules(Some(&previous)) {
+            self.services = previous;
+            return Err(e);
+        }
+        Ok(())
+    }
+
     pub fn remove_endpoint(&mut self, service: &str, pod_ip: Ipv4Addr) -> anyhow::Result<()> {
         let Some(idx) = self
             .services

@@ -1,0 +1,218 @@
+//! `cargo xtask bench`: new TCP connections per second through the lab's DNAT
+//! (kube-proxy iptables rules, bridged node) with observer attached vs not, and the
+//! highest offered rate at which observer still loses nothing. Prints a table and
+//! ratios; medians of several runs. A benchmark, not a test: it asserts nothing.
+//!
+//! Each connection is a fresh DNAT decision: the client (in the lab's client pod)
+//! connects to a `bench/sink:tcp` ClusterIP backed by the three checkout pods, where a
+//! sink accepts and drops it; the client resets it (no TIME_WAIT), so observer sees an
+//! open and an RST close for every connection.
+
+use std::{
+    io::{BufRead, BufReader},
+    net::{Ipv4Addr, SocketAddr},
+    path::Path,
+    process::{Child, Command, Stdio},
+    time::Duration,
+};
+
+use anyhow::{Context as _, bail};
+use xtask::lab::{self, Lab, LabConfig, Proto, RuleMode, Service, Topology};
+
+use crate::load::LoadReport;
+
+const PREFIX: &str = "bench";
+const SINK_PORT: u16 = 9090;
+
+#[derive(Debug, clap::Args)]
+pub struct BenchArgs {
+    /// Seconds per run.
+    #[arg(long, default_value_t = 5.0)]
+    seconds: f64,
+    /// Runs per configuration (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// Offered rates (connections/s) for the loss ramp.
+    #[arg(long, value_delimiter = ',', default_value = "1000,2000,4000,8000,16000")]
+    rates: Vec<u64>,
+}
+
+/// Kills child processes when the benchmark ends, however it ends.
+struct Children(Vec<Child>);
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
+    crate::setup::setup()?;
+    if !nix::unistd::geteuid().is_root() {
+        bail!("the benchmark builds network namespaces and loads eBPF programs; run it as root: sudo -E cargo xtask bench");
+    }
+    let observer = crate::demo::build_observer(true)?;
+    let xtask = std::env::current_exe()?;
+    lab::down(PREFIX)?;
+    let mut lab = Lab::up(LabConfig { topology: Topology::Bridged, rules: RuleMode::Iptables, prefix: PREFIX.to_owned() })?;
+    let checkout = lab.services().iter().find(|s| s.name == "checkout").context("the lab has shop/checkout")?.clone();
+    let sink = Service {
+        namespace: "bench".into(),
+        name: "sink".into(),
+        port_name: "tcp".into(),
+        proto: Proto::Tcp,
+        cluster_ip: Ipv4Addr::new(10, 96, 99, 99),
+        port: SINK_PORT,
+        target_port: SINK_PORT,
+        node_port: None,
+        endpoints: checkout.endpoints.clone(),
+    };
+    let target = SocketAddr::from(sink.cluster_addr());
+    lab.add_service(sink)?;
+    let mut children = Children(Vec::new());
+    for pod in &checkout.endpoints {
+        children.0.push(
+            Command::new("ip")
+                .args(["netns", "exec", &pod.ns])
+                .arg(&xtask)
+                .args(["bench-sink", "--port", &SINK_PORT.to_string()])
+                .spawn()?,
+        );
+    }
+    // Room for many connections a second without reusing ports too soon.
+    lab.run_in(lab.client_ns(), "sysctl", &["-qw", "net.ipv4.ip_local_port_range=1024 65000"])?;
+    std::thread::sleep(Duration::from_millis(300));
+
+    let load = |rate: u64| -> anyhow::Result<LoadReport> {
+        let out = lab.run_in(
+            lab.client_ns(),
+            &xtask.to_string_lossy(),
+            &["bench-client", "--target", &target.to_string(), "--rate", &rate.to_string(), "--seconds", &args.seconds.to_string()],
+        )?;
+        serde_json::from_slice(&out.stdout)
+            .with_context(|| format!("bench client said: {}", String::from_utf8_lossy(&out.stderr)))
+    };
+
+    println!("observer benchmark: new TCP connections/s through kube-proxy iptables DNAT (lab, bridged node)");
+    println!("{} s per run, median of {} runs; machine: {} CPUs", args.seconds, args.runs, std::thread::available_parallelism().map_or(0, |n| n.get()));
+    println!();
+    let mut without = Vec::new();
+    let mut with = Vec::new();
+    let mut lost_at_max = Vec::new();
+    for _ in 0..args.runs {
+        without.push(load(0)?.rate());
+        let dir = tempfile_dir()?;
+        let recorder = Recorder::start(&observer, &dir)?;
+        let report = load(0)?;
+        let summary = recorder.stop()?;
+        with.push(report.rate());
+        lost_at_max.push(summary.lost_events);
+    }
+    let (without_median, with_median) = (median(&mut without), median(&mut with));
+    println!("unthrottled            conns/s (median)   runs");
+    println!("  without observer     {without_median:>17.0}   {}", list(&without));
+    println!("  with observer        {with_median:>17.0}   {}", list(&with));
+    println!("  ratio with/without   {:>17.3}", with_median / without_median);
+    println!("  lost events with observer at full speed: {}", list_u64(&lost_at_max));
+    println!();
+
+    println!("loss ramp (observer attached)");
+    println!("  offered/s  achieved/s  connections  dnat_events  recorded  lost_events");
+    let mut highest_lossless = None;
+    for &rate in &args.rates {
+        let dir = tempfile_dir()?;
+        let recorder = Recorder::start(&observer, &dir)?;
+        let report = load(rate)?;
+        let summary = recorder.stop()?;
+        println!(
+            "  {rate:>9}  {:>10.0}  {:>11}  {:>11}  {:>8}  {:>11}",
+            report.rate(),
+            report.connected,
+            summary.dnat_events,
+            summary.connections,
+            summary.lost_events
+        );
+        if summary.lost_events == 0 && summary.connections >= report.connected {
+            highest_lossless = Some(report.rate());
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    match highest_lossless {
+        Some(rate) => println!("  highest rate with nothing lost: {rate:.0} connections/s"),
+        None => println!("  observer lost events at every offered rate"),
+    }
+    drop(children);
+    drop(lab);
+    Ok(())
+}
+
+fn tempfile_dir() -> anyhow::Result<std::path::PathBuf> {
+    let dir = std::env::temp_dir().join(format!("observer-bench-{}-{}", std::process::id(), nanos()));
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
+fn nanos() -> u128 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos())
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+fn list(values: &[f64]) -> String {
+    values.iter().map(|v| format!("{v:.0}")).collect::<Vec<_>>().join(" ")
+}
+
+fn list_u64(values: &[u64]) -> String {
+    values.iter().map(u64::to_string).collect::<Vec<_>>().join(" ")
+}
+
+/// The summary line's counts.
+#[derive(serde::Deserialize)]
+struct Summary {
+    connections: u64,
+    dnat_events: u64,
+    lost_events: u64,
+}
+
+/// `observer record` writing into `dir`, started and attached.
+struct Recorder {
+    child: Child,
+    log: std::path::PathBuf,
+}
+
+impl Recorder {
+    fn start(observer: &Path, dir: &Path) -> anyhow::Result<Recorder> {
+        let log = dir.join("conns.jsonl");
+        let mut child = Command::new(observer)
+            .args(["record", "--output"])
+            .arg(&log)
+            .stderr(Stdio::piped())
+            .spawn()?;
+        let stderr = child.stderr.take().context("observer's stderr")?;
+        let mut lines = BufReader::new(stderr).lines();
+        loop {
+            match lines.next() {
+                Some(Ok(line)) if line.contains("attached") => break,
+                Some(Ok(_)) => continue,
+                _ => bail!("observer record exited before attaching"),
+            }
+        }
+        // Keep draining stderr so observer never blocks on it.
+        std::thread::spawn(move || lines.for_each(drop));
+        Ok(Recorder { child, log })
+    }
+
+    fn stop(mut self) -> anyhow::Result<Summary> {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), nix::sys::signal::Signal::SIGTERM)?;
+        self.child.wait()?;
+        let text = std::fs::read_to_string(&self.log)?;
+        let last = text.lines().last().context("empty connection log")?;
+        serde_json::from_str(last).context("the log's last line is not a summary")
+    }
+}

@@ -17,17 +17,25 @@
 //!   those are reported as stale pins instead of dragging skew below 1). 1.00 is a
 //!   perfect spread, 3.00 is "one backend of three got everything". `None` when no such
 //!   backend got a request.
+//! - Lifetime percentiles are exact while a backend has at most `EXACT_LIFETIMES` (4096)
+//!   closed connections, not counting the latest `RECENT_CLOSED` (1024) final records,
+//!   which are always exact. Beyond that a backend's older closed connections are
+//!   represented by a uniform sample of 4096 lifetimes (reservoir sampling, seeded per
+//!   backend so results are reproducible), each standing for closed/4096 connections:
+//!   p50/p90 are then estimates, `max` stays exact. Open connections count with their
+//!   exact duration so far.
 //!
 //! [`Aggregator::apply`] keeps running totals, so an update costs a few hash look-ups;
-//! percentiles are computed only when [`Aggregator::services`] is called. Every
-//! connection applied is remembered (about 150 bytes: its duration for the percentiles,
-//! its counts so that a newer record with the same id replaces them), so a live view
-//! grows by that much per connection; measured: 600k applies in 0.4 s (release).
+//! percentiles are computed only when [`Aggregator::services`] is called. Memory stays
+//! bounded in a long live session: per connection id only open connections and the latest
+//! `RECENT_CLOSED` final records are kept (so a repeated final record replaces instead of
+//! adding); older closed connections live on as per-backend totals and lifetime samples.
 
 pub mod check;
 pub mod summary;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::hash_map::Entry;
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::net::SocketAddr;
 
 use serde::Serialize;
@@ -192,11 +200,72 @@ impl Counts {
     }
 }
 
-#[derive(Default)]
+/// Closed connections per backend whose lifetimes are kept exactly; beyond this many a
+/// uniform sample of this size stands for them.
+const EXACT_LIFETIMES: usize = 4096;
+
+/// Final records kept by id so that a repeated one replaces instead of adding.
+const RECENT_CLOSED: usize = 1024;
+
+/// Lifetimes of a backend's closed connections (those older than the recent window).
+struct Lifetimes {
+    /// Every lifetime while `seen <= EXACT_LIFETIMES`, then a uniform sample of them.
+    values: Vec<f64>,
+    /// Lifetimes folded in.
+    seen: u64,
+    /// The longest lifetime folded in (exact even when sampled).
+    max: f64,
+    /// xorshift64 state; never 0.
+    rng: u64,
+}
+
+impl Lifetimes {
+    /// Seeded from the backend's address: reproducible, and backends sample independently.
+    fn new(backend: SocketAddr) -> Lifetimes {
+        let ip = match backend.ip() {
+            std::net::IpAddr::V4(ip) => ip.to_ipv6_mapped().octets(),
+            std::net::IpAddr::V6(ip) => ip.octets(),
+        };
+        // FNV-1a: stable across Rust versions, unlike std's hashers.
+        let mut seed: u64 = 0xcbf2_9ce4_8422_2325;
+        for byte in ip.iter().chain(&backend.port().to_be_bytes()) {
+            seed = (seed ^ u64::from(*byte)).wrapping_mul(0x0100_0000_01b3);
+        }
+        Lifetimes {
+            values: Vec::new(),
+            seen: 0,
+            max: f64::NEG_INFINITY,
+            rng: seed | 1,
+        }
+    }
+
+    fn sampled(&self) -> bool {
+        self.seen > self.values.len() as u64
+    }
+
+    /// Reservoir sampling (Algorithm R): the n-th lifetime replaces a random slot with
+    /// probability EXACT_LIFETIMES/n, so every lifetime is equally likely to be kept.
+    fn add(&mut self, duration: f64) {
+        self.seen += 1;
+        self.max = self.max.max(duration);
+        if self.values.len() < EXACT_LIFETIMES {
+            self.values.push(duration);
+            return;
+        }
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        // Uniform in 0..seen without the bias of `%`.
+        let slot = ((u128::from(self.rng) * u128::from(self.seen)) >> 64) as usize;
+        if let Some(value) = self.values.get_mut(slot) {
+            *value = duration;
+        }
+    }
+}
+
 struct BackendAcc {
     counts: Counts,
-    /// Duration of each connection; the id lets a swap_remove fix the moved entry's slot.
-    durations: Vec<(ConnId, f64)>,
+    lifetimes: Lifetimes,
 }
 
 struct ServiceAcc {
@@ -206,14 +275,13 @@ struct ServiceAcc {
     backends: HashMap<SocketAddr, BackendAcc>,
 }
 
-/// What one connection record added to the totals, kept so a newer record for the same
-/// id can replace it.
+/// What one connection record added to the totals, kept while the connection is open or
+/// recently closed so that a newer record for the same id can replace it.
 struct Contribution {
     /// Index into `Aggregator::accs` (not the key: this is kept per connection).
     service: usize,
     backend: SocketAddr,
-    /// Index of its duration in the backend's `durations`.
-    slot: usize,
+    duration: f64,
     open: bool,
     stale: bool,
     requests: u64,
@@ -229,7 +297,14 @@ pub struct Aggregator {
     /// Where each Service's totals are in `accs`.
     index: HashMap<ServiceKey, usize>,
     accs: Vec<ServiceAcc>,
-    conns: HashMap<ConnId, Contribution>,
+    /// Connections whose latest record is `close == Open`.
+    open: HashMap<ConnId, Contribution>,
+    /// The latest `RECENT_CLOSED` final records, with their arrival number; their
+    /// lifetimes join the backend's `Lifetimes` when they leave this window.
+    closed: HashMap<ConnId, (u64, Contribution)>,
+    /// Arrival order of `closed`; an entry whose number no longer matches was replaced.
+    closed_order: VecDeque<(u64, ConnId)>,
+    closed_arrivals: u64,
 }
 
 impl Aggregator {
@@ -241,8 +316,14 @@ impl Aggregator {
     }
 
     /// Inserts the record with this id, or replaces the one applied earlier (live
-    /// updates of an open connection, then its final record).
+    /// updates of an open connection, then its final record). A final record is
+    /// replaceable only while it is among the latest `RECENT_CLOSED`; an open record
+    /// arriving after its connection's final one is stale and ignored.
     pub fn apply(&mut self, id: ConnId, record: &ConnRecord) {
+        let open = record.close == crate::record::Close::Open;
+        if open && self.closed.contains_key(&id) {
+            return;
+        }
         let (key, named) = service_key(record);
         let index = match self.index.get(&key) {
             Some(&index) => index,
@@ -257,49 +338,60 @@ impl Aggregator {
                 self.accs.len() - 1
             }
         };
-        let mut slot = None;
-        if let Some(old) = self.conns.remove(&id) {
+        let old = match self.open.remove(&id) {
+            Some(old) => Some(old),
+            None => self.closed.remove(&id).map(|(_, old)| old),
+        };
+        if let Some(old) = old {
             let service = &mut self.accs[old.service];
             service.counts.subtract(&old);
             if let Some(backend) = service.backends.get_mut(&old.backend) {
                 backend.counts.subtract(&old);
-                if old.service == index && old.backend == record.backend {
-                    slot = Some(old.slot);
-                } else {
-                    backend.durations.swap_remove(old.slot);
-                    if let Some(&(moved, _)) = backend.durations.get(old.slot)
-                        && let Some(moved) = self.conns.get_mut(&moved)
-                    {
-                        moved.slot = old.slot;
-                    }
-                }
             }
         }
-        let service = &mut self.accs[index];
-        let backend = service.backends.entry(record.backend).or_default();
-        let slot = match slot {
-            Some(slot) => {
-                backend.durations[slot].1 = record.duration_ms;
-                slot
-            }
-            None => {
-                backend.durations.push((id, record.duration_ms));
-                backend.durations.len() - 1
-            }
-        };
         let contribution = Contribution {
             service: index,
             backend: record.backend,
-            slot,
-            open: record.close == crate::record::Close::Open,
+            duration: record.duration_ms,
+            open,
             stale: record.endpoint_in_rules == Some(false),
             requests: record.requests,
             bytes_to_backend: record.bytes_to_backend,
             bytes_from_backend: record.bytes_from_backend,
         };
+        let service = &mut self.accs[index];
         service.counts.add(&contribution);
-        backend.counts.add(&contribution);
-        self.conns.insert(id, contribution);
+        backend_acc(service, record.backend)
+            .counts
+            .add(&contribution);
+        if open {
+            self.open.insert(id, contribution);
+        } else {
+            self.close(id, contribution);
+        }
+    }
+
+    /// Puts a final record in the recent window, folding the oldest one out of it.
+    fn close(&mut self, id: ConnId, contribution: Contribution) {
+        let arrival = self.closed_arrivals;
+        self.closed_arrivals += 1;
+        self.closed.insert(id, (arrival, contribution));
+        self.closed_order.push_back((arrival, id));
+        while self.closed_order.len() > RECENT_CLOSED {
+            let Some((arrival, id)) = self.closed_order.pop_front() else {
+                break;
+            };
+            // A mismatch means the id was replaced since; its newer entry stays.
+            if let Entry::Occupied(entry) = self.closed.entry(id)
+                && entry.get().0 == arrival
+            {
+                let (_, old) = entry.remove();
+                let service = &mut self.accs[old.service];
+                backend_acc(service, old.backend)
+                    .lifetimes
+                    .add(old.duration);
+            }
+        }
     }
 
     /// Every Service with a `ServiceRecord` or a connection, sorted by name (then proto).
@@ -314,14 +406,31 @@ impl Aggregator {
                     .map(|s| &s.key),
             )
             .collect();
+        // Exact lifetimes of open and recently closed connections per (Service, backend).
+        let mut exact: HashMap<(usize, SocketAddr), Vec<f64>> = HashMap::new();
+        for c in self
+            .open
+            .values()
+            .chain(self.closed.values().map(|(_, c)| c))
+        {
+            exact
+                .entry((c.service, c.backend))
+                .or_default()
+                .push(c.duration);
+        }
         keys.into_iter()
-            .map(|key| self.service_stats(key))
+            .map(|key| self.service_stats(key, &exact))
             .collect()
     }
 
-    fn service_stats(&self, key: &ServiceKey) -> ServiceStats {
+    fn service_stats(
+        &self,
+        key: &ServiceKey,
+        exact: &HashMap<(usize, SocketAddr), Vec<f64>>,
+    ) -> ServiceStats {
         let rule = self.rules.get(key);
-        let acc = self.index.get(key).map(|&index| &self.accs[index]);
+        let index = self.index.get(key).copied();
+        let acc = index.map(|index| &self.accs[index]);
         let seen: Vec<(&SocketAddr, &BackendAcc)> = acc
             .map(|acc| {
                 acc.backends
@@ -349,10 +458,10 @@ impl Aggregator {
                     None => (Some(1.0 / seen.len() as f64), true),
                 };
                 let b = backend.map_or(&empty, |b| &b.counts);
-                let mut durations: Vec<f64> = backend
-                    .map(|b| b.durations.iter().map(|(_, d)| *d).collect())
-                    .unwrap_or_default();
-                let lifetime_ms = percentiles(&mut durations);
+                let exact = index
+                    .and_then(|index| exact.get(&(index, addr)))
+                    .map_or(&[][..], Vec::as_slice);
+                let lifetime_ms = backend.and_then(|b| lifetime_percentiles(&b.lifetimes, exact));
                 BackendStats {
                     backend: addr,
                     connections: b.connections,
@@ -405,6 +514,53 @@ impl Aggregator {
         }
         aggregator
     }
+}
+
+fn backend_acc(service: &mut ServiceAcc, backend: SocketAddr) -> &mut BackendAcc {
+    service
+        .backends
+        .entry(backend)
+        .or_insert_with(|| BackendAcc {
+            counts: Counts::default(),
+            lifetimes: Lifetimes::new(backend),
+        })
+}
+
+/// Percentiles over folded `lifetimes` plus `exact` durations (open and recently closed
+/// connections); `None` when there are none. Nearest-rank over all values while nothing
+/// was sampled; otherwise each sampled value weighs seen/sampled and the p-th percentile
+/// is the first value whose cumulative weight reaches p% of the total.
+fn lifetime_percentiles(lifetimes: &Lifetimes, exact: &[f64]) -> Option<Percentiles> {
+    if !lifetimes.sampled() {
+        let mut values: Vec<f64> = lifetimes.values.iter().chain(exact).copied().collect();
+        return percentiles(&mut values);
+    }
+    let weight = lifetimes.seen as f64 / lifetimes.values.len() as f64;
+    let mut weighted: Vec<(f64, f64)> = lifetimes
+        .values
+        .iter()
+        .map(|v| (*v, weight))
+        .chain(exact.iter().map(|v| (*v, 1.0)))
+        .collect();
+    weighted.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
+    let total: f64 = weighted.iter().map(|(_, w)| w).sum();
+    let rank = |p: f64| {
+        let target = p / 100.0 * total;
+        let mut cumulative = 0.0;
+        weighted
+            .iter()
+            .find(|(_, w)| {
+                cumulative += w;
+                cumulative >= target
+            })
+            .or_else(|| weighted.last())
+            .map_or(lifetimes.max, |(v, _)| *v)
+    };
+    Some(Percentiles {
+        p50: rank(50.0),
+        p90: rank(90.0),
+        max: exact.iter().fold(lifetimes.max, |max, v| max.max(*v)),
+    })
 }
 
 #[cfg(test)]
@@ -763,5 +919,164 @@ pub(crate) mod tests {
         // Identical records on different lines are different connections.
         assert_eq!((s.connections, s.requests, s.backends.len()), (2, 2, 3));
         assert_eq!(s.skew, Some(3.0));
+    }
+
+    fn open(backend: &str, requests: u64, duration_ms: f64) -> ConnRecord {
+        let mut record = conn(Some(CHECKOUT), backend, requests, duration_ms);
+        record.close = Close::Open;
+        record.end = None;
+        record
+    }
+
+    fn lifetimes<'a>(agg: &'a Aggregator, backend: &str) -> &'a Lifetimes {
+        &agg.accs[0].backends[&addr(backend)].lifetimes
+    }
+
+    #[test]
+    fn memory_stays_bounded_over_many_connections() {
+        const PAIRS: u64 = 200_000;
+        let mut agg = Aggregator::default();
+        for n in 1..=PAIRS {
+            let duration = n as f64;
+            agg.apply(id(n), &open("10.244.1.12:8080", 0, duration / 2.0));
+            agg.apply(
+                id(n),
+                &conn(Some(CHECKOUT), "10.244.1.12:8080", 2, duration),
+            );
+        }
+        assert_eq!(agg.open.len(), 0);
+        assert_eq!(
+            (agg.closed.len(), agg.closed_order.len()),
+            (RECENT_CLOSED, RECENT_CLOSED)
+        );
+        let folded = lifetimes(&agg, "10.244.1.12:8080");
+        assert_eq!(folded.values.len(), EXACT_LIFETIMES);
+        assert_eq!(folded.seen, PAIRS - RECENT_CLOSED as u64);
+
+        // An open connection still counts, with its duration so far.
+        agg.apply(id(0), &open("10.244.1.12:8080", 1, 1e9));
+        let s = &agg.services()[0];
+        assert_eq!(
+            (s.connections, s.active, s.requests),
+            (PAIRS + 1, 1, 2 * PAIRS + 1)
+        );
+        let b = &s.backends[0];
+        assert_eq!(
+            (b.bytes_to_backend, b.longest_pinned_ms),
+            ((2 * PAIRS + 1) * 93, 1e9)
+        );
+        // Durations are uniform over 1..=200000: the sample's estimates land near the
+        // true values (100000 and 180000); the seed is fixed, so this is reproducible.
+        let p = b.lifetime_ms.unwrap();
+        assert!((95_000.0..=105_000.0).contains(&p.p50), "{p:?}");
+        assert!((175_000.0..=185_000.0).contains(&p.p90), "{p:?}");
+        assert_eq!(p.max, 1e9);
+    }
+
+    #[test]
+    fn open_connections_stay_replaceable_by_id_while_others_come_and_go() {
+        let mut agg = Aggregator::default();
+        agg.apply(id(0), &open("10.244.1.12:8080", 1, 100.0));
+        for n in 1..=5000 {
+            agg.apply(id(n), &conn(Some(CHECKOUT), "10.244.1.13:8080", 1, 1.0));
+        }
+        agg.apply(id(0), &open("10.244.1.12:8080", 7, 90_000.0));
+        let s = &agg.services()[0];
+        assert_eq!((s.connections, s.active, s.requests), (5001, 1, 5007));
+        let b = &s.backends[0];
+        assert_eq!((b.connections, b.active, b.requests), (1, 1, 7));
+        assert_eq!(
+            b.lifetime_ms,
+            Some(Percentiles {
+                p50: 90_000.0,
+                p90: 90_000.0,
+                max: 90_000.0
+            })
+        );
+        agg.apply(
+            id(0),
+            &conn(Some(CHECKOUT), "10.244.1.12:8080", 9, 95_000.0),
+        );
+        assert!(agg.open.is_empty());
+        let s = &agg.services()[0];
+        assert_eq!((s.connections, s.active, s.requests), (5001, 0, 5009));
+        assert_eq!(s.backends[0].lifetime_ms.unwrap().max, 95_000.0);
+    }
+
+    #[test]
+    fn a_final_record_never_seen_open_is_counted_once() {
+        let mut agg = Aggregator::default();
+        agg.apply(id(1), &conn(Some(CHECKOUT), "10.244.1.12:8080", 4, 250.0));
+        // Repeated while recent: replaces. A late progress record changes nothing.
+        agg.apply(id(1), &conn(Some(CHECKOUT), "10.244.1.12:8080", 5, 300.0));
+        agg.apply(id(1), &open("10.244.1.12:8080", 1, 10.0));
+        let s = &agg.services()[0];
+        assert_eq!((s.connections, s.active, s.requests), (1, 0, 5));
+        assert_eq!(
+            s.backends[0].lifetime_ms,
+            Some(Percentiles {
+                p50: 300.0,
+                p90: 300.0,
+                max: 300.0
+            })
+        );
+        // Pushed out of the recent window, it is folded in exactly once.
+        for n in 2..=RECENT_CLOSED as u64 + 1 {
+            agg.apply(id(n), &conn(Some(CHECKOUT), "10.244.1.13:8080", 1, 1.0));
+        }
+        assert!(!agg.closed.contains_key(&id(1)));
+        let folded = lifetimes(&agg, "10.244.1.12:8080");
+        assert_eq!((folded.seen, folded.values.as_slice()), (1, &[300.0][..]));
+        let s = &agg.services()[0];
+        let b = &s.backends[0];
+        assert_eq!((b.connections, b.active, b.requests), (1, 0, 5));
+        assert_eq!(b.lifetime_ms.unwrap().p50, 300.0);
+        assert_eq!(s.connections, RECENT_CLOSED as u64 + 1);
+    }
+
+    #[test]
+    fn percentiles_are_exact_up_to_the_limit_then_keep_an_exact_max() {
+        // Every closed lifetime is kept exactly: the folded ones and the recent window.
+        let closed = (EXACT_LIFETIMES + RECENT_CLOSED) as u64;
+        let mut agg = Aggregator::default();
+        for n in 0..closed {
+            // 1..=closed in a scrambled order (2029 is prime and is coprime with it).
+            let duration = (n * 2029 % closed + 1) as f64;
+            agg.apply(
+                id(n),
+                &conn(Some(CHECKOUT), "10.244.1.12:8080", 1, duration),
+            );
+        }
+        for (n, duration) in [
+            (closed, 0.5),
+            (closed + 1, 10_000.0),
+            (closed + 2, 20_000.0),
+        ] {
+            agg.apply(id(n), &open("10.244.1.12:8080", 1, duration));
+        }
+        assert!(!lifetimes(&agg, "10.244.1.12:8080").sampled());
+        // 5123 values: 0.5, 1..=5120, 10000, 20000; ranks ceil(2561.5) and ceil(4610.7).
+        let exact = Percentiles {
+            p50: 2561.0,
+            p90: 4610.0,
+            max: 20_000.0,
+        };
+        assert_eq!(agg.services()[0].backends[0].lifetime_ms, Some(exact));
+
+        // One more closed connection starts sampling; the maximum stays exact.
+        agg.apply(
+            id(closed + 3),
+            &conn(Some(CHECKOUT), "10.244.1.12:8080", 1, 30_000.0),
+        );
+        for n in closed + 4..closed + 4 + RECENT_CLOSED as u64 {
+            agg.apply(id(n), &conn(Some(CHECKOUT), "10.244.1.12:8080", 1, 2.0));
+        }
+        let folded = lifetimes(&agg, "10.244.1.12:8080");
+        assert!(folded.sampled());
+        assert_eq!(
+            (folded.values.len(), folded.max),
+            (EXACT_LIFETIMES, 30_000.0)
+        );
+        assert_eq!(agg.services()[0].backends[0].longest_pinned_ms, 30_000.0);
     }
 }

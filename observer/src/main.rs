@@ -78,7 +78,10 @@ struct CaptureArgs {
 
 impl CaptureArgs {
     fn namer(&self) -> Option<Namer> {
-        (!self.no_names).then(|| Namer::new(NamerConfig::default(), Box::new(SystemSource::new())))
+        // kube-proxy rewrites rules on every endpoint change: re-read them every 2 s
+        // (only while there are connections to name) so stale pins show promptly.
+        let config = NamerConfig { max_age: Duration::from_secs(2), ..NamerConfig::default() };
+        (!self.no_names).then(|| Namer::new(config, Box::new(SystemSource::new())))
     }
 }
 

@@ -48,6 +48,9 @@ struct Session {
     namer: Option<Namer>,
     warn: Box<dyn FnMut(String) + Send>,
     netns_seen: std::collections::HashSet<u32>,
+    /// Final records and Service definitions the live view has not taken yet: they are
+    /// never dropped (progress updates are, the next sweep repeats them).
+    pending: std::collections::VecDeque<Update>,
     malformed: u64,
     events: u64,
 }
@@ -65,6 +68,7 @@ pub async fn run(capture: Capture, options: SessionOptions, stop: impl Future<Ou
         namer: options.namer,
         warn: options.warn,
         netns_seen: Default::default(),
+        pending: Default::default(),
         malformed: 0,
         events: 0,
     };
@@ -136,7 +140,8 @@ impl Session {
         if let Some(log) = self.log.as_mut() {
             log.flush().with_context(|| format!("cannot write the connection log to {}", log.name))?;
         }
-        self.send(Update::Stats(self.stats()));
+        let stats = self.stats();
+        self.send(Update::Stats(stats));
         Ok(())
     }
 
@@ -155,11 +160,17 @@ impl Session {
     }
 
     fn progress(&mut self, id: ConnId, mut record: ConnRecord) {
-        // The live view gets service definitions too; a log only with final records.
         if let Err(err) = self.name(&mut record) {
             (self.warn)(format!("{err:#}"));
         }
-        self.send(Update::Conn { id, record });
+        // A full channel means the view is behind: it gets this connection's counters
+        // from the next sweep.
+        self.flush_pending();
+        if self.pending.is_empty() {
+            if let Some(updates) = &self.updates {
+                let _ = updates.try_send(Update::Conn { id, record });
+            }
+        }
     }
 
     fn finished(&mut self, id: ConnId, mut record: ConnRecord) -> anyhow::Result<()> {
@@ -196,10 +207,32 @@ impl Session {
         Ok(())
     }
 
-    fn send(&self, update: Update) {
-        if let Some(updates) = &self.updates {
-            // A full channel means the view is behind; it catches up from the next sweep.
-            let _ = updates.try_send(update);
+    /// Sends an update the live view must not miss, in order, queueing it while the
+    /// channel is full.
+    fn send(&mut self, update: Update) {
+        if self.updates.is_some() {
+            self.pending.push_back(update);
+            self.flush_pending();
+        }
+    }
+
+    fn flush_pending(&mut self) {
+        let Some(updates) = &self.updates else {
+            return;
+        };
+        while let Some(update) = self.pending.pop_front() {
+            match updates.try_send(update) {
+                Ok(()) => {}
+                Err(mpsc::error::TrySendError::Full(update)) => {
+                    self.pending.push_front(update);
+                    return;
+                }
+                // The view has quit; the session is about to be stopped.
+                Err(mpsc::error::TrySendError::Closed(_)) => {
+                    self.pending.clear();
+                    return;
+                }
+            }
         }
     }
 }

@@ -1,0 +1,128 @@
+//! Root integration test (issue: name every connection): a readiness flip. While a
+//! keep-alive connection to pod A stays open, A is removed from the rules the way
+//! kube-proxy removes it. New connections never reach A; the open one keeps flowing to
+//! A and the log reports it as a stale pin (`endpoint_in_rules: false`), and `observer
+//! check --max-stale 0` fails on it.
+
+mod common;
+
+use std::{
+    net::{Ipv4Addr, SocketAddr},
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use common::{prefix, require_root, Recorder};
+use observer::record::{Close, Proto};
+use xtask::lab::{http_fresh, Lab, LabConfig, RuleMode, Topology};
+
+/// A keep-alive client that sends `count` requests `pause` seconds apart on one
+/// connection and prints `[[local_port, pod], ...]`.
+const SLOW_KEEPALIVE: &str = r#"
+import http.client, json, sys, time
+host, port, count, pause = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+conn = http.client.HTTPConnection(host, port, timeout=5)
+out = []
+for i in range(count):
+    if i:
+        time.sleep(pause)
+    conn.request("GET", "/")
+    out.append([conn.sock.getsockname()[1], conn.getresponse().read().decode()])
+conn.close()
+print(json.dumps(out))
+"#;
+
+/// The pod IP an established connection to `cluster` is pinned to, from conntrack.
+fn pinned_backend(lab: &Lab, cluster: SocketAddr) -> Ipv4Addr {
+    let out = lab
+        .run_in(lab.node_ns(), "conntrack", &["-L", "-p", "tcp", "--orig-dst", &cluster.ip().to_string(), "--state", "ESTABLISHED"])
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = text.lines().filter(|l| l.contains(&format!("dport={} ", cluster.port()))).collect();
+    assert_eq!(lines.len(), 1, "exactly one established connection expected: {text}");
+    // The reply tuple's source (the second `src=`) is the pod.
+    lines[0].split_whitespace().filter_map(|f| f.strip_prefix("src=")).nth(1).unwrap().parse().unwrap()
+}
+
+fn readiness_flip(rules: RuleMode, tag: &str) {
+    require_root();
+    let mut lab = Lab::up(LabConfig { topology: Topology::Bridged, rules, prefix: prefix(tag) }).expect("lab up");
+    let dir = tempfile::tempdir().unwrap();
+    let service = lab.services().iter().find(|s| s.name == "checkout").unwrap().clone();
+    let cluster = service.cluster_addr();
+    let recorder = Recorder::start(dir.path(), &[]);
+
+    // 40 requests 250 ms apart: one connection open for 10 s.
+    let keepalive = Command::new("ip")
+        .args(["netns", "exec", lab.client_ns(), "python3", "-c", SLOW_KEEPALIVE])
+        .args([cluster.ip().to_string(), cluster.port().to_string(), "40".into(), "0.25".into()])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let pinned = pinned_backend(&lab, cluster.into());
+    lab.remove_endpoint(&service.port_name_string(), pinned).expect("readiness flip");
+
+    // New connections never reach the removed pod.
+    let fresh = http_fresh(&lab, cluster, 30).unwrap();
+    let pod_ip = |pod: &str| service.endpoints.iter().find(|p| p.name == pod).unwrap().ip;
+    assert!(fresh.iter().all(|a| pod_ip(&a.pod) != pinned), "a new connection reached the removed pod");
+
+    // The open one kept flowing to it.
+    let out = keepalive.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let answers: Vec<(u16, String)> = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(answers.len(), 40);
+    assert!(answers.iter().all(|(port, pod)| *port == answers[0].0 && pod_ip(pod) == pinned));
+    std::thread::sleep(Duration::from_millis(500));
+    let recording = recorder.stop();
+    assert_eq!(recording.summary.as_ref().unwrap().lost_events, 0);
+
+    let name = service.port_name_string();
+    let pinned_addr = SocketAddr::new(pinned.into(), service.target_port);
+    let stale = recording.conns.iter().find(|c| c.proto == Proto::Tcp && c.client.port() == answers[0].0).unwrap();
+    assert_eq!(
+        (stale.service.as_deref(), stale.backend, stale.endpoint_in_rules, stale.requests, stale.close),
+        (Some(name.as_str()), pinned_addr, Some(false), 40, Close::Fin)
+    );
+    let fresh_records: Vec<_> = recording.conns.iter().filter(|c| fresh.iter().any(|a| a.client_port == c.client.port())).collect();
+    assert_eq!(fresh_records.len(), 30);
+    assert!(fresh_records.iter().all(|c| c.endpoint_in_rules == Some(true) && c.backend != pinned_addr));
+
+    // The log's latest definition of the Service has the two remaining endpoints.
+    let latest = recording.services.iter().rev().find(|s| s.service == name).unwrap();
+    let mut endpoints: Vec<(SocketAddr, f64)> = latest.endpoints.iter().map(|e| (e.addr, e.expected_share)).collect();
+    endpoints.sort_by_key(|(addr, _)| *addr);
+    let remaining: Vec<(SocketAddr, f64)> = service
+        .endpoint_addrs()
+        .into_iter()
+        .map(SocketAddr::V4)
+        .filter(|addr| *addr != pinned_addr)
+        .map(|addr| (addr, 0.5))
+        .collect();
+    assert_eq!(endpoints, remaining);
+
+    // `observer check` catches it.
+    let check = Command::new(env!("CARGO_BIN_EXE_observer"))
+        .args(["check", "--max-stale", "0"])
+        .arg(&recorder_log(&dir))
+        .output()
+        .unwrap();
+    assert_eq!(check.status.code(), Some(1), "{}", String::from_utf8_lossy(&check.stdout));
+    let text = String::from_utf8_lossy(&check.stdout);
+    assert!(text.contains(&name) && text.contains("stale"), "{text}");
+}
+
+fn recorder_log(dir: &tempfile::TempDir) -> std::path::PathBuf {
+    dir.path().join("conns.jsonl")
+}
+
+#[test]
+fn readiness_flip_iptables() {
+    readiness_flip(RuleMode::Iptables, "si");
+}
+
+#[test]
+fn readiness_flip_nftables() {
+    readiness_flip(RuleMode::Nftables, "sn");
+}

@@ -6,5 +6,8 @@ fn main() {
     let bpf_linker = which("bpf-linker").expect(
         "bpf-linker is not on PATH; run `cargo xtask setup` (it builds bpf-linker against the nightly toolchain's LLVM)",
     );
-    println!("cargo:rerun-if-changed={}", bpf_linker.to_str().unwrap_or_default());
+    println!(
+        "cargo:rerun-if-changed={}",
+        bpf_linker.to_str().unwrap_or_default()
+    );
 }

@@ -14,5 +14,10 @@ pub const TABLE_FULL: u32 = 4;
 pub const COUNT: u32 = 5;
 
 /// Counter names, indexed like the constants above.
-pub const NAMES: [&str; COUNT as usize] =
-    ["packets", "events_emitted", "ringbuf_drops", "read_errors", "table_full"];
+pub const NAMES: [&str; COUNT as usize] = [
+    "packets",
+    "events_emitted",
+    "ringbuf_drops",
+    "read_errors",
+    "table_full",
+];

@@ -1,12 +1,12 @@
 //! Per-connection accounting: bytes each way (each byte once), requests, TCP closing.
 
 use observer_common::{
-    conn::{flags, ConnEvent, ConnState, CLOSE_FIN, CLOSE_NONE, CLOSE_RST, ORIGINAL, PROTO_TCP},
+    conn::{CLOSE_FIN, CLOSE_NONE, CLOSE_RST, ConnEvent, ConnState, ORIGINAL, PROTO_TCP, flags},
     counters,
 };
 
 use crate::{
-    maps::{count, CONNS, EVENTS},
+    maps::{CONNS, EVENTS, count},
     packet::{Packet, TCP_FIN, TCP_RST, TCP_SYN},
 };
 
@@ -46,9 +46,15 @@ pub fn account(state: &mut ConnState, dir: usize, packet: &Packet, now: u64) -> 
         return CLOSE_RST;
     }
     if packet.tcp_flags & TCP_FIN != 0 {
-        state.flags |= if dir == ORIGINAL { flags::FIN_ORIGINAL } else { flags::FIN_REPLY };
+        state.flags |= if dir == ORIGINAL {
+            flags::FIN_ORIGINAL
+        } else {
+            flags::FIN_REPLY
+        };
     }
-    if state.flags & (flags::FIN_ORIGINAL | flags::FIN_REPLY) == flags::FIN_ORIGINAL | flags::FIN_REPLY {
+    if state.flags & (flags::FIN_ORIGINAL | flags::FIN_REPLY)
+        == flags::FIN_ORIGINAL | flags::FIN_REPLY
+    {
         CLOSE_FIN
     } else {
         CLOSE_NONE
@@ -60,7 +66,11 @@ pub fn account(state: &mut ConnState, dir: usize, packet: &Packet, now: u64) -> 
 /// nothing, so every byte is counted once.
 #[inline(always)]
 fn fresh_tcp_bytes(state: &mut ConnState, dir: usize, packet: &Packet) -> u32 {
-    let known = if dir == ORIGINAL { flags::SEQ_KNOWN_ORIGINAL } else { flags::SEQ_KNOWN_REPLY };
+    let known = if dir == ORIGINAL {
+        flags::SEQ_KNOWN_ORIGINAL
+    } else {
+        flags::SEQ_KNOWN_REPLY
+    };
     if state.flags & known == 0 {
         state.flags |= known;
         // A SYN consumes one sequence number before the first payload byte.
@@ -76,7 +86,11 @@ fn fresh_tcp_bytes(state: &mut ConnState, dir: usize, packet: &Packet) -> u32 {
     if (end.wrapping_sub(next) as i32) <= 0 {
         return 0;
     }
-    let start = if (packet.seq.wrapping_sub(next) as i32) > 0 { packet.seq } else { next };
+    let start = if (packet.seq.wrapping_sub(next) as i32) > 0 {
+        packet.seq
+    } else {
+        next
+    };
     state.next_seq[dir] = end;
     end.wrapping_sub(start)
 }

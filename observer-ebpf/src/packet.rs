@@ -5,7 +5,7 @@ use observer_common::{
     offsets::KernelOffsets,
 };
 
-use crate::kernel::{read, ReadFailed};
+use crate::kernel::{ReadFailed, read};
 
 pub const TCP_FIN: u8 = 0x01;
 pub const TCP_SYN: u8 = 0x02;

@@ -52,8 +52,14 @@ struct Member {
 #[derive(Clone, Debug)]
 enum Type {
     /// Struct or union: size in bytes and members.
-    Composite { size: u32, members: Vec<Member> },
-    Array { elem: u32, len: u32 },
+    Composite {
+        size: u32,
+        members: Vec<Member>,
+    },
+    Array {
+        elem: u32,
+        len: u32,
+    },
     /// Typedef, const, volatile, restrict, type tag: refers to another type.
     Alias(u32),
     /// Any other type with a byte size (int, enum, float).
@@ -101,7 +107,11 @@ impl Btf {
             .ok_or(BtfError::Malformed("string section out of bounds"))?
             .to_vec();
 
-        let mut btf = Btf { strings, types: vec![Type::Other], structs: HashMap::new() };
+        let mut btf = Btf {
+            strings,
+            types: vec![Type::Other],
+            structs: HashMap::new(),
+        };
         let mut at = 0;
         while at < types_data.len() {
             let name = u32_at(types_data, at)?;
@@ -131,7 +141,11 @@ impl Btf {
                             name: u32_at(types_data, at)?,
                             ty: u32_at(types_data, at + 4)?,
                             // With kind_flag the top 8 bits hold a bitfield size.
-                            bit_offset: if kind_flag { offset & 0x00ff_ffff } else { offset },
+                            bit_offset: if kind_flag {
+                                offset & 0x00ff_ffff
+                            } else {
+                                offset
+                            },
                         });
                         at += 12;
                     }
@@ -142,7 +156,10 @@ impl Btf {
                             btf.structs.entry(name.to_owned()).or_insert(id);
                         }
                     }
-                    Type::Composite { size: size_or_type, members }
+                    Type::Composite {
+                        size: size_or_type,
+                        members,
+                    }
                 }
                 KIND_ENUM => {
                     at += 8 * vlen;
@@ -229,7 +246,10 @@ impl Btf {
     /// Byte offset of `path` in struct `name`, e.g. `offset_of("nf_conn",
     /// "tuplehash[1].tuple")` or `offset_of("net", "ns.inum")`.
     pub fn offset_of(&self, name: &str, path: &str) -> Result<u32, BtfError> {
-        let mut ty = *self.structs.get(name).ok_or_else(|| BtfError::NoStruct(name.to_owned()))?;
+        let mut ty = *self
+            .structs
+            .get(name)
+            .ok_or_else(|| BtfError::NoStruct(name.to_owned()))?;
         let mut bits = 0u32;
         for part in path.split('.') {
             let (field, index) = match part.split_once('[') {
@@ -252,7 +272,9 @@ impl Btf {
                     return Err(BtfError::NotArray(path.to_owned()));
                 };
                 let elem = *elem;
-                let size = self.size_of(elem).ok_or(BtfError::Malformed("array element has no size"))?;
+                let size = self
+                    .size_of(elem)
+                    .ok_or(BtfError::Malformed("array element has no size"))?;
                 bits += index * size * 8;
                 ty = elem;
             }
@@ -272,7 +294,11 @@ mod tests {
         let strings = b"\0int\0inner\0a\0b\0outer\0x\0y\0arr\0";
         let s = |name: &str| -> u32 {
             let needle = format!("\0{name}\0");
-            strings.windows(needle.len()).position(|w| w == needle.as_bytes()).unwrap() as u32 + 1
+            strings
+                .windows(needle.len())
+                .position(|w| w == needle.as_bytes())
+                .unwrap() as u32
+                + 1
         };
         let mut types: Vec<u32> = Vec::new();
         // 1: int
@@ -292,7 +318,13 @@ mod tests {
         let mut data = Vec::new();
         data.extend(MAGIC.to_le_bytes());
         data.extend([1u8, 0]);
-        for v in [24u32, 0, type_bytes.len() as u32, type_bytes.len() as u32, strings.len() as u32] {
+        for v in [
+            24u32,
+            0,
+            type_bytes.len() as u32,
+            type_bytes.len() as u32,
+            strings.len() as u32,
+        ] {
             data.extend(v.to_le_bytes());
         }
         data.extend(type_bytes);
@@ -313,12 +345,18 @@ mod tests {
     #[test]
     fn missing_names_are_errors() {
         let btf = Btf::parse(&sample()).unwrap();
-        assert_eq!(btf.offset_of("nope", "x"), Err(BtfError::NoStruct("nope".into())));
+        assert_eq!(
+            btf.offset_of("nope", "x"),
+            Err(BtfError::NoStruct("nope".into()))
+        );
         assert_eq!(
             btf.offset_of("outer", "z"),
             Err(BtfError::NoMember("outer".into(), "z".into()))
         );
-        assert_eq!(btf.offset_of("outer", "x[1]"), Err(BtfError::NotArray("x[1]".into())));
+        assert_eq!(
+            btf.offset_of("outer", "x[1]"),
+            Err(BtfError::NotArray("x[1]".into()))
+        );
     }
 
     #[test]

@@ -2,9 +2,9 @@
 //! reads their maps. Everything above this works on plain data (`tracker`, `record`).
 
 use aya::{
+    Ebpf, EbpfLoader,
     maps::{HashMap, MapData, PerCpuArray, RingBuf},
     programs::RawTracePoint,
-    Ebpf, EbpfLoader,
 };
 use observer_common::{
     conn::{ConnEvent, ConnState},
@@ -22,11 +22,17 @@ const HOOKS: [(&str, &str); 1] = [("net_dev_queue", "net_dev_queue")];
 /// Why capture could not start. Each message is one sentence naming cause and fix.
 #[derive(Debug, thiserror::Error)]
 pub enum CaptureError {
-    #[error("loading kernel programs needs root (CAP_BPF and CAP_PERFMON, or CAP_SYS_ADMIN); run observer with sudo")]
+    #[error(
+        "loading kernel programs needs root (CAP_BPF and CAP_PERFMON, or CAP_SYS_ADMIN); run observer with sudo"
+    )]
     NotPrivileged,
-    #[error("cannot read kernel BTF at {path} ({error}); observer needs a kernel built with CONFIG_DEBUG_INFO_BTF=y (or --btf FILE) to find conntrack's structure offsets")]
+    #[error(
+        "cannot read kernel BTF at {path} ({error}); observer needs a kernel built with CONFIG_DEBUG_INFO_BTF=y (or --btf FILE) to find conntrack's structure offsets"
+    )]
     NoBtf { path: String, error: std::io::Error },
-    #[error("cannot read the kernel's BTF: {0}; observer needs it to find conntrack's structure offsets")]
+    #[error(
+        "cannot read the kernel's BTF: {0}; observer needs it to find conntrack's structure offsets"
+    )]
     BadBtf(crate::btf::BtfError),
     #[error("the kernel refused observer's programs: {0}")]
     Load(String),
@@ -73,7 +79,11 @@ pub struct Capture {
 /// Fails unless the process may load tracing programs; checked before anything else
 /// so that an unprivileged run changes nothing.
 pub fn check_privileges() -> Result<(), CaptureError> {
-    if privileged() { Ok(()) } else { Err(CaptureError::NotPrivileged) }
+    if privileged() {
+        Ok(())
+    } else {
+        Err(CaptureError::NotPrivileged)
+    }
 }
 
 /// Whether the process holds the capabilities needed to load tracing programs.
@@ -125,20 +135,41 @@ impl Capture {
             hooks_attached += 1;
         }
         let map = |ebpf: &mut Ebpf, name: &str| {
-            ebpf.take_map(name).ok_or_else(|| CaptureError::Load(format!("map {name} missing from the object")))
+            ebpf.take_map(name)
+                .ok_or_else(|| CaptureError::Load(format!("map {name} missing from the object")))
         };
-        let events = RingBuf::try_from(map(&mut ebpf, "EVENTS")?).map_err(|err| CaptureError::Load(error_chain(&err)))?;
-        let conns = HashMap::try_from(map(&mut ebpf, "CONNS")?).map_err(|err| CaptureError::Load(error_chain(&err)))?;
-        let counters = PerCpuArray::try_from(map(&mut ebpf, "COUNTERS")?).map_err(|err| CaptureError::Load(error_chain(&err)))?;
+        let events = RingBuf::try_from(map(&mut ebpf, "EVENTS")?)
+            .map_err(|err| CaptureError::Load(error_chain(&err)))?;
+        let conns = HashMap::try_from(map(&mut ebpf, "CONNS")?)
+            .map_err(|err| CaptureError::Load(error_chain(&err)))?;
+        let counters = PerCpuArray::try_from(map(&mut ebpf, "COUNTERS")?)
+            .map_err(|err| CaptureError::Load(error_chain(&err)))?;
         // SAFETY: the ring buffer owns its descriptor and moves into the AsyncFd, which
         // deregisters it before dropping it, so the descriptor outlives the registration.
-        let events = unsafe { tokio::io::unix::AsyncFd::register_with_interest(events, tokio::io::Interest::READABLE) }
-            .map_err(|err| CaptureError::Load(format!("cannot poll the ring buffer: {}", err.into_parts().1)))?;
-        Ok(Capture { ebpf: Some(ebpf), events, conns, counters, hooks_attached })
+        let events = unsafe {
+            tokio::io::unix::AsyncFd::register_with_interest(events, tokio::io::Interest::READABLE)
+        }
+        .map_err(|err| {
+            CaptureError::Load(format!(
+                "cannot poll the ring buffer: {}",
+                err.into_parts().1
+            ))
+        })?;
+        Ok(Capture {
+            ebpf: Some(ebpf),
+            events,
+            conns,
+            counters,
+            hooks_attached,
+        })
     }
 
     pub fn hooks_attached(&self) -> u32 {
-        if self.ebpf.is_some() { self.hooks_attached } else { 0 }
+        if self.ebpf.is_some() {
+            self.hooks_attached
+        } else {
+            0
+        }
     }
 
     /// Detaches every program; maps stay readable so the last events can be drained.
@@ -180,7 +211,10 @@ impl Capture {
     /// The programs' counters, summed over CPUs.
     pub fn counters(&self) -> Counters {
         let sum = |index: u32| -> u64 {
-            self.counters.get(&index, 0).map(|values| values.iter().sum()).unwrap_or(0)
+            self.counters
+                .get(&index, 0)
+                .map(|values| values.iter().sum())
+                .unwrap_or(0)
         };
         Counters {
             packets: sum(counters::PACKETS),
@@ -190,7 +224,6 @@ impl Capture {
             table_full: sum(counters::TABLE_FULL),
         }
     }
-
 }
 
 /// An error and its sources on one line.

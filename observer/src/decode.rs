@@ -18,7 +18,10 @@ pub enum DecodeError {
 pub fn conn_event(bytes: &[u8]) -> Result<ConnEvent, DecodeError> {
     let expected = std::mem::size_of::<ConnEvent>();
     if bytes.len() < expected {
-        return Err(DecodeError::Length { got: bytes.len(), expected });
+        return Err(DecodeError::Length {
+            got: bytes.len(),
+            expected,
+        });
     }
     // SAFETY: the length is checked above, `ConnEvent` is `#[repr(C)]` plain data for
     // which every bit pattern is valid, and `read_unaligned` has no alignment needs.
@@ -53,11 +56,18 @@ mod tests {
 
     #[test]
     fn decodes_a_record_and_rejects_short_ones() {
-        let mut event = ConnEvent { kind: EVENT_OPEN, conntrack: 0xffff_8880_1234_5600, ..Default::default() };
+        let mut event = ConnEvent {
+            kind: EVENT_OPEN,
+            conntrack: 0xffff_8880_1234_5600,
+            ..Default::default()
+        };
         event.state.requests = 30;
         // SAFETY: viewing a POD struct as bytes for the test.
         let bytes = unsafe {
-            std::slice::from_raw_parts((&raw const event).cast::<u8>(), std::mem::size_of::<ConnEvent>())
+            std::slice::from_raw_parts(
+                (&raw const event).cast::<u8>(),
+                std::mem::size_of::<ConnEvent>(),
+            )
         };
         // An unaligned copy, as ring-buffer records may be.
         let mut unaligned = vec![0u8; bytes.len() + 1];
@@ -65,16 +75,28 @@ mod tests {
         assert_eq!(conn_event(&unaligned[1..]), Ok(event));
         assert_eq!(
             conn_event(&bytes[..100]),
-            Err(DecodeError::Length { got: 100, expected: 184 })
+            Err(DecodeError::Length {
+                got: 100,
+                expected: 184
+            })
         );
     }
 
     #[test]
     fn addresses() {
-        let mut endpoint = Endpoint { port: 8080, ..Default::default() };
+        let mut endpoint = Endpoint {
+            port: 8080,
+            ..Default::default()
+        };
         endpoint.addr[..4].copy_from_slice(&[10, 244, 1, 12]);
-        assert_eq!(socket_addr(FAMILY_IPV4, &endpoint).to_string(), "10.244.1.12:8080");
-        let mut v6 = Endpoint { port: 80, ..Default::default() };
+        assert_eq!(
+            socket_addr(FAMILY_IPV4, &endpoint).to_string(),
+            "10.244.1.12:8080"
+        );
+        let mut v6 = Endpoint {
+            port: 80,
+            ..Default::default()
+        };
         v6.addr = "fd00::1".parse::<Ipv6Addr>().unwrap().octets();
         assert_eq!(socket_addr(FAMILY_IPV6, &v6).to_string(), "[fd00::1]:80");
         assert_eq!(proto(6), Ok(Proto::Tcp));

@@ -80,7 +80,10 @@ impl CaptureArgs {
     fn namer(&self) -> Option<Namer> {
         // kube-proxy rewrites rules on every endpoint change: re-read them every 2 s
         // (only while there are connections to name) so stale pins show promptly.
-        let config = NamerConfig { max_age: Duration::from_secs(2), ..NamerConfig::default() };
+        let config = NamerConfig {
+            max_age: Duration::from_secs(2),
+            ..NamerConfig::default()
+        };
         (!self.no_names).then(|| Namer::new(config, Box::new(SystemSource::new())))
     }
 }
@@ -100,7 +103,9 @@ struct RecordArgs {
 /// A positive number of seconds, e.g. `30` or `0.5`.
 fn parse_seconds(text: &str) -> Result<Duration, String> {
     match text.parse::<f64>() {
-        Ok(seconds) if seconds > 0.0 && seconds.is_finite() && seconds < 1e9 => Ok(Duration::from_secs_f64(seconds)),
+        Ok(seconds) if seconds > 0.0 && seconds.is_finite() && seconds < 1e9 => {
+            Ok(Duration::from_secs_f64(seconds))
+        }
         _ => Err(format!("`{text}` is not a positive number of seconds")),
     }
 }
@@ -111,7 +116,9 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Some(Command::Record(args)) => record(args),
         Some(Command::Rules(args)) => observer::rules_cmd::run(&args).map(|()| ExitCode::SUCCESS),
-        Some(Command::Summary(args)) => observer::stats::summary::run(&args).map(|()| ExitCode::SUCCESS),
+        Some(Command::Summary(args)) => {
+            observer::stats::summary::run(&args).map(|()| ExitCode::SUCCESS)
+        }
         Some(Command::Check(args)) => observer::stats::check::run(&args),
         None => live(cli.live),
     };
@@ -133,7 +140,10 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 }
 
 fn start_capture(args: &CaptureArgs) -> anyhow::Result<Capture> {
-    Ok(Capture::start(&CaptureOptions { max_connections: args.max_connections, btf_path: args.btf.clone() })?)
+    Ok(Capture::start(&CaptureOptions {
+        max_connections: args.max_connections,
+        btf_path: args.btf.clone(),
+    })?)
 }
 
 /// Resolves when Ctrl-C or SIGTERM arrives, or after `duration`.
@@ -228,7 +238,15 @@ fn live(args: LiveArgs) -> anyhow::Result<ExitCode> {
         let title = std::fs::read_to_string("/proc/sys/kernel/hostname")
             .map(|name| name.trim().to_owned())
             .unwrap_or_else(|_| "this node".to_owned());
-        let shown = tui::run(receive, TuiOptions { title, recording: args.record.clone(), replay: false }).await;
+        let shown = tui::run(
+            receive,
+            TuiOptions {
+                title,
+                recording: args.record.clone(),
+                replay: false,
+            },
+        )
+        .await;
         let _ = stop.send(());
         let summary = session.await.context("the capture task failed")??;
         shown?;

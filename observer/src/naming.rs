@@ -136,10 +136,9 @@ impl Namer {
         backend: SocketAddr,
         now: Instant,
     ) -> Naming {
-        let expired = self
-            .spaces
-            .get(&netns)
-            .is_none_or(|space| now.saturating_duration_since(space.read_at) >= self.config.max_age);
+        let expired = self.spaces.get(&netns).is_none_or(|space| {
+            now.saturating_duration_since(space.read_at) >= self.config.max_age
+        });
         if expired {
             self.refresh(netns, now);
         }
@@ -155,7 +154,13 @@ impl Namer {
         naming
     }
 
-    fn lookup(&self, netns: u32, proto: Proto, original_dst: SocketAddr, backend: SocketAddr) -> Naming {
+    fn lookup(
+        &self,
+        netns: u32,
+        proto: Proto,
+        original_dst: SocketAddr,
+        backend: SocketAddr,
+    ) -> Naming {
         match self
             .spaces
             .get(&netns)
@@ -233,7 +238,10 @@ pub struct NetnsInfo {
 pub fn netns_inode(path: &Path) -> std::io::Result<u32> {
     let inode = std::fs::metadata(path)?.ino();
     u32::try_from(inode).map_err(|_| {
-        std::io::Error::new(std::io::ErrorKind::InvalidData, format!("inode {inode} does not fit 32 bits"))
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("inode {inode} does not fit 32 bits"),
+        )
     })
 }
 
@@ -288,9 +296,24 @@ const COMMANDS: [(&str, &[&str], DumpFormat, bool); 6] = [
     ("ip6tables-save", &[], DumpFormat::IptablesSave, true),
     // Legacy tables exist only where a node still uses them; most kernels refuse them.
     ("iptables-legacy-save", &[], DumpFormat::IptablesSave, false),
-    ("ip6tables-legacy-save", &[], DumpFormat::IptablesSave, false),
-    ("nft", &["-j", "list", "table", "ip", "kube-proxy"], DumpFormat::NftJson, true),
-    ("nft", &["-j", "list", "table", "ip6", "kube-proxy"], DumpFormat::NftJson, true),
+    (
+        "ip6tables-legacy-save",
+        &[],
+        DumpFormat::IptablesSave,
+        false,
+    ),
+    (
+        "nft",
+        &["-j", "list", "table", "ip", "kube-proxy"],
+        DumpFormat::NftJson,
+        true,
+    ),
+    (
+        "nft",
+        &["-j", "list", "table", "ip6", "kube-proxy"],
+        DumpFormat::NftJson,
+        true,
+    ),
 ];
 
 impl SystemSource {
@@ -321,7 +344,10 @@ impl SystemSource {
         let mut missing = Vec::new();
         let mut any_tool = false;
         for (program, args, format, report) in COMMANDS {
-            let command_text = std::iter::once(program).chain(args.iter().copied()).collect::<Vec<_>>().join(" ");
+            let command_text = std::iter::once(program)
+                .chain(args.iter().copied())
+                .collect::<Vec<_>>()
+                .join(" ");
             let Some(binary) = find_program(program) else {
                 if report && !missing.contains(&program) {
                     missing.push(program);
@@ -332,7 +358,9 @@ impl SystemSource {
             let mut command = match &nsenter {
                 Some(nsenter) => {
                     let mut command = Command::new(nsenter);
-                    command.arg(format!("--net={}", path.display())).arg(&binary);
+                    command
+                        .arg(format!("--net={}", path.display()))
+                        .arg(&binary);
                     command
                 }
                 None => Command::new(&binary),
@@ -353,21 +381,25 @@ impl SystemSource {
                     format,
                     text: String::from_utf8_lossy(&output.stdout).into_owned(),
                 });
-            } else if format == DumpFormat::NftJson && stderr.contains("No such file or directory") {
+            } else if format == DumpFormat::NftJson && stderr.contains("No such file or directory")
+            {
                 // No kube-proxy table in this family: not an error.
             } else if report {
                 let first = stderr.lines().next().unwrap_or("").trim();
-                result
-                    .problems
-                    .push(format!("{command_text} failed ({}): {first}", output.status));
+                result.problems.push(format!(
+                    "{command_text} failed ({}): {first}",
+                    output.status
+                ));
             }
         }
         if !any_tool {
             return Err(format!("{} not found", missing.join(", ")));
         }
-        result
-            .problems
-            .extend(missing.into_iter().map(|program| format!("{program} not found")));
+        result.problems.extend(
+            missing
+                .into_iter()
+                .map(|program| format!("{program} not found")),
+        );
         Ok(result)
     }
 }
@@ -387,8 +419,14 @@ mod tests {
 
     use super::*;
 
-    const V4: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/rules/iptables/mixed-v4-nat.saved"));
-    const NFT_V6: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/rules/nftables/mixed-v6.json"));
+    const V4: &str = include_str!(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/rules/iptables/mixed-v4-nat.saved"
+    ));
+    const NFT_V6: &str = include_str!(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/rules/nftables/mixed-v6.json"
+    ));
 
     /// Fixture text per namespace, swappable mid-test; counts reads.
     #[derive(Clone, Default)]
@@ -459,16 +497,31 @@ mod tests {
         let mut namer = namer(&fake);
         let t0 = Instant::now();
         assert_eq!(
-            namer.name(NS, Proto::Tcp, sa("10.96.35.226:80"), sa("10.244.1.14:3000"), t0),
+            namer.name(
+                NS,
+                Proto::Tcp,
+                sa("10.96.35.226:80"),
+                sa("10.244.1.14:3000"),
+                t0
+            ),
             named("shop/checkout:http", true)
         );
         assert_eq!(
-            namer.name(NS, Proto::Tcp, sa("[fd00:10:96::a]:80"), sa("[fd00:10:244:2::7]:3000"), t0),
+            namer.name(
+                NS,
+                Proto::Tcp,
+                sa("[fd00:10:96::a]:80"),
+                sa("[fd00:10:244:2::7]:3000"),
+                t0
+            ),
             named("shop/checkout:http", true)
         );
         assert_eq!(fake.reads(), 1);
         let updates = namer.take_service_updates();
-        let mut names: Vec<_> = updates.iter().map(|r| format!("{} {}", r.proto, r.service)).collect();
+        let mut names: Vec<_> = updates
+            .iter()
+            .map(|r| format!("{} {}", r.proto, r.service))
+            .collect();
         names.sort();
         assert_eq!(
             names,
@@ -491,20 +544,41 @@ mod tests {
         fake.set(NS, iptables(V4));
         let mut namer = namer(&fake);
         let t0 = Instant::now();
-        namer.name(NS, Proto::Tcp, sa("10.96.35.226:9090"), sa("10.244.1.13:9100"), t0);
+        namer.name(
+            NS,
+            Proto::Tcp,
+            sa("10.96.35.226:9090"),
+            sa("10.244.1.13:9100"),
+            t0,
+        );
         namer.take_service_updates();
         // The metrics endpoint moves to another pod.
-        fake.set(NS, iptables(&V4.replace("10.244.1.13:9100", "10.244.7.7:9100")));
+        fake.set(
+            NS,
+            iptables(&V4.replace("10.244.1.13:9100", "10.244.7.7:9100")),
+        );
         let young = t0 + Duration::from_secs(9);
         assert_eq!(
-            namer.name(NS, Proto::Tcp, sa("10.96.35.226:9090"), sa("10.244.1.13:9100"), young),
+            namer.name(
+                NS,
+                Proto::Tcp,
+                sa("10.96.35.226:9090"),
+                sa("10.244.1.13:9100"),
+                young
+            ),
             named("shop/checkout:metrics", true),
             "rules younger than max_age and a hit: no re-read"
         );
         assert_eq!(fake.reads(), 1);
         let old = t0 + Duration::from_secs(10);
         assert_eq!(
-            namer.name(NS, Proto::Tcp, sa("10.96.35.226:9090"), sa("10.244.1.13:9100"), old),
+            namer.name(
+                NS,
+                Proto::Tcp,
+                sa("10.96.35.226:9090"),
+                sa("10.244.1.13:9100"),
+                old
+            ),
             named("shop/checkout:metrics", false),
             "the old pod is now a stale pin"
         );
@@ -521,10 +595,21 @@ mod tests {
         fake.set(NS, iptables(V4));
         let mut namer = namer(&fake);
         let t0 = Instant::now();
-        let unknown = |namer: &mut Namer, at| namer.name(NS, Proto::Tcp, sa("10.96.99.99:80"), sa("10.244.5.5:80"), at);
+        let unknown = |namer: &mut Namer, at| {
+            namer.name(
+                NS,
+                Proto::Tcp,
+                sa("10.96.99.99:80"),
+                sa("10.244.5.5:80"),
+                at,
+            )
+        };
         assert_eq!(unknown(&mut namer, t0), Naming::default());
         assert_eq!(fake.reads(), 1);
-        assert_eq!(unknown(&mut namer, t0 + Duration::from_millis(1999)), Naming::default());
+        assert_eq!(
+            unknown(&mut namer, t0 + Duration::from_millis(1999)),
+            Naming::default()
+        );
         assert_eq!(fake.reads(), 1, "within min_interval of the last read");
         // A new Service appears; the next miss after min_interval finds it.
         let added = V4.replace(
@@ -532,13 +617,28 @@ mod tests {
             "-A KUBE-SERVICES -d 10.96.99.99/32 -p tcp -m comment --comment \"new/svc:web cluster IP\" -m tcp --dport 80 -j KUBE-SVC-NEW\n-A KUBE-SVC-NEW -m comment --comment \"new/svc:web -> 10.244.5.5:80\" -j KUBE-SEP-NEW\n-A KUBE-SEP-NEW -p tcp -m tcp -j DNAT --to-destination 10.244.5.5:80\n-A KUBE-SERVICES -m comment",
         );
         fake.set(NS, iptables(&added));
-        assert_eq!(unknown(&mut namer, t0 + Duration::from_secs(2)), named("new/svc:web", true));
+        assert_eq!(
+            unknown(&mut namer, t0 + Duration::from_secs(2)),
+            named("new/svc:web", true)
+        );
         assert_eq!(fake.reads(), 2);
         // A stale pin is a miss too, but again rate-limited.
-        let stale = namer.name(NS, Proto::Tcp, sa("10.96.35.226:80"), sa("10.244.9.9:3000"), t0 + Duration::from_secs(3));
+        let stale = namer.name(
+            NS,
+            Proto::Tcp,
+            sa("10.96.35.226:80"),
+            sa("10.244.9.9:3000"),
+            t0 + Duration::from_secs(3),
+        );
         assert_eq!(stale, named("shop/checkout:http", false));
         assert_eq!(fake.reads(), 2);
-        namer.name(NS, Proto::Tcp, sa("10.96.35.226:80"), sa("10.244.9.9:3000"), t0 + Duration::from_secs(4));
+        namer.name(
+            NS,
+            Proto::Tcp,
+            sa("10.96.35.226:80"),
+            sa("10.244.9.9:3000"),
+            t0 + Duration::from_secs(4),
+        );
         assert_eq!(fake.reads(), 3);
     }
 
@@ -551,9 +651,21 @@ mod tests {
         let t0 = Instant::now();
         for step in 0..5 {
             let at = t0 + Duration::from_secs(3 * step);
-            let naming = namer.name(NS, Proto::Tcp, sa("10.96.35.226:80"), sa("10.244.1.14:3000"), at);
+            let naming = namer.name(
+                NS,
+                Proto::Tcp,
+                sa("10.96.35.226:80"),
+                sa("10.244.1.14:3000"),
+                at,
+            );
             assert_eq!(naming, Naming::default());
-            namer.name(7, Proto::Tcp, sa("10.96.35.226:80"), sa("10.244.1.14:3000"), at);
+            namer.name(
+                7,
+                Proto::Tcp,
+                sa("10.96.35.226:80"),
+                sa("10.244.1.14:3000"),
+                at,
+            );
         }
         assert_eq!(fake.reads(), 10);
         assert_eq!(
@@ -572,11 +684,23 @@ mod tests {
         fake.set(NS, iptables(V4));
         let mut namer = namer(&fake);
         let t0 = Instant::now();
-        namer.name(NS, Proto::Tcp, sa("10.96.35.226:80"), sa("10.244.1.14:3000"), t0);
+        namer.name(
+            NS,
+            Proto::Tcp,
+            sa("10.96.35.226:80"),
+            sa("10.244.1.14:3000"),
+            t0,
+        );
         fake.set(NS, Err("nsenter not found".to_owned()));
         let later = t0 + Duration::from_secs(60);
         assert_eq!(
-            namer.name(NS, Proto::Tcp, sa("10.96.35.226:80"), sa("10.244.1.14:3000"), later),
+            namer.name(
+                NS,
+                Proto::Tcp,
+                sa("10.96.35.226:80"),
+                sa("10.244.1.14:3000"),
+                later
+            ),
             named("shop/checkout:http", true)
         );
         assert_eq!(namer.take_warnings().len(), 1);
@@ -588,14 +712,34 @@ mod tests {
         let mut with_problem = iptables(V4).unwrap();
         with_problem.problems.push("nft not found".to_owned());
         fake.set(NS, Ok(with_problem));
-        fake.set(8, Ok(Dumps { dumps: Vec::new(), problems: vec!["iptables-save not found".to_owned()] }));
+        fake.set(
+            8,
+            Ok(Dumps {
+                dumps: Vec::new(),
+                problems: vec!["iptables-save not found".to_owned()],
+            }),
+        );
         let mut namer = namer(&fake);
         let t0 = Instant::now();
-        namer.name(NS, Proto::Tcp, sa("10.96.35.226:80"), sa("10.244.1.14:3000"), t0);
-        namer.name(8, Proto::Tcp, sa("10.96.35.226:80"), sa("10.244.1.14:3000"), t0);
+        namer.name(
+            NS,
+            Proto::Tcp,
+            sa("10.96.35.226:80"),
+            sa("10.244.1.14:3000"),
+            t0,
+        );
+        namer.name(
+            8,
+            Proto::Tcp,
+            sa("10.96.35.226:80"),
+            sa("10.244.1.14:3000"),
+            t0,
+        );
         assert_eq!(
             namer.take_warnings(),
-            ["cannot name connections in netns 8: iptables-save not found; records get service null"]
+            [
+                "cannot name connections in netns 8: iptables-save not found; records get service null"
+            ]
         );
     }
 

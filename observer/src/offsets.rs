@@ -49,7 +49,13 @@ mod tests {
         let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
         if release.starts_with("6.18.") {
             assert_eq!(
-                (off.skb_nfct, off.ct_tuple_original, off.ct_status, off.ct_net, off.ct_tcp_state),
+                (
+                    off.skb_nfct,
+                    off.ct_tuple_original,
+                    off.ct_status,
+                    off.ct_net,
+                    off.ct_tcp_state
+                ),
                 (104, 32, 128, 136, 224)
             );
         }

@@ -18,15 +18,20 @@ impl LogWriter {
         let out: Box<dyn Write + Send> = if path == "-" {
             Box::new(std::io::BufWriter::new(std::io::stdout()))
         } else {
-            let file = std::fs::File::create(path)
-                .map_err(|err| anyhow::anyhow!("cannot write the connection log to {path}: {err}"))?;
+            let file = std::fs::File::create(path).map_err(|err| {
+                anyhow::anyhow!("cannot write the connection log to {path}: {err}")
+            })?;
             Box::new(std::io::BufWriter::new(file))
         };
         Ok(LogWriter::new(out, path))
     }
 
     pub fn new(out: Box<dyn Write + Send>, name: &str) -> LogWriter {
-        LogWriter { out, name: name.to_owned(), connections: 0 }
+        LogWriter {
+            out,
+            name: name.to_owned(),
+            connections: 0,
+        }
     }
 
     pub fn connections(&self) -> u64 {

@@ -194,12 +194,11 @@ impl Recording {
                 continue;
             }
             lines += 1;
-            let parsed: LogLine =
-                serde_json::from_str(line).map_err(|err| ReadError::Parse {
-                    path: path.to_owned(),
-                    line: index + 1,
-                    message: err.to_string(),
-                })?;
+            let parsed: LogLine = serde_json::from_str(line).map_err(|err| ReadError::Parse {
+                path: path.to_owned(),
+                line: index + 1,
+                message: err.to_string(),
+            })?;
             match parsed {
                 LogLine::Conn(conn) => recording.conns.push(conn),
                 LogLine::Service(service) => recording.services.push(service),
@@ -207,7 +206,9 @@ impl Recording {
             }
         }
         if lines == 0 {
-            return Err(ReadError::Empty { path: path.to_owned() });
+            return Err(ReadError::Empty {
+                path: path.to_owned(),
+            });
         }
         Ok(recording)
     }

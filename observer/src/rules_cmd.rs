@@ -51,7 +51,9 @@ pub fn render(args: &RulesArgs, out: &mut dyn Write) -> anyhow::Result<()> {
                     problems_suffix(&dumps.problems)
                 );
             }
-            errors.iter().for_each(|e| eprintln!("warning: netns {}: {e}", info.inode));
+            errors
+                .iter()
+                .for_each(|e| eprintln!("warning: netns {}: {e}", info.inode));
             found.push((info, map));
         }
         None => {
@@ -61,13 +63,17 @@ pub fn render(args: &RulesArgs, out: &mut dyn Write) -> anyhow::Result<()> {
                     continue;
                 };
                 let (map, errors) = parse_dumps(&dumps);
-                errors.iter().for_each(|e| eprintln!("warning: netns {}: {e}", info.inode));
+                errors
+                    .iter()
+                    .for_each(|e| eprintln!("warning: netns {}: {e}", info.inode));
                 if !map.is_empty() {
                     found.push((info, map));
                 }
             }
             if found.is_empty() {
-                bail!("no network namespace has kube-proxy rules (iptables KUBE-SERVICES or nft table kube-proxy)");
+                bail!(
+                    "no network namespace has kube-proxy rules (iptables KUBE-SERVICES or nft table kube-proxy)"
+                );
             }
         }
     }
@@ -141,9 +147,16 @@ pub fn format_tables(found: &[(NetnsInfo, ServiceMap)]) -> String {
         text.push_str(&format!("netns {} ({})\n", info.inode, info.path.display()));
         let with_local = map.services().any(|p| p.local_endpoints.is_some());
         let mut rows: Vec<Vec<String>> = vec![
-            ["SERVICE", "PROTO", "FRONTEND", "ENDPOINT", "SHARE", "LOCAL SHARE"]
-                .map(str::to_owned)
-                .to_vec(),
+            [
+                "SERVICE",
+                "PROTO",
+                "FRONTEND",
+                "ENDPOINT",
+                "SHARE",
+                "LOCAL SHARE",
+            ]
+            .map(str::to_owned)
+            .to_vec(),
         ];
         for port in map.services() {
             let frontends: Vec<String> = port.frontends.iter().map(frontend_text).collect();
@@ -152,15 +165,29 @@ pub fn format_tables(found: &[(NetnsInfo, ServiceMap)]) -> String {
             } else {
                 port.endpoints
                     .iter()
-                    .map(|e| (e.addr.to_string(), percent(e.expected_share), local_share(port, e)))
+                    .map(|e| {
+                        (
+                            e.addr.to_string(),
+                            percent(e.expected_share),
+                            local_share(port, e),
+                        )
+                    })
                     .collect()
             };
             for row in 0..frontends.len().max(endpoints.len()) {
                 let (endpoint, share, local) = endpoints.get(row).cloned().unwrap_or_default();
                 let first = row == 0;
                 rows.push(vec![
-                    if first { port.name.clone() } else { String::new() },
-                    if first { port.proto.to_string() } else { String::new() },
+                    if first {
+                        port.name.clone()
+                    } else {
+                        String::new()
+                    },
+                    if first {
+                        port.proto.to_string()
+                    } else {
+                        String::new()
+                    },
                     frontends.get(row).cloned().unwrap_or_default(),
                     endpoint,
                     share,
@@ -198,7 +225,10 @@ mod tests {
 
     #[test]
     fn table_lists_frontends_endpoints_and_shares_aligned() {
-        let text = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/rules/iptables/mixed-v4-full.saved"));
+        let text = include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/data/rules/iptables/mixed-v4-full.saved"
+        ));
         let map = ServiceMap::from_iptables_save(text).unwrap();
         let info = NetnsInfo {
             inode: 4026532301,

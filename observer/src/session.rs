@@ -57,9 +57,16 @@ struct Session {
 
 /// Runs until `stop` completes, then detaches, drains, writes connections still open
 /// and the summary line. Returns the summary.
-pub async fn run(capture: Capture, options: SessionOptions, stop: impl Future<Output = ()>) -> anyhow::Result<SummaryRecord> {
+pub async fn run(
+    capture: Capture,
+    options: SessionOptions,
+    stop: impl Future<Output = ()>,
+) -> anyhow::Result<SummaryRecord> {
     let started = Utc::now();
-    let clock = Clock { monotonic_ns: monotonic_ns(), wall: started };
+    let clock = Clock {
+        monotonic_ns: monotonic_ns(),
+        wall: started,
+    };
     let mut session = Session {
         capture,
         tracker: Tracker::new(clock, options.idle_timeout),
@@ -103,7 +110,8 @@ pub async fn run(capture: Capture, options: SessionOptions, stop: impl Future<Ou
         ended: Utc::now(),
     };
     if let Some(log) = session.log.as_mut() {
-        log.summary(&summary).with_context(|| format!("cannot write the connection log to {}", log.name))?;
+        log.summary(&summary)
+            .with_context(|| format!("cannot write the connection log to {}", log.name))?;
     }
     Ok(summary)
 }
@@ -138,7 +146,8 @@ impl Session {
             }
         }
         if let Some(log) = self.log.as_mut() {
-            log.flush().with_context(|| format!("cannot write the connection log to {}", log.name))?;
+            log.flush()
+                .with_context(|| format!("cannot write the connection log to {}", log.name))?;
         }
         let stats = self.stats();
         self.send(Update::Stats(stats));
@@ -176,7 +185,8 @@ impl Session {
     fn finished(&mut self, id: ConnId, mut record: ConnRecord) -> anyhow::Result<()> {
         self.name(&mut record)?;
         if let Some(log) = self.log.as_mut() {
-            log.conn(&record).with_context(|| format!("cannot write the connection log to {}", log.name))?;
+            log.conn(&record)
+                .with_context(|| format!("cannot write the connection log to {}", log.name))?;
         }
         self.send(Update::Conn { id, record });
         Ok(())
@@ -191,7 +201,13 @@ impl Session {
         };
         // Re-reading rules runs iptables-save/nft: keep the runtime's other tasks going.
         let naming = tokio::task::block_in_place(|| {
-            namer.name(record.netns, record.proto, record.original_dst, record.backend, Instant::now())
+            namer.name(
+                record.netns,
+                record.proto,
+                record.original_dst,
+                record.backend,
+                Instant::now(),
+            )
         });
         record.service = naming.service;
         record.endpoint_in_rules = naming.endpoint_in_rules;
@@ -200,7 +216,8 @@ impl Session {
         }
         for service in namer.take_service_updates() {
             if let Some(log) = self.log.as_mut() {
-                log.service(&service).with_context(|| format!("cannot write the connection log to {}", log.name))?;
+                log.service(&service)
+                    .with_context(|| format!("cannot write the connection log to {}", log.name))?;
             }
             self.send(Update::Service(service));
         }

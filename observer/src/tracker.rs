@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
 use observer_common::conn::{
-    flags, ConnEvent, ConnState, CLOSE_FIN, CLOSE_RST, EVENT_OPEN, PROTO_UDP,
+    CLOSE_FIN, CLOSE_RST, ConnEvent, ConnState, EVENT_OPEN, PROTO_UDP, flags,
 };
 
 use crate::{
@@ -49,7 +49,12 @@ pub struct Tracker {
 
 impl Tracker {
     pub fn new(clock: Clock, idle_timeout: std::time::Duration) -> Tracker {
-        Tracker { clock, idle_timeout_ns: idle_timeout.as_nanos() as u64, open: HashMap::new(), dnat_events: 0 }
+        Tracker {
+            clock,
+            idle_timeout_ns: idle_timeout.as_nanos() as u64,
+            open: HashMap::new(),
+            dnat_events: 0,
+        }
     }
 
     /// DNAT decisions reported by the kernel so far.
@@ -64,7 +69,10 @@ impl Tracker {
 
     /// An open or close event from the ring buffer.
     pub fn on_event(&mut self, event: &ConnEvent) -> Result<(ConnId, ConnRecord), DecodeError> {
-        let id = ConnId { conntrack: event.conntrack, start_ns: event.state.start_ns };
+        let id = ConnId {
+            conntrack: event.conntrack,
+            start_ns: event.state.start_ns,
+        };
         if event.kind == EVENT_OPEN {
             self.dnat_events += 1;
             let record = self.record(&event.state, Close::Open, event.time_ns)?;
@@ -86,7 +94,10 @@ impl Tracker {
     pub fn sweep(&mut self, entries: &[(u64, ConnState)], now_ns: u64) -> Sweep {
         let mut sweep = Sweep::default();
         for (conntrack, state) in entries {
-            let id = ConnId { conntrack: *conntrack, start_ns: state.start_ns };
+            let id = ConnId {
+                conntrack: *conntrack,
+                start_ns: state.start_ns,
+            };
             if self.is_idle(state, now_ns) {
                 sweep.idle.push((*conntrack, *state));
                 continue;
@@ -102,19 +113,33 @@ impl Tracker {
     }
 
     /// A connection removed from the kernel table for idling: its final record.
-    pub fn expired(&mut self, conntrack: u64, state: &ConnState) -> Result<(ConnId, ConnRecord), DecodeError> {
-        let id = ConnId { conntrack, start_ns: state.start_ns };
+    pub fn expired(
+        &mut self,
+        conntrack: u64,
+        state: &ConnState,
+    ) -> Result<(ConnId, ConnRecord), DecodeError> {
+        let id = ConnId {
+            conntrack,
+            start_ns: state.start_ns,
+        };
         self.open.remove(&id);
         Ok((id, self.record(state, Close::Timeout, state.last_ns)?))
     }
 
     /// At the end of a recording: every connection still in the kernel table, as open.
-    pub fn finish(&mut self, entries: &[(u64, ConnState)], now_ns: u64) -> Vec<Result<(ConnId, ConnRecord), DecodeError>> {
+    pub fn finish(
+        &mut self,
+        entries: &[(u64, ConnState)],
+        now_ns: u64,
+    ) -> Vec<Result<(ConnId, ConnRecord), DecodeError>> {
         self.open.clear();
         entries
             .iter()
             .map(|(conntrack, state)| {
-                let id = ConnId { conntrack: *conntrack, start_ns: state.start_ns };
+                let id = ConnId {
+                    conntrack: *conntrack,
+                    start_ns: state.start_ns,
+                };
                 Ok((id, self.record(state, Close::Open, now_ns)?))
             })
             .collect()
@@ -130,7 +155,12 @@ impl Tracker {
 
     /// The record for `state`: `close == Open` measures the duration up to `until_ns`;
     /// otherwise the connection ended at `until_ns`.
-    fn record(&self, state: &ConnState, close: Close, until_ns: u64) -> Result<ConnRecord, DecodeError> {
+    fn record(
+        &self,
+        state: &ConnState,
+        close: Close,
+        until_ns: u64,
+    ) -> Result<ConnRecord, DecodeError> {
         let proto = decode::proto(state.original.protocol)?;
         let end_ns = until_ns.max(state.start_ns);
         Ok(ConnRecord {
@@ -155,7 +185,7 @@ impl Tracker {
 
 #[cfg(test)]
 mod tests {
-    use observer_common::conn::{Endpoint, FlowTuple, EVENT_CLOSE, FAMILY_IPV4, PROTO_TCP};
+    use observer_common::conn::{EVENT_CLOSE, Endpoint, FAMILY_IPV4, FlowTuple, PROTO_TCP};
 
     use super::*;
 
@@ -164,7 +194,11 @@ mod tests {
     fn endpoint(ip: [u8; 4], port: u16) -> Endpoint {
         let mut addr = [0; 16];
         addr[..4].copy_from_slice(&ip);
-        Endpoint { addr, port, _pad: [0; 2] }
+        Endpoint {
+            addr,
+            port,
+            _pad: [0; 2],
+        }
     }
 
     fn state(protocol: u8, start_ns: u64, last_ns: u64) -> ConnState {
@@ -194,21 +228,36 @@ mod tests {
     }
 
     fn tracker() -> Tracker {
-        let clock = Clock { monotonic_ns: 100 * SECOND, wall: "2026-08-06T13:46:00Z".parse().unwrap() };
+        let clock = Clock {
+            monotonic_ns: 100 * SECOND,
+            wall: "2026-08-06T13:46:00Z".parse().unwrap(),
+        };
         Tracker::new(clock, std::time::Duration::from_secs(30))
     }
 
     #[test]
     fn open_then_fin_gives_one_closed_record() {
         let mut tracker = tracker();
-        let open = ConnEvent { kind: EVENT_OPEN, conntrack: 7, time_ns: 136 * SECOND, state: state(PROTO_TCP, 136 * SECOND, 136 * SECOND), ..Default::default() };
+        let open = ConnEvent {
+            kind: EVENT_OPEN,
+            conntrack: 7,
+            time_ns: 136 * SECOND,
+            state: state(PROTO_TCP, 136 * SECOND, 136 * SECOND),
+            ..Default::default()
+        };
         let (id, record) = tracker.on_event(&open).unwrap();
         assert_eq!(record.close, Close::Open);
         assert_eq!(record.end, None);
         assert_eq!(tracker.open_count(), 1);
         let mut closing = state(PROTO_TCP, 136 * SECOND, 140 * SECOND + 500_000);
         closing.requests = 30;
-        let close = ConnEvent { kind: EVENT_CLOSE, close: CLOSE_FIN, conntrack: 7, time_ns: closing.last_ns, state: closing };
+        let close = ConnEvent {
+            kind: EVENT_CLOSE,
+            close: CLOSE_FIN,
+            conntrack: 7,
+            time_ns: closing.last_ns,
+            state: closing,
+        };
         let (closed_id, record) = tracker.on_event(&close).unwrap();
         assert_eq!(closed_id, id);
         assert_eq!(tracker.open_count(), 0);
@@ -231,9 +280,15 @@ mod tests {
         let early = tracker.sweep(&entries, 130 * SECOND);
         assert!(early.idle.is_empty());
         assert_eq!(early.progress.len(), 3);
-        assert!(tracker.sweep(&entries, 130 * SECOND).progress.is_empty(), "no change, no progress");
+        assert!(
+            tracker.sweep(&entries, 130 * SECOND).progress.is_empty(),
+            "no change, no progress"
+        );
         let late = tracker.sweep(&entries, 131 * SECOND);
-        assert_eq!(late.idle.iter().map(|(ct, _)| *ct).collect::<Vec<_>>(), vec![1, 3]);
+        assert_eq!(
+            late.idle.iter().map(|(ct, _)| *ct).collect::<Vec<_>>(),
+            vec![1, 3]
+        );
         let (_, record) = tracker.expired(1, &udp).unwrap();
         assert_eq!(record.close, Close::Timeout);
         assert_eq!(record.duration_ms, 1000.0);
@@ -242,8 +297,14 @@ mod tests {
     #[test]
     fn finish_reports_open_connections() {
         let mut tracker = tracker();
-        let records = tracker.finish(&[(9, state(PROTO_TCP, 100 * SECOND, 101 * SECOND))], 103 * SECOND);
+        let records = tracker.finish(
+            &[(9, state(PROTO_TCP, 100 * SECOND, 101 * SECOND))],
+            103 * SECOND,
+        );
         let (_, record) = records[0].as_ref().unwrap();
-        assert_eq!((record.close, record.end, record.duration_ms), (Close::Open, None, 3000.0));
+        assert_eq!(
+            (record.close, record.end, record.duration_ms),
+            (Close::Open, None, 3000.0)
+        );
     }
 }

@@ -3,27 +3,50 @@
 //! namespace make 21 fresh HTTP connections, one keep-alive connection carrying 30
 //! requests, a Node.js fetch loop of 30 requests, and 10 UDP queries from new sockets.
 //! The log must match `conntrack -E` in the node namespace exactly (none missing, none
-//! twice) and the clients' own records of which pod answered.
+//! twice) and the clients' own records of which pod answered; connections made straight
+//! to a pod (not DNATed) must not appear.
 
 mod common;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 
-use common::{prefix, require_root, Recorder};
+use common::{Recorder, only_node, prefix, require_root};
 use observer::record::{Close, ConnRecord, Proto};
-use xtask::lab::{http_fresh, http_keepalive, node_fetch, udp_queries, ConntrackWatch, Lab, LabConfig, RuleMode, Topology};
+use xtask::lab::{
+    ConntrackWatch, Lab, LabConfig, RuleMode, Topology, http_fresh, http_keepalive, node_fetch,
+    udp_queries,
+};
 
 fn scenario(topology: Topology, rules: RuleMode, tag: &str) {
     require_root();
-    let lab = Lab::up(LabConfig { topology, rules, prefix: prefix(tag) }).expect("lab up");
+    let lab = Lab::up(LabConfig {
+        topology,
+        rules,
+        prefix: prefix(tag),
+    })
+    .expect("lab up");
     let dir = tempfile::tempdir().unwrap();
-    let checkout = lab.services().iter().find(|s| s.name == "checkout").unwrap().cluster_addr();
-    let dns = lab.services().iter().find(|s| s.name == "kube-dns").unwrap().cluster_addr();
+    let checkout = lab
+        .services()
+        .iter()
+        .find(|s| s.name == "checkout")
+        .unwrap()
+        .cluster_addr();
+    let dns = lab
+        .services()
+        .iter()
+        .find(|s| s.name == "kube-dns")
+        .unwrap()
+        .cluster_addr();
     let pod_ip: HashMap<String, SocketAddr> = lab
         .services()
         .iter()
-        .flat_map(|s| s.endpoints.iter().map(move |p| (p.name.clone(), SocketAddr::new(p.ip.into(), s.target_port))))
+        .flat_map(|s| {
+            s.endpoints
+                .iter()
+                .map(move |p| (p.name.clone(), SocketAddr::new(p.ip.into(), s.target_port)))
+        })
         .collect();
 
     let watch = ConntrackWatch::start(lab.node_ns()).expect("conntrack -E");
@@ -32,25 +55,61 @@ fn scenario(topology: Topology, rules: RuleMode, tag: &str) {
     let keepalive = http_keepalive(&lab, checkout, 30).unwrap();
     let node = node_fetch(&lab, checkout, 30).unwrap();
     let udp = udp_queries(&lab, dns, 10).unwrap();
+    // Connections straight to a pod are not DNATed: conntrack sees them, observer must not report them.
+    let direct_pod = lab
+        .services()
+        .iter()
+        .find(|s| s.name == "checkout")
+        .unwrap()
+        .endpoint_addrs()[0];
+    let direct = http_fresh(&lab, direct_pod, 3).unwrap();
     // Node's fetch keeps its connections open 4 s; let them close (FIN) before stopping.
     std::thread::sleep(std::time::Duration::from_secs(5));
-    let recording = recorder.stop();
+    let mut recording = recorder.stop();
     let conntrack = watch.stop().unwrap();
 
     let summary = recording.summary.clone().expect("a summary line");
     assert_eq!(summary.lost_events, 0, "lost events");
     assert_eq!(summary.read_errors, 0, "failed kernel reads");
     assert_eq!(summary.connections, recording.conns.len() as u64);
+    only_node(&mut recording, lab.node_ns());
 
     // The same set of connections as conntrack's NEW events, each exactly once.
     let mut from_log: Vec<(String, String, String, String)> = recording
         .conns
         .iter()
-        .map(|c| (c.proto.to_string(), c.client.to_string(), c.original_dst.to_string(), c.backend.to_string()))
+        .map(|c| {
+            (
+                c.proto.to_string(),
+                c.client.to_string(),
+                c.original_dst.to_string(),
+                c.backend.to_string(),
+            )
+        })
         .collect();
-    let mut from_conntrack: Vec<(String, String, String, String)> = conntrack
+    let (dnat, not_dnat): (Vec<_>, Vec<_>) =
+        conntrack.iter().partition(|e| e.original_dst != e.backend);
+    assert_eq!(
+        not_dnat.len(),
+        direct.len(),
+        "conntrack saw the direct connections"
+    );
+    assert!(direct.iter().all(|a| {
+        recording
+            .conns
+            .iter()
+            .all(|c| c.client.port() != a.client_port)
+    }));
+    let mut from_conntrack: Vec<(String, String, String, String)> = dnat
         .iter()
-        .map(|e| (e.proto.clone(), e.client.to_string(), e.original_dst.to_string(), e.backend.to_string()))
+        .map(|e| {
+            (
+                e.proto.clone(),
+                e.client.to_string(),
+                e.original_dst.to_string(),
+                e.backend.to_string(),
+            )
+        })
         .collect();
     from_log.sort();
     from_conntrack.sort();
@@ -68,34 +127,62 @@ fn scenario(topology: Topology, rules: RuleMode, tag: &str) {
     }
     // The log describes both Services with the rules' expected shares.
     let shares = |name: &str| -> Vec<(String, f64)> {
-        let service = recording.services.iter().rev().find(|s| s.service == name).expect(name);
-        service.endpoints.iter().map(|e| (e.addr.to_string(), (e.expected_share * 1e6).round() / 1e6)).collect()
+        let service = recording
+            .services
+            .iter()
+            .rev()
+            .find(|s| s.service == name)
+            .expect(name);
+        service
+            .endpoints
+            .iter()
+            .map(|e| (e.addr.to_string(), (e.expected_share * 1e6).round() / 1e6))
+            .collect()
     };
     assert_eq!(
         shares("shop/checkout:http"),
-        [("10.244.1.12:8080", 0.333333), ("10.244.1.13:8080", 0.333333), ("10.244.1.14:8080", 0.333333)]
-            .map(|(a, s)| (a.to_owned(), s))
+        [
+            ("10.244.1.12:8080", 0.333333),
+            ("10.244.1.13:8080", 0.333333),
+            ("10.244.1.14:8080", 0.333333)
+        ]
+        .map(|(a, s)| (a.to_owned(), s))
     );
     assert_eq!(
         shares("kube-system/kube-dns:dns"),
         [("10.244.1.20:5353", 0.5), ("10.244.1.21:5353", 0.5)].map(|(a, s)| (a.to_owned(), s))
     );
 
-    let by_port: HashMap<(Proto, u16), &ConnRecord> =
-        recording.conns.iter().map(|c| ((c.proto, c.client.port()), c)).collect();
-    assert_eq!(by_port.len(), recording.conns.len(), "client ports are unique in this test");
+    let by_port: HashMap<(Proto, u16), &ConnRecord> = recording
+        .conns
+        .iter()
+        .map(|c| ((c.proto, c.client.port()), c))
+        .collect();
+    assert_eq!(
+        by_port.len(),
+        recording.conns.len(),
+        "client ports are unique in this test"
+    );
 
     // 21 fresh connections: one request each, to the pod that answered.
     assert_eq!(fresh.len(), 21);
     for answer in &fresh {
         let conn = by_port[&(Proto::Tcp, answer.client_port)];
-        assert_eq!(conn.backend, pod_ip[&answer.pod], "fresh connection {}", answer.client_port);
+        assert_eq!(
+            conn.backend, pod_ip[&answer.pod],
+            "fresh connection {}",
+            answer.client_port
+        );
         assert_eq!((conn.requests, conn.close), (1, Close::Fin));
         assert_eq!(conn.original_dst, SocketAddr::V4(checkout));
     }
 
     // One keep-alive connection: 30 requests, all to one pod.
-    assert!(keepalive.iter().all(|a| a.client_port == keepalive[0].client_port && a.pod == keepalive[0].pod));
+    assert!(
+        keepalive
+            .iter()
+            .all(|a| a.client_port == keepalive[0].client_port && a.pod == keepalive[0].pod)
+    );
     let conn = by_port[&(Proto::Tcp, keepalive[0].client_port)];
     assert_eq!(conn.backend, pod_ip[&keepalive[0].pod]);
     assert_eq!((conn.requests, conn.close), (30, Close::Fin));
@@ -110,14 +197,30 @@ fn scenario(topology: Topology, rules: RuleMode, tag: &str) {
     }
 
     // Node's fetch: the remaining TCP connections; requests per pod equal what Node saw.
-    let known: Vec<u16> = fresh.iter().chain(&keepalive).map(|a| a.client_port).collect();
+    let known: Vec<u16> = fresh
+        .iter()
+        .chain(&keepalive)
+        .map(|a| a.client_port)
+        .collect();
     let mut node_per_pod: BTreeMap<String, u64> = BTreeMap::new();
-    for conn in recording.conns.iter().filter(|c| c.proto == Proto::Tcp && !known.contains(&c.client.port())) {
-        let pod = pod_ip.iter().find(|(_, addr)| **addr == conn.backend).map(|(name, _)| name.clone()).unwrap();
+    for conn in recording
+        .conns
+        .iter()
+        .filter(|c| c.proto == Proto::Tcp && !known.contains(&c.client.port()))
+    {
+        let pod = pod_ip
+            .iter()
+            .find(|(_, addr)| **addr == conn.backend)
+            .map(|(name, _)| name.clone())
+            .unwrap();
         *node_per_pod.entry(pod).or_default() += conn.requests;
     }
-    let node_seen: BTreeMap<String, u64> = node.into_iter().map(|(pod, n)| (pod, n as u64)).collect();
-    assert_eq!(node_per_pod, node_seen, "requests per pod: log vs Node's fetch");
+    let node_seen: BTreeMap<String, u64> =
+        node.into_iter().map(|(pod, n)| (pod, n as u64)).collect();
+    assert_eq!(
+        node_per_pod, node_seen,
+        "requests per pod: log vs Node's fetch"
+    );
     assert_eq!(node_seen.values().sum::<u64>(), 30);
 }
 

@@ -22,7 +22,10 @@ impl Netns {
     fn new(tag: &str) -> Netns {
         let name = format!("obs-rules-{tag}-{}", std::process::id());
         // A leftover from a killed run would make `ip netns add` fail.
-        let _ = Command::new("ip").args(["netns", "del", &name]).stderr(Stdio::null()).status();
+        let _ = Command::new("ip")
+            .args(["netns", "del", &name])
+            .stderr(Stdio::null())
+            .status();
         run("ip", &["netns", "add", &name], None);
         Netns { name }
     }
@@ -41,7 +44,9 @@ impl Netns {
 
 impl Drop for Netns {
     fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.name]).status();
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
     }
 }
 
@@ -51,7 +56,9 @@ fn run(program: &str, args: &[&str], stdin: Option<std::fs::File>) {
     if let Some(stdin) = stdin {
         command.stdin(stdin);
     }
-    let output = command.output().unwrap_or_else(|e| panic!("{program}: {e}"));
+    let output = command
+        .output()
+        .unwrap_or_else(|e| panic!("{program}: {e}"));
     assert!(
         output.status.success(),
         "{program} {args:?}: {}",
@@ -80,7 +87,10 @@ fn rendered(args: RulesArgs) -> String {
 fn names_connections_from_rules_in_real_namespaces() {
     // SAFETY: geteuid has no preconditions and cannot fail.
     let euid = unsafe { libc::geteuid() };
-    assert_eq!(euid, 0, "this test must run as root: it creates network namespaces and loads rules into them");
+    assert_eq!(
+        euid, 0,
+        "this test must run as root: it creates network namespaces and loads rules into them"
+    );
 
     let ipt = Netns::new("ipt");
     ipt.load("iptables-restore", &[], "iptables/mixed-v4.rules");
@@ -94,29 +104,97 @@ fn names_connections_from_rules_in_real_namespaces() {
     let mut namer = Namer::new(NamerConfig::default(), Box::new(SystemSource::new()));
     let now = Instant::now();
     let cases = [
-        (ipt_inode, Proto::Tcp, "10.96.35.226:80", "10.244.1.14:3000", named("shop/checkout:http", true)),
-        (ipt_inode, Proto::Tcp, "[fd00:10:96::a]:80", "[fd00:10:244:2::7]:3000", named("shop/checkout:http", true)),
-        (ipt_inode, Proto::Udp, "10.96.0.10:53", "10.244.0.3:53", named("kube-system/kube-dns:dns", true)),
-        (ipt_inode, Proto::Tcp, "10.0.0.5:30443", "10.244.9.9:8443", named("web-team/front-end.v2:https-alt", false)),
-        (ipt_inode, Proto::Tcp, "10.96.35.226:81", "10.244.1.14:3000", Naming::default()),
-        (nft_inode, Proto::Tcp, "10.96.35.226:80", "10.244.2.7:3000", named("shop/checkout:http", true)),
-        (nft_inode, Proto::Udp, "[fd00:1::2]:30053", "[fd00:10:244::2]:53", named("kube-system/kube-dns:dns", true)),
-        (nft_inode, Proto::Tcp, "10.96.200.1:80", "10.244.1.1:80", named("shop/empty:http", false)),
+        (
+            ipt_inode,
+            Proto::Tcp,
+            "10.96.35.226:80",
+            "10.244.1.14:3000",
+            named("shop/checkout:http", true),
+        ),
+        (
+            ipt_inode,
+            Proto::Tcp,
+            "[fd00:10:96::a]:80",
+            "[fd00:10:244:2::7]:3000",
+            named("shop/checkout:http", true),
+        ),
+        (
+            ipt_inode,
+            Proto::Udp,
+            "10.96.0.10:53",
+            "10.244.0.3:53",
+            named("kube-system/kube-dns:dns", true),
+        ),
+        (
+            ipt_inode,
+            Proto::Tcp,
+            "10.0.0.5:30443",
+            "10.244.9.9:8443",
+            named("web-team/front-end.v2:https-alt", false),
+        ),
+        (
+            ipt_inode,
+            Proto::Tcp,
+            "10.96.35.226:81",
+            "10.244.1.14:3000",
+            Naming::default(),
+        ),
+        (
+            nft_inode,
+            Proto::Tcp,
+            "10.96.35.226:80",
+            "10.244.2.7:3000",
+            named("shop/checkout:http", true),
+        ),
+        (
+            nft_inode,
+            Proto::Udp,
+            "[fd00:1::2]:30053",
+            "[fd00:10:244::2]:53",
+            named("kube-system/kube-dns:dns", true),
+        ),
+        (
+            nft_inode,
+            Proto::Tcp,
+            "10.96.200.1:80",
+            "10.244.1.1:80",
+            named("shop/empty:http", false),
+        ),
     ];
     for (netns, proto, dst, backend, want) in cases {
-        assert_eq!(namer.name(netns, proto, sa(dst), sa(backend), now), want, "{netns} {proto} {dst} -> {backend}");
+        assert_eq!(
+            namer.name(netns, proto, sa(dst), sa(backend), now),
+            want,
+            "{netns} {proto} {dst} -> {backend}"
+        );
     }
     assert_eq!(namer.take_warnings(), Vec::<String>::new());
     let updates = namer.take_service_updates();
-    assert_eq!(updates.iter().filter(|r| r.netns == ipt_inode).count(), 6, "{updates:#?}");
-    assert_eq!(updates.iter().filter(|r| r.netns == nft_inode).count(), 6, "{updates:#?}");
+    assert_eq!(
+        updates.iter().filter(|r| r.netns == ipt_inode).count(),
+        6,
+        "{updates:#?}"
+    );
+    assert_eq!(
+        updates.iter().filter(|r| r.netns == nft_inode).count(),
+        6,
+        "{updates:#?}"
+    );
 
     // An inode no process or /run/netns entry holds: service null and one warning.
-    let gone = namer.name(1, Proto::Tcp, sa("10.96.35.226:80"), sa("10.244.1.14:3000"), now);
+    let gone = namer.name(
+        1,
+        Proto::Tcp,
+        sa("10.96.35.226:80"),
+        sa("10.244.1.14:3000"),
+        now,
+    );
     assert_eq!(gone, Naming::default());
     assert_eq!(
         namer.take_warnings(),
-        ["cannot name connections in netns 1: no process or /run/netns entry is in this namespace; records get service null"]
+        [
+            "cannot name connections in netns 1: no process or /run/netns entry is in this namespace; records get service null"
+        ]
     );
 
     // `observer rules --netns PATH`: the table.
@@ -126,12 +204,27 @@ fn names_connections_from_rules_in_real_namespaces() {
     });
     let header = format!("netns {ipt_inode} ({})", ipt.path().display());
     assert!(table.starts_with(&header), "{table}");
-    let rows: Vec<Vec<&str>> = table.lines().map(|l| l.split_whitespace().collect()).collect();
+    let rows: Vec<Vec<&str>> = table
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
     for row in [
-        vec!["shop/checkout:http", "tcp", "10.96.35.226:80", "10.244.1.13:3000", "33.3%"],
+        vec![
+            "shop/checkout:http",
+            "tcp",
+            "10.96.35.226:80",
+            "10.244.1.13:3000",
+            "33.3%",
+        ],
         vec!["[fd00:10:96::a]:80", "10.244.1.14:3000", "33.3%"],
         vec!["[fd00:10:244:2::7]:3000", "50.0%"],
-        vec!["shop/empty:http", "tcp", "10.96.200.1:80", "(no", "endpoints)"],
+        vec![
+            "shop/empty:http",
+            "tcp",
+            "10.96.200.1:80",
+            "(no",
+            "endpoints)",
+        ],
         vec!["NodePort", "30443", "10.244.1.21:8443", "25.0%", "50.0%"],
     ] {
         assert!(rows.contains(&row), "no row {row:?} in\n{table}");
@@ -144,14 +237,19 @@ fn names_connections_from_rules_in_real_namespaces() {
     });
     let records: Vec<_> = json
         .lines()
-        .map(|line| match serde_json::from_str::<LogLine>(line).unwrap() {
-            LogLine::Service(record) => record,
-            other => panic!("not a service line: {other:?}"),
-        })
+        .map(
+            |line| match serde_json::from_str::<LogLine>(line).unwrap() {
+                LogLine::Service(record) => record,
+                other => panic!("not a service line: {other:?}"),
+            },
+        )
         .collect();
     assert_eq!(records.len(), 6, "{json}");
     assert!(records.iter().all(|r| r.netns == nft_inode));
-    let checkout = records.iter().find(|r| r.service == "shop/checkout:http").unwrap();
+    let checkout = records
+        .iter()
+        .find(|r| r.service == "shop/checkout:http")
+        .unwrap();
     assert_eq!(checkout.endpoints.len(), 5);
 
     // Default: every namespace with kube-proxy rules, ours among them.

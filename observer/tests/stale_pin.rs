@@ -12,9 +12,9 @@ use std::{
     time::Duration,
 };
 
-use common::{prefix, require_root, Recorder};
+use common::{Recorder, only_node, prefix, require_root};
 use observer::record::{Close, Proto};
-use xtask::lab::{http_fresh, Lab, LabConfig, RuleMode, Topology};
+use xtask::lab::{Lab, LabConfig, RuleMode, Topology, http_fresh};
 
 /// A keep-alive client that sends `count` requests `pause` seconds apart on one
 /// connection and prints `[[local_port, pod], ...]`.
@@ -35,63 +35,152 @@ print(json.dumps(out))
 /// The pod IP an established connection to `cluster` is pinned to, from conntrack.
 fn pinned_backend(lab: &Lab, cluster: SocketAddr) -> Ipv4Addr {
     let out = lab
-        .run_in(lab.node_ns(), "conntrack", &["-L", "-p", "tcp", "--orig-dst", &cluster.ip().to_string(), "--state", "ESTABLISHED"])
+        .run_in(
+            lab.node_ns(),
+            "conntrack",
+            &[
+                "-L",
+                "-p",
+                "tcp",
+                "--orig-dst",
+                &cluster.ip().to_string(),
+                "--state",
+                "ESTABLISHED",
+            ],
+        )
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    let lines: Vec<&str> = text.lines().filter(|l| l.contains(&format!("dport={} ", cluster.port()))).collect();
-    assert_eq!(lines.len(), 1, "exactly one established connection expected: {text}");
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains(&format!("dport={} ", cluster.port())))
+        .collect();
+    assert_eq!(
+        lines.len(),
+        1,
+        "exactly one established connection expected: {text}"
+    );
     // The reply tuple's source (the second `src=`) is the pod.
-    lines[0].split_whitespace().filter_map(|f| f.strip_prefix("src=")).nth(1).unwrap().parse().unwrap()
+    lines[0]
+        .split_whitespace()
+        .filter_map(|f| f.strip_prefix("src="))
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap()
 }
 
 fn readiness_flip(rules: RuleMode, tag: &str) {
     require_root();
-    let mut lab = Lab::up(LabConfig { topology: Topology::Bridged, rules, prefix: prefix(tag) }).expect("lab up");
+    let mut lab = Lab::up(LabConfig {
+        topology: Topology::Bridged,
+        rules,
+        prefix: prefix(tag),
+    })
+    .expect("lab up");
     let dir = tempfile::tempdir().unwrap();
-    let service = lab.services().iter().find(|s| s.name == "checkout").unwrap().clone();
+    let service = lab
+        .services()
+        .iter()
+        .find(|s| s.name == "checkout")
+        .unwrap()
+        .clone();
     let cluster = service.cluster_addr();
     let recorder = Recorder::start(dir.path(), &[]);
 
     // 40 requests 250 ms apart: one connection open for 10 s.
     let keepalive = Command::new("ip")
-        .args(["netns", "exec", lab.client_ns(), "python3", "-c", SLOW_KEEPALIVE])
-        .args([cluster.ip().to_string(), cluster.port().to_string(), "40".into(), "0.25".into()])
+        .args([
+            "netns",
+            "exec",
+            lab.client_ns(),
+            "python3",
+            "-c",
+            SLOW_KEEPALIVE,
+        ])
+        .args([
+            cluster.ip().to_string(),
+            cluster.port().to_string(),
+            "40".into(),
+            "0.25".into(),
+        ])
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
     std::thread::sleep(Duration::from_millis(1500));
     let pinned = pinned_backend(&lab, cluster.into());
-    lab.remove_endpoint(&service.port_name_string(), pinned).expect("readiness flip");
+    lab.remove_endpoint(&service.port_name_string(), pinned)
+        .expect("readiness flip");
 
     // New connections never reach the removed pod.
     let fresh = http_fresh(&lab, cluster, 30).unwrap();
     let pod_ip = |pod: &str| service.endpoints.iter().find(|p| p.name == pod).unwrap().ip;
-    assert!(fresh.iter().all(|a| pod_ip(&a.pod) != pinned), "a new connection reached the removed pod");
+    assert!(
+        fresh.iter().all(|a| pod_ip(&a.pod) != pinned),
+        "a new connection reached the removed pod"
+    );
 
     // The open one kept flowing to it.
     let out = keepalive.wait_with_output().unwrap();
     assert!(out.status.success());
     let answers: Vec<(u16, String)> = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(answers.len(), 40);
-    assert!(answers.iter().all(|(port, pod)| *port == answers[0].0 && pod_ip(pod) == pinned));
+    assert!(
+        answers
+            .iter()
+            .all(|(port, pod)| *port == answers[0].0 && pod_ip(pod) == pinned)
+    );
     std::thread::sleep(Duration::from_millis(500));
-    let recording = recorder.stop();
+    let mut recording = recorder.stop();
     assert_eq!(recording.summary.as_ref().unwrap().lost_events, 0);
+    only_node(&mut recording, lab.node_ns());
 
     let name = service.port_name_string();
     let pinned_addr = SocketAddr::new(pinned.into(), service.target_port);
-    let stale = recording.conns.iter().find(|c| c.proto == Proto::Tcp && c.client.port() == answers[0].0).unwrap();
+    let stale = recording
+        .conns
+        .iter()
+        .find(|c| c.proto == Proto::Tcp && c.client.port() == answers[0].0)
+        .unwrap();
     assert_eq!(
-        (stale.service.as_deref(), stale.backend, stale.endpoint_in_rules, stale.requests, stale.close),
-        (Some(name.as_str()), pinned_addr, Some(false), 40, Close::Fin)
+        (
+            stale.service.as_deref(),
+            stale.backend,
+            stale.endpoint_in_rules,
+            stale.requests,
+            stale.close
+        ),
+        (
+            Some(name.as_str()),
+            pinned_addr,
+            Some(false),
+            40,
+            Close::Fin
+        )
     );
-    let fresh_records: Vec<_> = recording.conns.iter().filter(|c| fresh.iter().any(|a| a.client_port == c.client.port())).collect();
+    let fresh_records: Vec<_> = recording
+        .conns
+        .iter()
+        .filter(|c| fresh.iter().any(|a| a.client_port == c.client.port()))
+        .collect();
     assert_eq!(fresh_records.len(), 30);
-    assert!(fresh_records.iter().all(|c| c.endpoint_in_rules == Some(true) && c.backend != pinned_addr));
+    assert!(
+        fresh_records
+            .iter()
+            .all(|c| c.endpoint_in_rules == Some(true) && c.backend != pinned_addr)
+    );
 
     // The log's latest definition of the Service has the two remaining endpoints.
-    let latest = recording.services.iter().rev().find(|s| s.service == name).unwrap();
-    let mut endpoints: Vec<(SocketAddr, f64)> = latest.endpoints.iter().map(|e| (e.addr, e.expected_share)).collect();
+    let latest = recording
+        .services
+        .iter()
+        .rev()
+        .find(|s| s.service == name)
+        .unwrap();
+    let mut endpoints: Vec<(SocketAddr, f64)> = latest
+        .endpoints
+        .iter()
+        .map(|e| (e.addr, e.expected_share))
+        .collect();
     endpoints.sort_by_key(|(addr, _)| *addr);
     let remaining: Vec<(SocketAddr, f64)> = service
         .endpoint_addrs()
@@ -108,7 +197,12 @@ fn readiness_flip(rules: RuleMode, tag: &str) {
         .arg(&recorder_log(&dir))
         .output()
         .unwrap();
-    assert_eq!(check.status.code(), Some(1), "{}", String::from_utf8_lossy(&check.stdout));
+    assert_eq!(
+        check.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&check.stdout)
+    );
     let text = String::from_utf8_lossy(&check.stdout);
     assert!(text.contains(&name) && text.contains("stale"), "{text}");
 }

@@ -6,10 +6,15 @@
 
 mod common;
 
-use std::{collections::BTreeMap, net::SocketAddr, process::Command, time::{Duration, Instant}};
+use std::{
+    collections::BTreeMap,
+    net::SocketAddr,
+    process::Command,
+    time::{Duration, Instant},
+};
 
 use common::{prefix, require_root};
-use xtask::lab::{http_fresh, http_keepalive, Lab, LabConfig, RuleMode, Topology};
+use xtask::lab::{Lab, LabConfig, RuleMode, Topology, http_fresh, http_keepalive};
 
 /// A tmux session running one command; killed on drop.
 struct Tmux {
@@ -19,21 +24,39 @@ struct Tmux {
 impl Tmux {
     fn start(session: &str, command: &str) -> Tmux {
         let status = Command::new("tmux")
-            .args(["new-session", "-d", "-s", session, "-x", "110", "-y", "40", command])
+            .args([
+                "new-session",
+                "-d",
+                "-s",
+                session,
+                "-x",
+                "110",
+                "-y",
+                "40",
+                command,
+            ])
             .status()
             .expect("tmux");
         assert!(status.success(), "tmux new-session failed");
-        Tmux { session: session.to_owned() }
+        Tmux {
+            session: session.to_owned(),
+        }
     }
 
     fn screen(&self) -> String {
-        let out = Command::new("tmux").args(["capture-pane", "-p", "-t", &self.session]).output().unwrap();
+        let out = Command::new("tmux")
+            .args(["capture-pane", "-p", "-t", &self.session])
+            .output()
+            .unwrap();
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
     fn keys(&self, keys: &[&str]) {
         for key in keys {
-            let status = Command::new("tmux").args(["send-keys", "-t", &self.session, key]).status().unwrap();
+            let status = Command::new("tmux")
+                .args(["send-keys", "-t", &self.session, key])
+                .status()
+                .unwrap();
             assert!(status.success());
             std::thread::sleep(Duration::from_millis(150));
         }
@@ -47,19 +70,30 @@ impl Tmux {
             if ready(&screen) {
                 return screen;
             }
-            assert!(Instant::now() < deadline, "timed out waiting for {what}; screen:\n{screen}");
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what}; screen:\n{screen}"
+            );
             std::thread::sleep(Duration::from_millis(250));
         }
     }
 
     fn alive(&self) -> bool {
-        Command::new("tmux").args(["has-session", "-t", &self.session]).stderr(std::process::Stdio::null()).status().map(|s| s.success()).unwrap_or(false)
+        Command::new("tmux")
+            .args(["has-session", "-t", &self.session])
+            .stderr(std::process::Stdio::null())
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false)
     }
 }
 
 impl Drop for Tmux {
     fn drop(&mut self) {
-        let _ = Command::new("tmux").args(["kill-session", "-t", &self.session]).stderr(std::process::Stdio::null()).status();
+        let _ = Command::new("tmux")
+            .args(["kill-session", "-t", &self.session])
+            .stderr(std::process::Stdio::null())
+            .status();
     }
 }
 
@@ -78,42 +112,79 @@ fn backend_requests(screen: &str) -> BTreeMap<String, u64> {
 #[test]
 fn live_view_shows_pinning() {
     require_root();
-    let lab = Lab::up(LabConfig { topology: Topology::Bridged, rules: RuleMode::Iptables, prefix: prefix("tui") })
-        .expect("lab up");
+    let lab = Lab::up(LabConfig {
+        topology: Topology::Bridged,
+        rules: RuleMode::Iptables,
+        prefix: prefix("tui"),
+    })
+    .expect("lab up");
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("live.jsonl");
-    let command = format!("{} --idle-timeout 2 --record {}", env!("CARGO_BIN_EXE_observer"), log.display());
+    let command = format!(
+        "{} --idle-timeout 2 --record {}",
+        env!("CARGO_BIN_EXE_observer"),
+        log.display()
+    );
     let tmux = Tmux::start(&format!("observer-e2e-{}", std::process::id()), &command);
     tmux.wait_for("the status bar", |s| s.contains("hooks 1"));
 
-    let service = lab.services().iter().find(|s| s.name == "checkout").unwrap().clone();
+    let service = lab
+        .services()
+        .iter()
+        .find(|s| s.name == "checkout")
+        .unwrap()
+        .clone();
     let keepalive = http_keepalive(&lab, service.cluster_addr(), 30).unwrap();
     let fresh = http_fresh(&lab, service.cluster_addr(), 6).unwrap();
-    let mut expected: BTreeMap<String, u64> =
-        service.endpoint_addrs().into_iter().map(|addr| (addr.to_string(), 0)).collect();
+    let mut expected: BTreeMap<String, u64> = service
+        .endpoint_addrs()
+        .into_iter()
+        .map(|addr| (addr.to_string(), 0))
+        .collect();
     for answer in keepalive.iter().chain(&fresh) {
-        let pod = service.endpoints.iter().find(|p| p.name == answer.pod).unwrap();
-        *expected.get_mut(&SocketAddr::new(pod.ip.into(), service.target_port).to_string()).unwrap() += 1;
+        let pod = service
+            .endpoints
+            .iter()
+            .find(|p| p.name == answer.pod)
+            .unwrap();
+        *expected
+            .get_mut(&SocketAddr::new(pod.ip.into(), service.target_port).to_string())
+            .unwrap() += 1;
     }
 
     tmux.wait_for("the Service row", |s| s.contains("shop/checkout:http"));
     // Filter to the Service, then open it.
-    tmux.keys(&["/", "c", "h", "e", "c", "k", "o", "u", "t", "Enter", "Enter"]);
-    let screen = tmux.wait_for("per-backend requests equal to the traffic sent", |s| backend_requests(s) == expected);
+    tmux.keys(&[
+        "/", "c", "h", "e", "c", "k", "o", "u", "t", "Enter", "Enter",
+    ]);
+    let screen = tmux.wait_for("per-backend requests equal to the traffic sent", |s| {
+        backend_requests(s) == expected
+    });
     assert!(screen.contains("shop/checkout:http"), "{screen}");
 
     // The keep-alive connection: one row with its client port and 30 requests.
     let client = format!("10.244.1.9:{}", keepalive[0].client_port);
     let rows: Vec<Vec<&str>> = screen
         .lines()
-        .map(|l| l.split_whitespace().filter(|f| *f != ">").collect::<Vec<_>>())
+        .map(|l| {
+            l.split_whitespace()
+                .filter(|f| *f != ">")
+                .collect::<Vec<_>>()
+        })
         .filter(|fields| fields.first() == Some(&client.as_str()))
         .collect();
     assert_eq!(rows.len(), 1, "one connection row for {client}:\n{screen}");
     let (fields, row) = (&rows[0], rows[0].join(" "));
     assert_eq!(fields[3], "30", "keep-alive row: {row}");
-    let pinned = service.endpoints.iter().find(|p| p.name == keepalive[0].pod).unwrap();
-    assert!(fields[1].starts_with(&pinned.ip.to_string()), "keep-alive row: {row}");
+    let pinned = service
+        .endpoints
+        .iter()
+        .find(|p| p.name == keepalive[0].pod)
+        .unwrap();
+    assert!(
+        fields[1].starts_with(&pinned.ip.to_string()),
+        "keep-alive row: {row}"
+    );
 
     // q quits, restores the terminal, and the recording is complete.
     tmux.keys(&["Escape", "q"]);
@@ -122,7 +193,8 @@ fn live_view_shows_pinning() {
         std::thread::sleep(Duration::from_millis(100));
     }
     assert!(!tmux.alive(), "observer did not quit on q");
-    let recording = observer::record::Recording::read(&log).unwrap();
-    assert_eq!(recording.summary.unwrap().lost_events, 0);
+    let mut recording = observer::record::Recording::read(&log).unwrap();
+    assert_eq!(recording.summary.clone().unwrap().lost_events, 0);
+    common::only_node(&mut recording, lab.node_ns());
     assert_eq!(recording.conns.len(), 7);
 }

@@ -33,7 +33,11 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 3)]
     runs: usize,
     /// Offered rates (connections/s) for the loss ramp.
-    #[arg(long, value_delimiter = ',', default_value = "1000,2000,4000,8000,16000")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "1000,2000,4000,8000,16000"
+    )]
     rates: Vec<u64>,
 }
 
@@ -52,13 +56,24 @@ impl Drop for Children {
 pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
     crate::setup::setup()?;
     if !nix::unistd::geteuid().is_root() {
-        bail!("the benchmark builds network namespaces and loads eBPF programs; run it as root: sudo -E cargo xtask bench");
+        bail!(
+            "the benchmark builds network namespaces and loads eBPF programs; run it as root: sudo -E cargo xtask bench"
+        );
     }
     let observer = crate::demo::build_observer(true)?;
     let xtask = std::env::current_exe()?;
     lab::down(PREFIX)?;
-    let mut lab = Lab::up(LabConfig { topology: Topology::Bridged, rules: RuleMode::Iptables, prefix: PREFIX.to_owned() })?;
-    let checkout = lab.services().iter().find(|s| s.name == "checkout").context("the lab has shop/checkout")?.clone();
+    let mut lab = Lab::up(LabConfig {
+        topology: Topology::Bridged,
+        rules: RuleMode::Iptables,
+        prefix: PREFIX.to_owned(),
+    })?;
+    let checkout = lab
+        .services()
+        .iter()
+        .find(|s| s.name == "checkout")
+        .context("the lab has shop/checkout")?
+        .clone();
     let sink = Service {
         namespace: "bench".into(),
         name: "sink".into(),
@@ -83,21 +98,44 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
         );
     }
     // Room for many connections a second without reusing ports too soon.
-    lab.run_in(lab.client_ns(), "sysctl", &["-qw", "net.ipv4.ip_local_port_range=1024 65000"])?;
+    lab.run_in(
+        lab.client_ns(),
+        "sysctl",
+        &["-qw", "net.ipv4.ip_local_port_range=1024 65000"],
+    )?;
     std::thread::sleep(Duration::from_millis(300));
 
     let load = |rate: u64| -> anyhow::Result<LoadReport> {
         let out = lab.run_in(
             lab.client_ns(),
             &xtask.to_string_lossy(),
-            &["bench-client", "--target", &target.to_string(), "--rate", &rate.to_string(), "--seconds", &args.seconds.to_string()],
+            &[
+                "bench-client",
+                "--target",
+                &target.to_string(),
+                "--rate",
+                &rate.to_string(),
+                "--seconds",
+                &args.seconds.to_string(),
+            ],
         )?;
-        serde_json::from_slice(&out.stdout)
-            .with_context(|| format!("bench client said: {}", String::from_utf8_lossy(&out.stderr)))
+        serde_json::from_slice(&out.stdout).with_context(|| {
+            format!(
+                "bench client said: {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })
     };
 
-    println!("observer benchmark: new TCP connections/s through kube-proxy iptables DNAT (lab, bridged node)");
-    println!("{} s per run, median of {} runs; machine: {} CPUs", args.seconds, args.runs, std::thread::available_parallelism().map_or(0, |n| n.get()));
+    println!(
+        "observer benchmark: new TCP connections/s through kube-proxy iptables DNAT (lab, bridged node)"
+    );
+    println!(
+        "{} s per run, median of {} runs; machine: {} CPUs",
+        args.seconds,
+        args.runs,
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
     println!();
     let mut without = Vec::new();
     let mut with = Vec::new();
@@ -113,10 +151,22 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
     }
     let (without_median, with_median) = (median(&mut without), median(&mut with));
     println!("unthrottled            conns/s (median)   runs");
-    println!("  without observer     {without_median:>17.0}   {}", list(&without));
-    println!("  with observer        {with_median:>17.0}   {}", list(&with));
-    println!("  ratio with/without   {:>17.3}", with_median / without_median);
-    println!("  lost events with observer at full speed: {}", list_u64(&lost_at_max));
+    println!(
+        "  without observer     {without_median:>17.0}   {}",
+        list(&without)
+    );
+    println!(
+        "  with observer        {with_median:>17.0}   {}",
+        list(&with)
+    );
+    println!(
+        "  ratio with/without   {:>17.3}",
+        with_median / without_median
+    );
+    println!(
+        "  lost events with observer at full speed: {}",
+        list_u64(&lost_at_max)
+    );
     println!();
 
     println!("loss ramp (observer attached)");
@@ -150,13 +200,16 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
 }
 
 fn tempfile_dir() -> anyhow::Result<std::path::PathBuf> {
-    let dir = std::env::temp_dir().join(format!("observer-bench-{}-{}", std::process::id(), nanos()));
+    let dir =
+        std::env::temp_dir().join(format!("observer-bench-{}-{}", std::process::id(), nanos()));
     std::fs::create_dir_all(&dir)?;
     Ok(dir)
 }
 
 fn nanos() -> u128 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos())
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos())
 }
 
 fn median(values: &mut [f64]) -> f64 {
@@ -165,11 +218,19 @@ fn median(values: &mut [f64]) -> f64 {
 }
 
 fn list(values: &[f64]) -> String {
-    values.iter().map(|v| format!("{v:.0}")).collect::<Vec<_>>().join(" ")
+    values
+        .iter()
+        .map(|v| format!("{v:.0}"))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 fn list_u64(values: &[u64]) -> String {
-    values.iter().map(u64::to_string).collect::<Vec<_>>().join(" ")
+    values
+        .iter()
+        .map(u64::to_string)
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// The summary line's counts.
@@ -209,7 +270,10 @@ impl Recorder {
     }
 
     fn stop(mut self) -> anyhow::Result<Summary> {
-        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), nix::sys::signal::Signal::SIGTERM)?;
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )?;
         self.child.wait()?;
         let text = std::fs::read_to_string(&self.log)?;
         let last = text.lines().last().context("empty connection log")?;

@@ -31,19 +31,31 @@ pub fn build_observer(release: bool) -> anyhow::Result<std::path::PathBuf> {
     }
     crate::setup::run(&mut cargo)?;
     let dir = if release { "release" } else { "debug" };
-    Ok(crate::workspace_root().join("target").join(dir).join("observer"))
+    Ok(crate::workspace_root()
+        .join("target")
+        .join(dir)
+        .join("observer"))
 }
 
 pub fn demo(args: DemoArgs) -> anyhow::Result<()> {
     crate::setup::setup()?;
     if !nix::unistd::geteuid().is_root() {
-        bail!("the demo builds network namespaces and loads eBPF programs; run it as root: sudo -E cargo xtask demo");
+        bail!(
+            "the demo builds network namespaces and loads eBPF programs; run it as root: sudo -E cargo xtask demo"
+        );
     }
     let observer = build_observer(false)?;
     // Leftovers of a demo that was killed before it could clean up.
     lab::down(PREFIX)?;
-    eprintln!("demo: building a simulated kind node ({:?}, {:?} rules)...", args.topology, args.rules);
-    let lab = Lab::up(LabConfig { topology: args.topology, rules: args.rules, prefix: PREFIX.to_owned() })?;
+    eprintln!(
+        "demo: building a simulated kind node ({:?}, {:?} rules)...",
+        args.topology, args.rules
+    );
+    let lab = Lab::up(LabConfig {
+        topology: args.topology,
+        rules: args.rules,
+        prefix: PREFIX.to_owned(),
+    })?;
     let stop = AtomicBool::new(false);
     let result = std::thread::scope(|scope| {
         for client in CLIENTS {
@@ -55,14 +67,19 @@ pub fn demo(args: DemoArgs) -> anyhow::Result<()> {
                 }
             });
         }
-        let status = Command::new(&observer).args(["--idle-timeout", "5"]).status();
+        let status = Command::new(&observer)
+            .args(["--idle-timeout", "5"])
+            .status();
         stop.store(true, Ordering::Relaxed);
         // End the clients that are still talking so the threads notice the stop.
-        let _ = Command::new("ip").args(["netns", "pids", lab.client_ns()]).output().map(|out| {
-            for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
-                let _ = Command::new("kill").arg(pid).status();
-            }
-        });
+        let _ = Command::new("ip")
+            .args(["netns", "pids", lab.client_ns()])
+            .output()
+            .map(|out| {
+                for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+                    let _ = Command::new("kill").arg(pid).status();
+                }
+            });
         status.context("cannot start observer")
     })?;
     drop(lab);
@@ -79,7 +96,11 @@ type Client = fn(&Lab) -> anyhow::Result<()>;
 const CLIENTS: [Client; 4] = [keepalive, fresh, node_fetch, dns];
 
 fn checkout(lab: &Lab) -> std::net::SocketAddrV4 {
-    lab.services().iter().find(|s| s.name == "checkout").map(|s| s.cluster_addr()).expect("the lab has shop/checkout")
+    lab.services()
+        .iter()
+        .find(|s| s.name == "checkout")
+        .map(|s| s.cluster_addr())
+        .expect("the lab has shop/checkout")
 }
 
 /// A keep-alive client: one connection, 5 requests a second for 20 s, all to one pod.
@@ -103,7 +124,12 @@ fn node_fetch(lab: &Lab) -> anyhow::Result<()> {
 
 /// DNS-like UDP queries, each from a new socket.
 fn dns(lab: &Lab) -> anyhow::Result<()> {
-    let dns = lab.services().iter().find(|s| s.name == "kube-dns").map(|s| s.cluster_addr()).expect("the lab has kube-dns");
+    let dns = lab
+        .services()
+        .iter()
+        .find(|s| s.name == "kube-dns")
+        .map(|s| s.cluster_addr())
+        .expect("the lab has kube-dns");
     lab::udp_queries(lab, dns, 3)?;
     std::thread::sleep(Duration::from_secs(1));
     Ok(())

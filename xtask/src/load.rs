@@ -53,8 +53,12 @@ pub fn client(target: SocketAddr, rate: u64, duration: Duration, threads: usize)
             let (connected, failed) = (&connected, &failed);
             scope.spawn(move || {
                 // Thread t sends its i-th connection at (i * threads + t) / rate.
-                let interval = (rate > 0).then(|| Duration::from_secs_f64(threads as f64 / rate as f64));
-                let mut next = start + interval.map_or(Duration::ZERO, |i| i.mul_f64(thread as f64 / threads as f64));
+                let interval =
+                    (rate > 0).then(|| Duration::from_secs_f64(threads as f64 / rate as f64));
+                let mut next = start
+                    + interval.map_or(Duration::ZERO, |i| {
+                        i.mul_f64(thread as f64 / threads as f64)
+                    });
                 loop {
                     let now = Instant::now();
                     if now >= deadline {
@@ -69,7 +73,8 @@ pub fn client(target: SocketAddr, rate: u64, duration: Duration, threads: usize)
                     match TcpStream::connect_timeout(&target, Duration::from_secs(1)) {
                         Ok(stream) => {
                             let linger = nix::sys::socket::sockopt::Linger;
-                            let _ = nix::sys::socket::setsockopt(&stream, linger, &libc_linger_zero());
+                            let _ =
+                                nix::sys::socket::setsockopt(&stream, linger, &libc_linger_zero());
                             connected.fetch_add(1, Ordering::Relaxed);
                         }
                         Err(_) => {
@@ -89,5 +94,8 @@ pub fn client(target: SocketAddr, rate: u64, duration: Duration, threads: usize)
 
 /// `SO_LINGER` on with a zero timeout: `close` sends RST.
 fn libc_linger_zero() -> nix::libc::linger {
-    nix::libc::linger { l_onoff: 1, l_linger: 0 }
+    nix::libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    }
 }

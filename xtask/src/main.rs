@@ -52,7 +52,10 @@ enum Task {
 
 /// The workspace's top directory.
 pub fn workspace_root() -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace")
+        .to_path_buf()
 }
 
 fn main() -> ExitCode {
@@ -64,7 +67,11 @@ fn main() -> ExitCode {
         Task::Bench(args) => bench::bench(args),
         Task::Lab(args) => xtask::lab::cli::run(args),
         Task::BenchSink { port } => load::sink(port, 2),
-        Task::BenchClient { target, rate, seconds } => {
+        Task::BenchClient {
+            target,
+            rate,
+            seconds,
+        } => {
             let report = load::client(target, rate, std::time::Duration::from_secs_f64(seconds), 2);
             serde_json::to_writer(std::io::stdout(), &report).map_err(Into::into)
         }

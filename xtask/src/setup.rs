@@ -11,7 +11,7 @@ use std::{
     process::Command,
 };
 
-use anyhow::{bail, Context as _};
+use anyhow::{Context as _, bail};
 
 /// Command a package provides, and the Debian package.
 const PACKAGES: [(&str, &str); 6] = [
@@ -31,7 +31,9 @@ pub fn setup() -> anyhow::Result<()> {
     bpf_linker()?;
     for program in ["python3", "node"] {
         if which(program).is_none() {
-            bail!("{program} is not installed; the lab's servers and clients need it (Python 3 and Node.js 20 come with this machine image)");
+            bail!(
+                "{program} is not installed; the lab's servers and clients need it (Python 3 and Node.js 20 come with this machine image)"
+            );
         }
     }
     Ok(())
@@ -46,7 +48,9 @@ pub fn which(program: &str) -> Option<PathBuf> {
 }
 
 pub fn run(command: &mut Command) -> anyhow::Result<()> {
-    let status = command.status().with_context(|| format!("cannot start {command:?}"))?;
+    let status = command
+        .status()
+        .with_context(|| format!("cannot start {command:?}"))?;
     if !status.success() {
         bail!("{command:?} failed ({status})");
     }
@@ -54,9 +58,14 @@ pub fn run(command: &mut Command) -> anyhow::Result<()> {
 }
 
 fn output(command: &mut Command) -> anyhow::Result<String> {
-    let out = command.output().with_context(|| format!("cannot start {command:?}"))?;
+    let out = command
+        .output()
+        .with_context(|| format!("cannot start {command:?}"))?;
     if !out.status.success() {
-        bail!("{command:?} failed: {}", String::from_utf8_lossy(&out.stderr).trim());
+        bail!(
+            "{command:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
     }
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
 }
@@ -104,7 +113,9 @@ fn bpf_linker() -> anyhow::Result<()> {
         .filter_map(Result::ok)
         .map(|entry| entry.path())
         .find(|path| file_name(path).starts_with("libLLVM.so."))
-        .context("the nightly toolchain ships no libLLVM.so.*; cannot build bpf-linker against it")?;
+        .context(
+            "the nightly toolchain ships no libLLVM.so.*; cannot build bpf-linker against it",
+        )?;
     let llvm_major = file_name(&llvm)
         .trim_start_matches("libLLVM.so.")
         .split('.')
@@ -118,19 +129,33 @@ fn bpf_linker() -> anyhow::Result<()> {
     for name in ["libLLVM.so".to_owned(), file_name(&llvm)] {
         let link = lib.join(name);
         let _ = std::fs::remove_file(&link);
-        std::os::unix::fs::symlink(&llvm, &link).with_context(|| format!("cannot link {}", link.display()))?;
+        std::os::unix::fs::symlink(&llvm, &link)
+            .with_context(|| format!("cannot link {}", link.display()))?;
     }
-    eprintln!("setup: building bpf-linker {BPF_LINKER_VERSION} against LLVM {llvm_major} from the nightly toolchain (about a minute)");
+    eprintln!(
+        "setup: building bpf-linker {BPF_LINKER_VERSION} against LLVM {llvm_major} from the nightly toolchain (about a minute)"
+    );
     run(Command::new("cargo")
-        .args(["install", "bpf-linker", "--version", BPF_LINKER_VERSION, "--no-default-features", "--features"])
+        .args([
+            "install",
+            "bpf-linker",
+            "--version",
+            BPF_LINKER_VERSION,
+            "--no-default-features",
+            "--features",
+        ])
         .arg(format!("llvm-{llvm_major}"))
         .env("LLVM_PREFIX", &prefix))
 }
 
 fn file_name(path: &Path) -> String {
-    path.file_name().map(|name| name.to_string_lossy().into_owned()).unwrap_or_default()
+    path.file_name()
+        .map(|name| name.to_string_lossy().into_owned())
+        .unwrap_or_default()
 }
 
 fn home() -> anyhow::Result<PathBuf> {
-    std::env::var_os("HOME").map(PathBuf::from).context("HOME is not set")
+    std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .context("HOME is not set")
 }

@@ -11,7 +11,9 @@ use crate::setup::{run, setup};
 pub fn test(extra: &[String]) -> anyhow::Result<()> {
     setup()?;
     if !nix::unistd::geteuid().is_root() {
-        bail!("the test suite includes root tests (eBPF programs, network namespaces); run it as root: sudo -E cargo xtask test");
+        bail!(
+            "the test suite includes root tests (eBPF programs, network namespaces); run it as root: sudo -E cargo xtask test"
+        );
     }
     // One test binary at a time, one test at a time: root tests each build a lab of
     // network namespaces and attach kernel programs that see every namespace.

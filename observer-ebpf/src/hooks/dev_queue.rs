@@ -13,15 +13,15 @@
 
 use aya_ebpf::{helpers::bpf_ktime_get_ns, macros::raw_tracepoint, programs::RawTracePointContext};
 use observer_common::{
-    conn::{flags, ConnState, FlowTuple, CLOSE_NONE, EVENT_OPEN, ORIGINAL, PROTO_TCP, REPLY},
+    conn::{CLOSE_NONE, ConnState, EVENT_OPEN, FlowTuple, ORIGINAL, PROTO_TCP, REPLY, flags},
     counters,
-    offsets::{ctinfo, status, tcp_state, KernelOffsets},
+    offsets::{KernelOffsets, ctinfo, status, tcp_state},
 };
 
 use crate::{
     conn::{account, close, emit},
-    kernel::{read, read_netns, read_tuple, ReadFailed},
-    maps::{count, offsets, CONNS, SCRATCH},
+    kernel::{ReadFailed, read, read_netns, read_tuple},
+    maps::{CONNS, SCRATCH, count, offsets},
     packet::parse,
 };
 
@@ -60,7 +60,11 @@ fn handle(skb: u64) -> Result<(), ReadFailed> {
     let Some(packet) = parse(skb, &off)? else {
         return Ok(());
     };
-    let dir = if info >= ctinfo::IS_REPLY { REPLY } else { ORIGINAL };
+    let dir = if info >= ctinfo::IS_REPLY {
+        REPLY
+    } else {
+        ORIGINAL
+    };
     // SAFETY: bpf_ktime_get_ns has no preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
 
@@ -98,8 +102,16 @@ fn handle(skb: u64) -> Result<(), ReadFailed> {
     fresh.start_ns = now;
     fresh.flags = if start_seen { flags::START_SEEN } else { 0 };
     fresh.netns = read_netns(conntrack, &off)?;
-    read_tuple(conntrack + off.ct_tuple_original as u64, &off, &mut fresh.original)?;
-    read_tuple(conntrack + off.ct_tuple_reply as u64, &off, &mut fresh.reply)?;
+    read_tuple(
+        conntrack + off.ct_tuple_original as u64,
+        &off,
+        &mut fresh.original,
+    )?;
+    read_tuple(
+        conntrack + off.ct_tuple_reply as u64,
+        &off,
+        &mut fresh.reply,
+    )?;
     account(fresh, dir, &packet, now);
     match CONNS.insert(&conntrack, &*fresh, BPF_NOEXIST) {
         Ok(()) => emit(EVENT_OPEN, CLOSE_NONE, conntrack, fresh, now),
@@ -113,7 +125,11 @@ fn handle(skb: u64) -> Result<(), ReadFailed> {
 /// Whether a tracked entry belongs to an earlier connection whose `nf_conn` memory
 /// the kernel has reused: the original tuple differs.
 #[inline(always)]
-fn reused(conntrack: u64, state: *const ConnState, off: &KernelOffsets) -> Result<bool, ReadFailed> {
+fn reused(
+    conntrack: u64,
+    state: *const ConnState,
+    off: &KernelOffsets,
+) -> Result<bool, ReadFailed> {
     let mut current = FlowTuple::default();
     read_tuple(conntrack + off.ct_tuple_original as u64, off, &mut current)?;
     // SAFETY: a live map value.

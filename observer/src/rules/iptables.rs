@@ -120,7 +120,12 @@ fn parse_rule(words: &[String], line: usize) -> Result<(String, Rule), RulesErro
         if takes_value {
             let value = words
                 .get(index + 1)
-                .ok_or_else(|| err(line, format!("option {word} has no value (truncated dump?)")))?
+                .ok_or_else(|| {
+                    err(
+                        line,
+                        format!("option {word} has no value (truncated dump?)"),
+                    )
+                })?
                 .clone();
             match word {
                 "-d" | "--destination" if !negate => rule.dst = Some(parse_cidr(&value, line)?),
@@ -190,9 +195,15 @@ fn parse_socket(text: &str, line: usize) -> Result<SocketAddr, RulesError> {
 
 /// Splits the hash off `KUBE-SVC-H` and friends.
 fn service_chain(name: &str) -> Option<(&'static str, &str)> {
-    ["KUBE-SVC-", "KUBE-SVL-", "KUBE-EXT-", "KUBE-FW-", "KUBE-XLB-"]
-        .into_iter()
-        .find_map(|prefix| name.strip_prefix(prefix).map(|hash| (prefix, hash)))
+    [
+        "KUBE-SVC-",
+        "KUBE-SVL-",
+        "KUBE-EXT-",
+        "KUBE-FW-",
+        "KUBE-XLB-",
+    ]
+    .into_iter()
+    .find_map(|prefix| name.strip_prefix(prefix).map(|hash| (prefix, hash)))
 }
 
 #[derive(Default)]
@@ -215,14 +226,23 @@ pub(super) fn parse(text: &str) -> Result<Vec<ServicePort>, RulesError> {
         }
         if let Some(name) = trimmed.strip_prefix('*') {
             if let Some((open, _)) = &current {
-                return Err(err(line, format!("table {name} starts before table {open} got its COMMIT")));
+                return Err(err(
+                    line,
+                    format!("table {name} starts before table {open} got its COMMIT"),
+                ));
             }
             current = Some((name.to_owned(), line));
             tables.entry(name.to_owned()).or_default();
             continue;
         }
         let Some((table_name, _)) = &current else {
-            return Err(err(line, format!("not iptables-save output (outside any *table): {}", clip(trimmed))));
+            return Err(err(
+                line,
+                format!(
+                    "not iptables-save output (outside any *table): {}",
+                    clip(trimmed)
+                ),
+            ));
         };
         let table = tables.entry(table_name.clone()).or_default();
         if trimmed == "COMMIT" {
@@ -238,7 +258,10 @@ pub(super) fn parse(text: &str) -> Result<Vec<ServicePort>, RulesError> {
             let (chain, rule) = parse_rule(&words, line)?;
             table.chains.entry(chain).or_default().push(rule);
         } else {
-            return Err(err(line, format!("not an iptables-save line: {}", clip(trimmed))));
+            return Err(err(
+                line,
+                format!("not an iptables-save line: {}", clip(trimmed)),
+            ));
         }
     }
     if let Some((name, _)) = current {
@@ -282,7 +305,8 @@ fn from_nat(nat: &Table) -> Result<Vec<ServicePort>, RulesError> {
         ]
         .into_iter()
         .find_map(|(suffix, kind)| comment.strip_suffix(suffix).map(|name| (kind, name)));
-        let (Some((kind, name)), Some(ip), Some(port)) = (kind_and_name, exact_dst(rule), parse_port(rule)?)
+        let (Some((kind, name)), Some(ip), Some(port)) =
+            (kind_and_name, exact_dst(rule), parse_port(rule)?)
         else {
             continue;
         };
@@ -305,7 +329,9 @@ fn from_nat(nat: &Table) -> Result<Vec<ServicePort>, RulesError> {
         if let Some(proto) = rule.proto.as_deref().and_then(parse_proto) {
             builder.proto.get_or_insert(proto);
         }
-        builder.frontends.insert(frontend(FrontendKind::NodePort, None, port));
+        builder
+            .frontends
+            .insert(frontend(FrontendKind::NodePort, None, port));
     }
     // Chains that exist without a frontend rule still define a Service port (e.g. only
     // reachable through a chain we do not model): their comments name it.
@@ -380,13 +406,15 @@ fn waterfall(nat: &Table, chain: &str) -> Result<Option<Waterfall>, RulesError> 
                 .parse::<f64>()
                 .ok()
                 .filter(|p| (0.0..=1.0).contains(p))
-                .ok_or_else(|| err(rule.line, format!("--probability {text}: not a probability")))?,
+                .ok_or_else(|| {
+                    err(
+                        rule.line,
+                        format!("--probability {text}: not a probability"),
+                    )
+                })?,
             None => 1.0,
         };
-        let comment_target = rule
-            .comment
-            .as_deref()
-            .and_then(|c| c.split_once(" -> "));
+        let comment_target = rule.comment.as_deref().and_then(|c| c.split_once(" -> "));
         if let Some((name, _)) = comment_target {
             result.name.get_or_insert_with(|| name.to_owned());
         }
@@ -414,7 +442,10 @@ fn waterfall(nat: &Table, chain: &str) -> Result<Option<Waterfall>, RulesError> 
 }
 
 /// The DNAT target (and protocol) of a KUBE-SEP chain.
-fn endpoint_dnat(nat: &Table, chain: &str) -> Result<Option<(SocketAddr, Option<Proto>)>, RulesError> {
+fn endpoint_dnat(
+    nat: &Table,
+    chain: &str,
+) -> Result<Option<(SocketAddr, Option<Proto>)>, RulesError> {
     let Some(rules) = nat.chains.get(chain) else {
         return Ok(None);
     };
@@ -432,7 +463,10 @@ fn endpoint_dnat(nat: &Table, chain: &str) -> Result<Option<(SocketAddr, Option<
 
 /// The filter table's "has no endpoints" rejects: the only trace of a Service port with
 /// no endpoints (the nat table has nothing for it).
-fn add_no_endpoint_services(filter: &Table, ports: &mut Vec<ServicePort>) -> Result<(), RulesError> {
+fn add_no_endpoint_services(
+    filter: &Table,
+    ports: &mut Vec<ServicePort>,
+) -> Result<(), RulesError> {
     let empty = Vec::new();
     for chain in ["KUBE-SERVICES", "KUBE-EXTERNAL-SERVICES", "KUBE-NODEPORTS"] {
         for rule in filter.chains.get(chain).unwrap_or(&empty) {
@@ -443,8 +477,10 @@ fn add_no_endpoint_services(filter: &Table, ports: &mut Vec<ServicePort>) -> Res
             else {
                 continue;
             };
-            let (Some(proto), Some(port)) = (rule.proto.as_deref().and_then(parse_proto), parse_port(rule)?)
-            else {
+            let (Some(proto), Some(port)) = (
+                rule.proto.as_deref().and_then(parse_proto),
+                parse_port(rule)?,
+            ) else {
                 continue;
             };
             let frontend = match (exact_dst(rule), chain) {
@@ -455,7 +491,10 @@ fn add_no_endpoint_services(filter: &Table, ports: &mut Vec<ServicePort>) -> Res
                 }
                 (None, _) => continue,
             };
-            match ports.iter_mut().find(|p| p.name == name && p.proto == proto) {
+            match ports
+                .iter_mut()
+                .find(|p| p.name == name && p.proto == proto)
+            {
                 Some(existing) => {
                     if !existing.frontends.contains(&frontend) {
                         existing.frontends.push(frontend);

@@ -103,7 +103,8 @@ fn chain_name(chain: &str) -> Option<ChainName<'_>> {
         .find_map(|prefix| chain.strip_prefix(prefix).map(|rest| (prefix, rest)))?;
     let (_hash, rest) = base.split_once('-')?;
     let mut parts = rest.splitn(4, '/');
-    let (namespace, name, proto, port) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+    let (namespace, name, proto, port) =
+        (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
     Some(ChainName {
         prefix,
         base,
@@ -168,13 +169,17 @@ fn elements<'a>(map: &'a NftMap, object_index: usize) -> Result<Vec<Element<'a>>
 /// (ip, proto, port) of a `service-ips`-style key.
 fn ip_proto_port(element: &Element<'_>) -> Result<(IpAddr, Option<Proto>, u16), RulesError> {
     let [ip, proto, port] = element.parts[..] else {
-        return Err(path_err(element.path.clone(), "expected key ip . proto . port"));
+        return Err(path_err(
+            element.path.clone(),
+            "expected key ip . proto . port",
+        ));
     };
     let ip = ip
         .as_str()
         .and_then(|s| s.parse::<IpAddr>().ok())
         .ok_or_else(|| path_err(element.path.clone(), format!("{ip}: not an IP address")))?;
-    let port = as_port(port).ok_or_else(|| path_err(element.path.clone(), format!("{port}: not a port")))?;
+    let port = as_port(port)
+        .ok_or_else(|| path_err(element.path.clone(), format!("{port}: not a port")))?;
     Ok((ip, proto.as_str().and_then(parse_proto), port))
 }
 
@@ -183,7 +188,8 @@ fn proto_port(element: &Element<'_>) -> Result<(Option<Proto>, u16), RulesError>
     let [proto, port] = element.parts[..] else {
         return Err(path_err(element.path.clone(), "expected key proto . port"));
     };
-    let port = as_port(port).ok_or_else(|| path_err(element.path.clone(), format!("{port}: not a port")))?;
+    let port = as_port(port)
+        .ok_or_else(|| path_err(element.path.clone(), format!("{port}: not a port")))?;
     Ok((proto.as_str().and_then(parse_proto), port))
 }
 
@@ -216,7 +222,10 @@ pub(super) fn parse(text: &str) -> Result<Vec<ServicePort>, RulesError> {
             );
         }
         if let Some(rule) = &object.rule {
-            chains.entry(rule.chain.as_str()).or_default().push((index, rule));
+            chains
+                .entry(rule.chain.as_str())
+                .or_default()
+                .push((index, rule));
         }
     }
 
@@ -317,7 +326,12 @@ fn dispatch(
             let Some(vmap) = &expr.vmap else {
                 continue;
             };
-            let Some(modulus) = vmap.key.get("numgen").and_then(|n| n.get("mod")).and_then(Value::as_u64) else {
+            let Some(modulus) = vmap
+                .key
+                .get("numgen")
+                .and_then(|n| n.get("mod"))
+                .and_then(Value::as_u64)
+            else {
                 continue;
             };
             let path = format!("nftables[{index}].rule({chain}).expr[{expr_index}].vmap");
@@ -334,7 +348,9 @@ fn dispatch(
                 let pair = entry
                     .as_array()
                     .filter(|pair| pair.len() == 2)
-                    .ok_or_else(|| path_err(entry_path.clone(), "expected a [number, verdict] pair"))?;
+                    .ok_or_else(|| {
+                        path_err(entry_path.clone(), "expected a [number, verdict] pair")
+                    })?;
                 let verdict: Verdict = serde_json::from_value(pair[1].clone())
                     .map_err(|e| path_err(entry_path.clone(), e.to_string()))?;
                 let Some(target) = verdict.chain() else {
@@ -345,7 +361,10 @@ fn dispatch(
                 };
                 // A key is one number or a {"range": [a, b]} of them.
                 let numbers = match pair[0].get("range").and_then(Value::as_array) {
-                    Some(range) => match (range.first().and_then(Value::as_u64), range.get(1).and_then(Value::as_u64)) {
+                    Some(range) => match (
+                        range.first().and_then(Value::as_u64),
+                        range.get(1).and_then(Value::as_u64),
+                    ) {
                         (Some(low), Some(high)) if high >= low => high - low + 1,
                         _ => return Err(path_err(entry_path, "bad numgen range")),
                     },

@@ -5,7 +5,11 @@ use crate::record::FrontendKind::{ClusterIp, ExternalIp, LoadBalancer, NodePort}
 
 macro_rules! fixture {
     ($path:literal) => {
-        include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/rules/", $path))
+        include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/data/rules/",
+            $path
+        ))
     };
 }
 
@@ -28,7 +32,9 @@ fn port<'a>(map: &'a ServiceMap, proto: Proto, name: &str) -> &'a ServicePort {
 }
 
 fn names(map: &ServiceMap) -> Vec<String> {
-    map.services().map(|p| format!("{} {}", p.proto, p.name)).collect()
+    map.services()
+        .map(|p| format!("{} {}", p.proto, p.name))
+        .collect()
 }
 
 fn addrs(endpoints: &[EndpointShare]) -> Vec<String> {
@@ -63,7 +69,10 @@ fn iptables_nat_dump_names_every_service_port() {
         ]
     );
     let metrics = port(&map, Proto::Tcp, "shop/checkout:metrics");
-    assert_eq!(metrics.frontends, [fe(ClusterIp, Some("10.96.35.226"), 9090)]);
+    assert_eq!(
+        metrics.frontends,
+        [fe(ClusterIp, Some("10.96.35.226"), 9090)]
+    );
     assert_eq!(addrs(&metrics.endpoints), ["10.244.1.13:9100"]);
     assert_shares(&metrics.endpoints, &[1.0]);
     let dns = port(&map, Proto::Udp, "kube-system/kube-dns:dns");
@@ -116,7 +125,12 @@ fn iptables_nodeport_external_lb_and_local_chain() {
     );
     assert_eq!(
         addrs(&front.endpoints),
-        ["10.244.1.20:8443", "10.244.1.21:8443", "10.244.2.20:8443", "10.244.3.20:8443"]
+        [
+            "10.244.1.20:8443",
+            "10.244.1.21:8443",
+            "10.244.2.20:8443",
+            "10.244.3.20:8443"
+        ]
     );
     let local = front.local_endpoints.as_ref().unwrap();
     assert_eq!(addrs(local), ["10.244.1.20:8443", "10.244.1.21:8443"]);
@@ -131,11 +145,15 @@ fn iptables_service_without_endpoints_comes_from_the_filter_table() {
     let empty = port(&full, Proto::Tcp, "shop/empty:http");
     assert_eq!(
         empty.frontends,
-        [fe(ClusterIp, Some("10.96.200.1"), 80), fe(NodePort, None, 30200)]
+        [
+            fe(ClusterIp, Some("10.96.200.1"), 80),
+            fe(NodePort, None, 30200)
+        ]
     );
     assert!(empty.endpoints.is_empty());
     assert_eq!(
-        full.lookup(Proto::Tcp, sa("10.96.200.1:80"), sa("10.244.9.9:80")).map(|(p, ok)| (p.name.as_str(), ok)),
+        full.lookup(Proto::Tcp, sa("10.96.200.1:80"), sa("10.244.9.9:80"))
+            .map(|(p, ok)| (p.name.as_str(), ok)),
         Some(("shop/empty:http", false))
     );
 }
@@ -144,7 +162,8 @@ fn iptables_service_without_endpoints_comes_from_the_filter_table() {
 fn kubernetes_expected_dump_parses_the_same_before_and_after_iptables_save() {
     // proxier_test.go's TestOverallIPTablesRules dump as kube-proxy writes it, and the
     // same rules after iptables-restore + iptables-save (reordered options, /32, quotes).
-    let written = ServiceMap::from_iptables_save(fixture!("iptables/k8s-overall-test-format.txt")).unwrap();
+    let written =
+        ServiceMap::from_iptables_save(fixture!("iptables/k8s-overall-test-format.txt")).unwrap();
     let saved = ServiceMap::from_iptables_save(fixture!("iptables/k8s-overall.saved")).unwrap();
     assert_eq!(written, saved);
     assert_eq!(
@@ -172,7 +191,10 @@ fn kubernetes_expected_dump_parses_the_same_before_and_after_iptables_save() {
     let svc5 = port(&saved, Proto::Tcp, "ns5/svc5:p80");
     assert_eq!(addrs(&svc5.endpoints), ["10.180.0.3:80"]);
     assert_shares(&svc5.endpoints, &[1.0]);
-    assert!(svc5.frontends.contains(&fe(LoadBalancer, Some("5.6.7.8"), 80)));
+    assert!(
+        svc5.frontends
+            .contains(&fe(LoadBalancer, Some("5.6.7.8"), 80))
+    );
     let svc4 = port(&saved, Proto::Tcp, "ns4/svc4:p80");
     assert_shares(&svc4.endpoints, &[0.5, 0.5]);
     let svc6 = port(&saved, Proto::Tcp, "ns6/svc6:p80");
@@ -184,8 +206,14 @@ fn kubernetes_expected_dump_parses_the_same_before_and_after_iptables_save() {
 fn iptables_ipv6_and_merge_with_ipv4() {
     let v6 = ServiceMap::from_iptables_save(fixture!("iptables/mixed-v6-nat.saved")).unwrap();
     let checkout = port(&v6, Proto::Tcp, "shop/checkout:http");
-    assert_eq!(checkout.frontends, [fe(ClusterIp, Some("fd00:10:96::a"), 80)]);
-    assert_eq!(addrs(&checkout.endpoints), ["[fd00:10:244:1::d]:3000", "[fd00:10:244:2::7]:3000"]);
+    assert_eq!(
+        checkout.frontends,
+        [fe(ClusterIp, Some("fd00:10:96::a"), 80)]
+    );
+    assert_eq!(
+        addrs(&checkout.endpoints),
+        ["[fd00:10:244:1::d]:3000", "[fd00:10:244:2::7]:3000"]
+    );
     assert_shares(&checkout.endpoints, &[0.5, 0.5]);
 
     let mut map = ServiceMap::from_iptables_save(fixture!("iptables/mixed-v4-nat.saved")).unwrap();
@@ -194,7 +222,11 @@ fn iptables_ipv6_and_merge_with_ipv4() {
     assert_eq!(merged.frontends.len(), 2);
     assert_eq!(merged.endpoints.len(), 5);
     let (found, current) = map
-        .lookup(Proto::Tcp, sa("[fd00:10:96::a]:80"), sa("[fd00:10:244:2::7]:3000"))
+        .lookup(
+            Proto::Tcp,
+            sa("[fd00:10:96::a]:80"),
+            sa("[fd00:10:244:2::7]:3000"),
+        )
         .unwrap();
     assert_eq!((found.name.as_str(), current), ("shop/checkout:http", true));
     let (found, current) = map
@@ -228,8 +260,14 @@ fn lookup_by_protocol_address_and_node_port() {
         name(Proto::Tcp, "10.96.35.226:80", "10.244.1.99:3000"),
         Some(("shop/checkout:http".to_owned(), false))
     );
-    assert_eq!(name(Proto::Udp, "10.96.35.226:80", "10.244.1.13:3000"), None);
-    assert_eq!(name(Proto::Tcp, "10.96.35.227:80", "10.244.1.13:3000"), None);
+    assert_eq!(
+        name(Proto::Udp, "10.96.35.226:80", "10.244.1.13:3000"),
+        None
+    );
+    assert_eq!(
+        name(Proto::Tcp, "10.96.35.227:80", "10.244.1.13:3000"),
+        None
+    );
 }
 
 #[test]
@@ -282,21 +320,41 @@ fn iptables_truncated_dump_is_an_error_naming_the_line() {
 
 #[test]
 fn iptables_garbage_is_an_error_naming_the_line() {
-    let err = ServiceMap::from_iptables_save("*nat\n:KUBE-SERVICES - [0:0]\nhello world\nCOMMIT\n").unwrap_err();
-    assert_eq!(err.to_string(), "iptables-save line 3: not an iptables-save line: hello world");
+    let err = ServiceMap::from_iptables_save("*nat\n:KUBE-SERVICES - [0:0]\nhello world\nCOMMIT\n")
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "iptables-save line 3: not an iptables-save line: hello world"
+    );
     let err = ServiceMap::from_iptables_save("{\"nftables\": []}").unwrap_err();
-    assert!(err.to_string().starts_with("iptables-save line 1: not iptables-save output"), "{err}");
+    assert!(
+        err.to_string()
+            .starts_with("iptables-save line 1: not iptables-save output"),
+        "{err}"
+    );
     let bad_probability = "*nat\n-A KUBE-SVC-X -m comment --comment \"a/b:c -> 10.0.0.1:80\" -m statistic --mode random --probability 1.5 -j KUBE-SEP-A\nCOMMIT\n";
     let err = ServiceMap::from_iptables_save(bad_probability).unwrap_err();
-    assert_eq!(err.to_string(), "iptables-save line 2: --probability 1.5: not a probability");
+    assert_eq!(
+        err.to_string(),
+        "iptables-save line 2: --probability 1.5: not a probability"
+    );
     let bad_dnat = "*nat\n-A KUBE-SEP-A -p tcp -j DNAT --to-destination nowhere\nCOMMIT\n";
-    assert!(ServiceMap::from_iptables_save(bad_dnat).is_ok(), "unreferenced SEP chains are not read");
+    assert!(
+        ServiceMap::from_iptables_save(bad_dnat).is_ok(),
+        "unreferenced SEP chains are not read"
+    );
     let referenced = "*nat\n-A KUBE-SVC-X -m comment --comment \"a/b:c -> 10.0.0.1:80\" -j KUBE-SEP-A\n-A KUBE-SEP-A -p tcp -j DNAT --to-destination nowhere\nCOMMIT\n";
     let err = ServiceMap::from_iptables_save(referenced).unwrap_err();
-    assert_eq!(err.to_string(), "iptables-save line 3: --to-destination nowhere: not ip:port");
+    assert_eq!(
+        err.to_string(),
+        "iptables-save line 3: --to-destination nowhere: not ip:port"
+    );
     let no_value = "*nat\n-A KUBE-SERVICES -d 10.96.0.1/32 -p tcp --dport\nCOMMIT\n";
     let err = ServiceMap::from_iptables_save(no_value).unwrap_err();
-    assert_eq!(err.to_string(), "iptables-save line 2: option --dport has no value (truncated dump?)");
+    assert_eq!(
+        err.to_string(),
+        "iptables-save line 2: option --dport has no value (truncated dump?)"
+    );
 }
 
 #[test]
@@ -323,7 +381,10 @@ fn nft_dump_names_every_service_port_with_equal_shares() {
         ]
     );
     let checkout = port(&map, Proto::Tcp, "shop/checkout:http");
-    assert_eq!(checkout.frontends, [fe(ClusterIp, Some("10.96.35.226"), 80)]);
+    assert_eq!(
+        checkout.frontends,
+        [fe(ClusterIp, Some("10.96.35.226"), 80)]
+    );
     assert_eq!(
         addrs(&checkout.endpoints),
         ["10.244.1.13:3000", "10.244.1.14:3000", "10.244.2.7:3000"]
@@ -351,7 +412,10 @@ fn nft_dump_names_every_service_port_with_equal_shares() {
     let empty = port(&map, Proto::Tcp, "shop/empty:http");
     assert_eq!(
         empty.frontends,
-        [fe(ClusterIp, Some("10.96.200.1"), 80), fe(NodePort, None, 30200)]
+        [
+            fe(ClusterIp, Some("10.96.200.1"), 80),
+            fe(NodePort, None, 30200)
+        ]
     );
     assert!(empty.endpoints.is_empty());
 }
@@ -390,7 +454,8 @@ fn nft_kubernetes_overall_dump() {
     assert_eq!(svc6.frontends, [fe(ClusterIp, Some("172.30.0.46"), 80)]);
     assert!(svc6.endpoints.is_empty());
     assert_eq!(
-        map.lookup(Proto::Tcp, sa("10.1.2.3:3001"), sa("10.180.0.2:80")).map(|(p, ok)| (p.name.as_str(), ok)),
+        map.lookup(Proto::Tcp, sa("10.1.2.3:3001"), sa("10.180.0.2:80"))
+            .map(|(p, ok)| (p.name.as_str(), ok)),
         Some(("ns2/svc2:p80", true))
     );
 }
@@ -399,17 +464,33 @@ fn nft_kubernetes_overall_dump() {
 fn nft_ipv6_table() {
     let map = ServiceMap::from_nft_json(fixture!("nftables/mixed-v6.json")).unwrap();
     let checkout = port(&map, Proto::Tcp, "shop/checkout:http");
-    assert_eq!(checkout.frontends, [fe(ClusterIp, Some("fd00:10:96::a"), 80)]);
-    assert_eq!(addrs(&checkout.endpoints), ["[fd00:10:244:1::d]:3000", "[fd00:10:244:2::7]:3000"]);
+    assert_eq!(
+        checkout.frontends,
+        [fe(ClusterIp, Some("fd00:10:96::a"), 80)]
+    );
+    assert_eq!(
+        addrs(&checkout.endpoints),
+        ["[fd00:10:244:1::d]:3000", "[fd00:10:244:2::7]:3000"]
+    );
     let dns = port(&map, Proto::Udp, "kube-system/kube-dns:dns");
     assert_eq!(
         dns.frontends,
-        [fe(ClusterIp, Some("fd00:10:96::10"), 53), fe(NodePort, None, 30053)]
+        [
+            fe(ClusterIp, Some("fd00:10:96::10"), 53),
+            fe(NodePort, None, 30053)
+        ]
     );
     let (found, current) = map
-        .lookup(Proto::Udp, sa("[fd00:1::2]:30053"), sa("[fd00:10:244::2]:53"))
+        .lookup(
+            Proto::Udp,
+            sa("[fd00:1::2]:30053"),
+            sa("[fd00:10:244::2]:53"),
+        )
         .unwrap();
-    assert_eq!((found.name.as_str(), current), ("kube-system/kube-dns:dns", true));
+    assert_eq!(
+        (found.name.as_str(), current),
+        ("kube-system/kube-dns:dns", true)
+    );
 }
 
 /// A minimal kube-proxy table in nft's JSON shape.
@@ -443,7 +524,10 @@ fn nft_errors_name_the_position_or_path() {
         "{err}"
     );
     let err = ServiceMap::from_nft_json("iptables-save v1.8.9\n").unwrap_err();
-    assert!(err.to_string().starts_with("nft JSON at line 1 column 1: "), "{err}");
+    assert!(
+        err.to_string().starts_with("nft JSON at line 1 column 1: "),
+        "{err}"
+    );
     let set = r#"[[0, {"goto": {"target": "endpoint-E1-a/b/tcp/__10.0.0.1/80"}}]]"#;
     let err = ServiceMap::from_nft_json(&nft_doc(set, r#""10.96.0.300""#)).unwrap_err();
     assert_eq!(
@@ -452,8 +536,9 @@ fn nft_errors_name_the_position_or_path() {
     );
     let err = ServiceMap::from_nft_json(&nft_doc(r#"[[0, "x"]]"#, r#""10.96.0.1""#)).unwrap_err();
     assert!(
-        err.to_string()
-            .starts_with("nft JSON at nftables[4].rule(service-H-a/b/tcp/).expr[0].vmap.data.set[0]: "),
+        err.to_string().starts_with(
+            "nft JSON at nftables[4].rule(service-H-a/b/tcp/).expr[0].vmap.data.set[0]: "
+        ),
         "{err}"
     );
 }

@@ -52,7 +52,9 @@ fn bucket(duration_ms: f64) -> usize {
 }
 
 fn millis(delta: TimeDelta) -> f64 {
-    delta.num_microseconds().map_or(f64::MAX, |us| us as f64 / 1000.0)
+    delta
+        .num_microseconds()
+        .map_or(f64::MAX, |us| us as f64 / 1000.0)
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -105,7 +107,10 @@ pub enum Msg {
     /// The capture side stopped sending (capture ended, or a replay was fully loaded).
     UpdatesClosed,
     /// `run` finished writing an export.
-    Exported { path: String, result: Result<usize, String> },
+    Exported {
+        path: String,
+        result: Result<usize, String>,
+    },
 }
 
 /// What `update` asks `run` to do.
@@ -113,7 +118,11 @@ pub enum Msg {
 pub enum Effect {
     Quit,
     /// Write `contents` (JSON Lines, `lines` of them) to `path`.
-    Export { path: String, contents: String, lines: usize },
+    Export {
+        path: String,
+        contents: String,
+        lines: usize,
+    },
 }
 
 /// One Services-screen row.
@@ -134,7 +143,11 @@ impl ServiceRow {
     pub fn frontend(&self) -> String {
         let Some(first) = self.stats.frontends.first() else {
             // Unnamed Services are keyed by what the client dialed.
-            return if self.stats.named { "-".to_owned() } else { self.stats.service.clone() };
+            return if self.stats.named {
+                "-".to_owned()
+            } else {
+                self.stats.service.clone()
+            };
         };
         let mut text = match first.ip {
             Some(ip) => SocketAddr::new(ip, first.port).to_string(),
@@ -274,11 +287,18 @@ impl App {
         let Screen::Service(key) = &self.screen else {
             return None;
         };
-        self.frame.rows.iter().find(|row| row.stats.service == key.0 && row.stats.proto == key.1)
+        self.frame
+            .rows
+            .iter()
+            .find(|row| row.stats.service == key.0 && row.stats.proto == key.1)
     }
 
     fn clock(&self) -> DateTime<Utc> {
-        if self.replay { self.data_clock.unwrap_or(self.now) } else { self.now }
+        if self.replay {
+            self.data_clock.unwrap_or(self.now)
+        } else {
+            self.now
+        }
     }
 
     fn see_time(&mut self, time: DateTime<Utc>) {
@@ -288,7 +308,10 @@ impl App {
     fn apply(&mut self, update: Update) {
         match update {
             Update::Conn { id, record } => {
-                self.first_seen = Some(self.first_seen.map_or(record.start, |t| t.min(record.start)));
+                self.first_seen = Some(
+                    self.first_seen
+                        .map_or(record.start, |t| t.min(record.start)),
+                );
                 let last = record.end.unwrap_or_else(|| {
                     record.start + TimeDelta::microseconds((record.duration_ms * 1000.0) as i64)
                 });
@@ -303,8 +326,10 @@ impl App {
             Update::Service(service) => {
                 self.see_time(service.time);
                 self.aggregator.add_service(&service);
-                self.service_records
-                    .insert((service.service.clone(), service.proto, service.netns), service);
+                self.service_records.insert(
+                    (service.service.clone(), service.proto, service.netns),
+                    service,
+                );
             }
             Update::Stats(stats) => self.capture = stats,
         }
@@ -339,7 +364,11 @@ impl App {
         let selected = self.selected_row().map(ServiceRow::key);
         self.refilter();
         if let Some(key) = selected
-            && let Some(index) = self.frame.visible.iter().position(|&i| self.frame.rows[i].key() == key)
+            && let Some(index) = self
+                .frame
+                .visible
+                .iter()
+                .position(|&i| self.frame.rows[i].key() == key)
         {
             self.selected = index;
         }
@@ -368,27 +397,43 @@ impl App {
         }
         let oldest = &self.samples[0];
         let seconds = millis(self.now - oldest.at) / 1000.0;
-        let rate = |now: u64, then: u64| (seconds > 0.0).then(|| now.saturating_sub(then) as f64 / seconds);
+        let rate = |now: u64, then: u64| {
+            (seconds > 0.0).then(|| now.saturating_sub(then) as f64 / seconds)
+        };
         // A replay arrives all at once: average over the recording's span instead.
         let span = match (self.first_seen, self.data_clock) {
             (Some(first), Some(last)) if last > first => Some(millis(last - first) / 1000.0),
             _ => None,
         };
-        self.frame.events_per_s = if self.replay { None } else { rate(self.capture.events, oldest.events) };
+        self.frame.events_per_s = if self.replay {
+            None
+        } else {
+            rate(self.capture.events, oldest.events)
+        };
         self.frame.rows = services
             .into_iter()
             .map(|stats| {
                 let (new_per_s, requests_per_s) = if self.replay {
-                    (span.map(|s| stats.connections as f64 / s), span.map(|s| stats.requests as f64 / s))
+                    (
+                        span.map(|s| stats.connections as f64 / s),
+                        span.map(|s| stats.requests as f64 / s),
+                    )
                 } else {
                     let (conns, requests) = oldest
                         .services
                         .get(&(stats.service.clone(), stats.proto))
                         .copied()
                         .unwrap_or((0, 0));
-                    (rate(stats.connections, conns), rate(stats.requests, requests))
+                    (
+                        rate(stats.connections, conns),
+                        rate(stats.requests, requests),
+                    )
                 };
-                ServiceRow { stats, new_per_s, requests_per_s }
+                ServiceRow {
+                    stats,
+                    new_per_s,
+                    requests_per_s,
+                }
             })
             .collect();
         self.stats_at = Some(self.now);
@@ -413,8 +458,14 @@ impl App {
                 SortKey::Name => std::cmp::Ordering::Equal,
                 SortKey::Active => b.stats.active.cmp(&a.stats.active),
                 SortKey::NewPerSec => rate(b.new_per_s).total_cmp(&rate(a.new_per_s)),
-                SortKey::RequestsPerSec => rate(b.requests_per_s).total_cmp(&rate(a.requests_per_s)),
-                SortKey::Skew => b.stats.skew.unwrap_or(0.0).total_cmp(&a.stats.skew.unwrap_or(0.0)),
+                SortKey::RequestsPerSec => {
+                    rate(b.requests_per_s).total_cmp(&rate(a.requests_per_s))
+                }
+                SortKey::Skew => b
+                    .stats
+                    .skew
+                    .unwrap_or(0.0)
+                    .total_cmp(&a.stats.skew.unwrap_or(0.0)),
                 SortKey::StalePins => b.stats.stale_pins.cmp(&a.stats.stale_pins),
             };
             order.then_with(|| by_name(a, b))
@@ -423,7 +474,9 @@ impl App {
     }
 
     fn clamp_selection(&mut self) {
-        self.selected = self.selected.min(self.frame.visible.len().saturating_sub(1));
+        self.selected = self
+            .selected
+            .min(self.frame.visible.len().saturating_sub(1));
         let conns = self.frame.detail.as_ref().map_or(0, |d| d.conns.len());
         self.conn_selected = self.conn_selected.min(conns.saturating_sub(1));
     }
@@ -462,7 +515,8 @@ impl App {
         };
 
         let mut histogram = self.histograms.get(key).copied().unwrap_or_default();
-        let mut open: Vec<&ConnRecord> = self.conns.open().map(|(_, r)| r).filter(belongs).collect();
+        let mut open: Vec<&ConnRecord> =
+            self.conns.open().map(|(_, r)| r).filter(belongs).collect();
         let mut longest: Option<&ConnRecord> = None;
         for record in &open {
             histogram[bucket(record.duration_ms)] += 1;
@@ -485,14 +539,23 @@ impl App {
         let mut closed_count = 0;
         for record in self.conns.closed().map(|(_, r)| r).filter(belongs) {
             closed_count += 1;
-            if longest.as_ref().is_none_or(|l| record.duration_ms > l.age_ms) {
+            if longest
+                .as_ref()
+                .is_none_or(|l| record.duration_ms > l.age_ms)
+            {
                 longest = Some(closed_row(record));
             }
             if conns.len() < CONN_ROWS {
                 conns.push(closed_row(record));
             }
         }
-        Detail { conns, open: open_count, closed: closed_count, histogram, longest }
+        Detail {
+            conns,
+            open: open_count,
+            closed: closed_count,
+            histogram,
+            longest,
+        }
     }
 
     fn key(&mut self, key: KeyEvent) -> Option<Effect> {
@@ -588,7 +651,9 @@ impl App {
 
     fn move_selection(&mut self, by: isize) {
         let (current, len) = match &self.frame.detail {
-            Some(detail) if matches!(self.screen, Screen::Service(_)) => (&mut self.conn_selected, detail.conns.len()),
+            Some(detail) if matches!(self.screen, Screen::Service(_)) => {
+                (&mut self.conn_selected, detail.conns.len())
+            }
             _ => (&mut self.selected, self.frame.visible.len()),
         };
         let target = current.saturating_add_signed(by);
@@ -596,10 +661,17 @@ impl App {
     }
 
     fn export(&mut self) -> Effect {
-        let path = format!("observer-export-{}.jsonl", self.now.format("%Y%m%dT%H%M%SZ"));
+        let path = format!(
+            "observer-export-{}.jsonl",
+            self.now.format("%Y%m%dT%H%M%SZ")
+        );
         let lines = super::export::lines(self);
         let contents: String = lines.iter().map(|line| format!("{line}\n")).collect();
-        Effect::Export { path, contents, lines: lines.len() }
+        Effect::Export {
+            path,
+            contents,
+            lines: lines.len(),
+        }
     }
 }
 

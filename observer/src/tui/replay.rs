@@ -34,7 +34,10 @@ pub fn replay_updates(recording: &Recording) -> Vec<Update> {
                 .and_then(|ns| u64::try_from(ns).ok())
                 .unwrap_or(0),
         };
-        updates.push(Update::Conn { id, record: conn.clone() });
+        updates.push(Update::Conn {
+            id,
+            record: conn.clone(),
+        });
     }
     let summary = recording.summary.clone().unwrap_or_default();
     updates.push(Update::Stats(CaptureStats {

@@ -61,7 +61,12 @@ pub async fn run(mut updates: Receiver<Update>, options: TuiOptions) -> anyhow::
     let mut terminal = ratatui::try_init().context("cannot put the terminal into raw mode")?;
     let _restore = Restore;
 
-    let mut app = App::new(&options.title, options.recording, options.replay, Utc::now());
+    let mut app = App::new(
+        &options.title,
+        options.recording,
+        options.replay,
+        Utc::now(),
+    );
     let mut input = EventStream::new();
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(MissedTickBehavior::Skip);
@@ -116,7 +121,11 @@ pub async fn run(mut updates: Receiver<Update>, options: TuiOptions) -> anyhow::
         };
         match effect {
             Some(Effect::Quit) => break,
-            Some(Effect::Export { path, contents, lines }) => {
+            Some(Effect::Export {
+                path,
+                contents,
+                lines,
+            }) => {
                 let result = tokio::fs::write(&path, contents)
                     .await
                     .map(|()| lines)

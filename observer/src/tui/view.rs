@@ -32,8 +32,16 @@ pub fn render(app: &App, frame: &mut Frame<'_>) {
     }
     let compact = area.width < FULL_WIDTH || area.height < FULL_HEIGHT;
     let header = Rect { height: 1, ..area };
-    let status = Rect { y: area.bottom() - 1, height: 1, ..area };
-    let body = Rect { y: area.y + 1, height: area.height - 2, ..area };
+    let status = Rect {
+        y: area.bottom() - 1,
+        height: 1,
+        ..area
+    };
+    let body = Rect {
+        y: area.y + 1,
+        height: area.height - 2,
+        ..area
+    };
     frame.render_widget(Paragraph::new(header_line(app, area.width)), header);
     frame.render_widget(Paragraph::new(status_line(app, area.width)), status);
     let lines = match (&app.screen, &app.frame.detail) {
@@ -75,7 +83,10 @@ fn pad(text: &str, width: usize, align: Align) -> String {
 
 /// Lays cells out in columns separated by one space.
 fn row(cells: &[(&str, usize, Align)]) -> String {
-    let cells: Vec<String> = cells.iter().map(|(text, width, align)| pad(text, *width, *align)).collect();
+    let cells: Vec<String> = cells
+        .iter()
+        .map(|(text, width, align)| pad(text, *width, *align))
+        .collect();
     cells.join(" ")
 }
 
@@ -146,7 +157,11 @@ fn header_line(app: &App, width: u16) -> Line<'static> {
         (Screen::Service(key), row) => {
             left.push(Span::raw(format!(" │ {} {}", key.0, key.1)));
             if let Some(row) = row {
-                left.push(Span::raw(format!(" │ {} │ skew {}", row.frontend(), skew(row.stats.skew))));
+                left.push(Span::raw(format!(
+                    " │ {} │ skew {}",
+                    row.frontend(),
+                    skew(row.stats.skew)
+                )));
             }
         }
         (Screen::Services, _) => {
@@ -185,7 +200,10 @@ fn status_line(app: &App, width: u16) -> Line<'static> {
     if app.replay {
         spans.push(Span::raw("replay │ "));
     } else {
-        spans.push(Span::raw(format!("events/s {} │ ", rate(app.frame.events_per_s))));
+        spans.push(Span::raw(format!(
+            "events/s {} │ ",
+            rate(app.frame.events_per_s)
+        )));
     }
     spans.push(Span::styled(format!("lost {lost}"), lost_style));
     if !app.replay {
@@ -210,14 +228,20 @@ fn scroll(selected: usize, rows: usize) -> usize {
 fn services_screen(app: &App, area: Rect, compact: bool) -> Vec<Line<'static>> {
     let width = usize::from(area.width);
     // Selection marker (2) plus the fixed columns and their separators.
-    let fixed = if compact { 6 + 5 + 5 + 5 + 4 } else { 16 + 6 + 5 + 5 + 4 + 5 + 5 + 7 };
+    let fixed = if compact {
+        6 + 5 + 5 + 5 + 4
+    } else {
+        16 + 6 + 5 + 5 + 4 + 5 + 5 + 7
+    };
     let name = width.saturating_sub(fixed + 2).max(8);
     let columns = |name_text: &str, service: Option<&ServiceRow>| -> String {
         let Some(service) = service else {
             let titles: &[&str] = if compact {
                 &["ACTIVE", "REQ/S", "SKEW", "STALE"]
             } else {
-                &["FRONTEND", "ACTIVE", "NEW/S", "REQ/S", "PODS", "SKEW", "STALE"]
+                &[
+                    "FRONTEND", "ACTIVE", "NEW/S", "REQ/S", "PODS", "SKEW", "STALE",
+                ]
             };
             return header_cells(name_text, name, titles, compact);
         };
@@ -243,7 +267,10 @@ fn services_screen(app: &App, area: Rect, compact: bool) -> Vec<Line<'static>> {
             ])
         }
     };
-    let mut lines = vec![Line::styled(format!("  {}", columns("SERVICE", None)), BOLD)];
+    let mut lines = vec![Line::styled(
+        format!("  {}", columns("SERVICE", None)),
+        BOLD,
+    )];
     if app.frame.visible.is_empty() {
         let text = if app.frame.rows.is_empty() {
             "  no Service seen yet".to_owned()
@@ -276,10 +303,18 @@ fn services_screen(app: &App, area: Rect, compact: bool) -> Vec<Line<'static>> {
 /// A header row: the first title left-aligned in `first` columns, the rest right-aligned
 /// above numbers except FRONTEND.
 fn header_cells(first_title: &str, first: usize, titles: &[&str], compact: bool) -> String {
-    let widths: &[usize] = if compact { &[6, 5, 5, 5] } else { &[16, 6, 5, 5, 4, 5, 5] };
+    let widths: &[usize] = if compact {
+        &[6, 5, 5, 5]
+    } else {
+        &[16, 6, 5, 5, 4, 5, 5]
+    };
     let mut cells = vec![(first_title, first, Align::Left)];
     for (title, width) in titles.iter().zip(widths) {
-        let align = if *title == "FRONTEND" { Align::Left } else { Align::Right };
+        let align = if *title == "FRONTEND" {
+            Align::Left
+        } else {
+            Align::Right
+        };
         cells.push((title, *width, align));
     }
     row(&cells)
@@ -308,18 +343,32 @@ fn service_screen(app: &App, detail: &Detail, area: Rect, compact: bool) -> Vec<
     let backends: &[BackendStats] = app.shown_service().map_or(&[], |row| &row.stats.backends);
     // Backend header, longest-pinned line, histogram line, connections title and header.
     let fixed_lines = if compact && height < 16 { 4 } else { 5 };
-    let backend_rows = backends.len().min(((height.saturating_sub(fixed_lines)) / 2).max(1));
+    let backend_rows = backends
+        .len()
+        .min(((height.saturating_sub(fixed_lines)) / 2).max(1));
     let mut lines = Vec::new();
 
     // Backends.
     let pct_width = 4;
     let (addr_width, bar_width) = if compact {
         let bar = 10;
-        (width.saturating_sub(6 + 6 + bar + pct_width + 6 + 5).max(8), bar)
+        (
+            width.saturating_sub(6 + 6 + bar + pct_width + 6 + 5).max(8),
+            bar,
+        )
     } else {
-        (21, width.saturating_sub(21 + 6 + 6 + 6 + pct_width + 6 + 6 + 6 + 8).max(5))
+        (
+            21,
+            width
+                .saturating_sub(21 + 6 + 6 + 6 + pct_width + 6 + 6 + 6 + 8)
+                .max(5),
+        )
     };
-    let share_title = if bar_width + 1 + pct_width >= 16 { "SHARE │=expected" } else { "SHARE" };
+    let share_title = if bar_width + 1 + pct_width >= 16 {
+        "SHARE │=expected"
+    } else {
+        "SHARE"
+    };
     let share_width = bar_width + 1 + pct_width;
     let header = if compact {
         row(&[
@@ -349,7 +398,10 @@ fn service_screen(app: &App, detail: &Detail, area: Rect, compact: bool) -> Vec<
             backend.request_share * 100.0
         );
         let lifetime = |pick: fn(&crate::stats::Percentiles) -> f64| {
-            backend.lifetime_ms.as_ref().map_or("-".to_owned(), |p| duration(pick(p)))
+            backend
+                .lifetime_ms
+                .as_ref()
+                .map_or("-".to_owned(), |p| duration(pick(p)))
         };
         let mut addr = backend.backend.to_string();
         if !backend.in_rules {
@@ -375,13 +427,20 @@ fn service_screen(app: &App, detail: &Detail, area: Rect, compact: bool) -> Vec<
                 (&lifetime(|p| p.max), 6, Align::Right),
             ])
         };
-        let style = if backend.in_rules { Style::new() } else { Style::new().fg(Color::Yellow) };
+        let style = if backend.in_rules {
+            Style::new()
+        } else {
+            Style::new().fg(Color::Yellow)
+        };
         lines.push(Line::styled(text, style));
     }
     if backends.len() > backend_rows {
         // Replace the last row with how many are hidden rather than hiding it silently.
         lines.pop();
-        lines.push(Line::styled(format!("… {} more backends", backends.len() - backend_rows + 1), DIM));
+        lines.push(Line::styled(
+            format!("… {} more backends", backends.len() - backend_rows + 1),
+            DIM,
+        ));
     }
 
     // The longest-pinned connection and the lifetime histogram.
@@ -398,7 +457,10 @@ fn service_screen(app: &App, detail: &Detail, area: Rect, compact: bool) -> Vec<
     };
     lines.push(Line::raw(truncate(&longest, width)));
     if fixed_lines == 5 {
-        lines.push(Line::raw(truncate(&histogram_text(&detail.histogram), width)));
+        lines.push(Line::raw(truncate(
+            &histogram_text(&detail.histogram),
+            width,
+        )));
     }
 
     // Live connections.
@@ -407,28 +469,36 @@ fn service_screen(app: &App, detail: &Detail, area: Rect, compact: bool) -> Vec<
         detail.open, detail.closed
     );
     lines.push(Line::styled(truncate(&title, width), BOLD));
-    let addr = if compact { (width.saturating_sub(2 + 7 + 6 + 3) / 2).max(8) } else { 21 };
-    let conn_cells = |client: &str, backend: &str, age: &str, requests: &str, idle: &str, state: &str| {
-        if compact {
-            row(&[
-                (client, addr, Align::Left),
-                (backend, addr, Align::Left),
-                (age, 7, Align::Right),
-                (requests, 6, Align::Right),
-            ])
-        } else {
-            row(&[
-                (client, addr, Align::Left),
-                (backend, addr, Align::Left),
-                (age, 7, Align::Right),
-                (requests, 6, Align::Right),
-                (idle, 7, Align::Right),
-                (state, 7, Align::Left),
-            ])
-        }
+    let addr = if compact {
+        (width.saturating_sub(2 + 7 + 6 + 3) / 2).max(8)
+    } else {
+        21
     };
+    let conn_cells =
+        |client: &str, backend: &str, age: &str, requests: &str, idle: &str, state: &str| {
+            if compact {
+                row(&[
+                    (client, addr, Align::Left),
+                    (backend, addr, Align::Left),
+                    (age, 7, Align::Right),
+                    (requests, 6, Align::Right),
+                ])
+            } else {
+                row(&[
+                    (client, addr, Align::Left),
+                    (backend, addr, Align::Left),
+                    (age, 7, Align::Right),
+                    (requests, 6, Align::Right),
+                    (idle, 7, Align::Right),
+                    (state, 7, Align::Left),
+                ])
+            }
+        };
     lines.push(Line::styled(
-        format!("  {}", conn_cells("CLIENT", "BACKEND", "AGE", "REQS", "IDLE", "STATE")),
+        format!(
+            "  {}",
+            conn_cells("CLIENT", "BACKEND", "AGE", "REQS", "IDLE", "STATE")
+        ),
         BOLD,
     ));
     let rows = height.saturating_sub(lines.len());
@@ -444,7 +514,13 @@ fn service_screen(app: &App, detail: &Detail, area: Rect, compact: bool) -> Vec<
         );
         let selected = index == app.conn_selected;
         let marker = if selected { "> " } else { "  " };
-        let style = if selected { SELECTED } else if conn.close == Close::Open { Style::new() } else { DIM };
+        let style = if selected {
+            SELECTED
+        } else if conn.close == Close::Open {
+            Style::new()
+        } else {
+            DIM
+        };
         lines.push(Line::styled(format!("{marker}{text}"), style));
     }
     lines
@@ -465,7 +541,11 @@ fn histogram_text(histogram: &[u64]) -> String {
     let max = histogram.iter().copied().max().unwrap_or(0);
     let mut text = "lifetimes".to_owned();
     for ((_, label), &n) in LIFETIME_BUCKETS.iter().zip(histogram) {
-        let level = if max == 0 { 0 } else { (n * 8).div_ceil(max) as usize };
+        let level = if max == 0 {
+            0
+        } else {
+            (n * 8).div_ceil(max) as usize
+        };
         text.push_str(&format!("  {label} {}{}", LEVELS[level], count(n)));
     }
     text

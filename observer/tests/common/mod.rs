@@ -56,7 +56,11 @@ impl Recorder {
                 let _ = send.send(line);
             }
         });
-        let recorder = Recorder { child, output, stderr };
+        let recorder = Recorder {
+            child,
+            output,
+            stderr,
+        };
         loop {
             match recorder.stderr.recv_timeout(Duration::from_secs(60)) {
                 Ok(line) if line.contains("attached") => return recorder,
@@ -68,8 +72,11 @@ impl Recorder {
 
     /// SIGTERM, wait for a clean exit, read the log.
     pub fn stop(mut self) -> Recording {
-        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), nix::sys::signal::Signal::SIGTERM)
-            .unwrap();
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
         let status = self.child.wait().unwrap();
         assert!(status.success(), "observer record exited with {status}");
         Recording::read(&self.output).expect("a readable connection log")
@@ -81,4 +88,20 @@ impl Drop for Recorder {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The inode of a named network namespace (`/run/netns/NAME`): what the log's `netns`
+/// field holds for decisions made there.
+pub fn netns_inode(name: &str) -> u32 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(format!("/run/netns/{name}"))
+        .expect("the lab's namespace")
+        .ino() as u32
+}
+
+/// Keeps only the connections the lab's node decided: observer sees every namespace on
+/// the host, and other labs or demos may be running beside the test.
+pub fn only_node(recording: &mut Recording, node_ns: &str) {
+    let inode = netns_inode(node_ns);
+    recording.conns.retain(|conn| conn.netns == inode);
 }

@@ -75,7 +75,13 @@ pub fn http_keepalive_paced(
     count: usize,
     pause: std::time::Duration,
 ) -> anyhow::Result<Vec<Answer>> {
-    python_client(lab, "http-keepalive", target, count, &[pause.as_secs_f64().to_string()])
+    python_client(
+        lab,
+        "http-keepalive",
+        target,
+        count,
+        &[pause.as_secs_f64().to_string()],
+    )
 }
 
 /// Python: `count` UDP queries, each from a new socket.

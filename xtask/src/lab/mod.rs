@@ -67,7 +67,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use serde::{Deserialize, Serialize};
 
-pub use clients::{Answer, http_fresh, http_keepalive, http_keepalive_paced, node_fetch, udp_queries};
+pub use clients::{
+    Answer, http_fresh, http_keepalive, http_keepalive_paced, node_fetch, udp_queries,
+};
 pub use conntrack::{ConntrackWatch, CtEvent};
 pub use spec::{Pod, Proto, Service};
 
@@ -292,8 +294,15 @@ impl Lab {
     /// Adds a Service port (e.g. the benchmark's sink) and syncs the rules as kube-proxy
     /// would when a Service is created.
     pub fn add_service(&mut self, service: Service) -> anyhow::Result<()> {
-        if self.services.iter().any(|s| s.port_name_string() == service.port_name_string()) {
-            bail!("the lab already has Service port `{}`", service.port_name_string());
+        if self
+            .services
+            .iter()
+            .any(|s| s.port_name_string() == service.port_name_string())
+        {
+            bail!(
+                "the lab already has Service port `{}`",
+                service.port_name_string()
+            );
         }
         let previous = self.services.clone();
         self.services.push(service);

@@ -234,10 +234,10 @@ impl Btf {
             if member_name == name {
                 return Some((member.bit_offset, member.ty));
             }
-            if member_name.is_empty() {
-                if let Some((inner, ty)) = self.member(member.ty, name) {
-                    return Some((member.bit_offset + inner, ty));
-                }
+            if member_name.is_empty()
+                && let Some((inner, ty)) = self.member(member.ty, name)
+            {
+                return Some((member.bit_offset + inner, ty));
             }
         }
         None

@@ -95,10 +95,13 @@ pub async fn run(
     session.capture.detach();
     session.drain()?;
     let now = monotonic_ns();
-    for result in session.tracker.finish(&session.capture.connections(), now) {
-        if let Ok((id, record)) = result {
-            session.finished(id, record)?;
-        }
+    for (id, record) in session
+        .tracker
+        .finish(&session.capture.connections(), now)
+        .into_iter()
+        .flatten()
+    {
+        session.finished(id, record)?;
     }
     let counters = session.capture.counters();
     let summary = SummaryRecord {
@@ -139,10 +142,10 @@ impl Session {
         }
         for (conntrack, state) in sweep.idle {
             // When the kernel removed it first, its close event is on the way.
-            if self.capture.remove(conntrack) {
-                if let Ok((id, record)) = self.tracker.expired(conntrack, &state) {
-                    self.finished(id, record)?;
-                }
+            if self.capture.remove(conntrack)
+                && let Ok((id, record)) = self.tracker.expired(conntrack, &state)
+            {
+                self.finished(id, record)?;
             }
         }
         if let Some(log) = self.log.as_mut() {
@@ -175,10 +178,10 @@ impl Session {
         // A full channel means the view is behind: it gets this connection's counters
         // from the next sweep.
         self.flush_pending();
-        if self.pending.is_empty() {
-            if let Some(updates) = &self.updates {
-                let _ = updates.try_send(Update::Conn { id, record });
-            }
+        if self.pending.is_empty()
+            && let Some(updates) = &self.updates
+        {
+            let _ = updates.try_send(Update::Conn { id, record });
         }
     }
 

@@ -103,10 +103,8 @@ impl Tracker {
                 continue;
             }
             let moved = self.open.insert(id, state.last_ns) != Some(state.last_ns);
-            if moved {
-                if let Ok(record) = self.record(state, Close::Open, now_ns) {
-                    sweep.progress.push((id, record));
-                }
+            if moved && let Ok(record) = self.record(state, Close::Open, now_ns) {
+                sweep.progress.push((id, record));
             }
         }
         sweep

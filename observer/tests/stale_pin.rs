@@ -194,7 +194,7 @@ fn readiness_flip(rules: RuleMode, tag: &str) {
     // `observer check` catches it.
     let check = Command::new(env!("CARGO_BIN_EXE_observer"))
         .args(["check", "--max-stale", "0"])
-        .arg(&recorder_log(&dir))
+        .arg(recorder_log(&dir))
         .output()
         .unwrap();
     assert_eq!(

@@ -103,10 +103,10 @@ fn nightly_rust_src() -> anyhow::Result<()> {
 }
 
 fn bpf_linker() -> anyhow::Result<()> {
-    if let Ok(version) = output(Command::new("bpf-linker").arg("--version")) {
-        if version.contains(BPF_LINKER_VERSION) {
-            return Ok(());
-        }
+    if let Ok(version) = output(Command::new("bpf-linker").arg("--version"))
+        && version.contains(BPF_LINKER_VERSION)
+    {
+        return Ok(());
     }
     let sysroot = nightly_sysroot()?;
     let llvm = std::fs::read_dir(sysroot.join("lib"))?

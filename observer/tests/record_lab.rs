@@ -27,18 +27,8 @@ fn scenario(topology: Topology, rules: RuleMode, tag: &str) {
     })
     .expect("lab up");
     let dir = tempfile::tempdir().unwrap();
-    let checkout = lab
-        .services()
-        .iter()
-        .find(|s| s.name == "checkout")
-        .unwrap()
-        .cluster_addr();
-    let dns = lab
-        .services()
-        .iter()
-        .find(|s| s.name == "kube-dns")
-        .unwrap()
-        .cluster_addr();
+    let checkout = lab.service("checkout").unwrap().cluster_addr();
+    let dns = lab.service("kube-dns").unwrap().cluster_addr();
     let pod_ip: HashMap<String, SocketAddr> = lab
         .services()
         .iter()
@@ -56,12 +46,7 @@ fn scenario(topology: Topology, rules: RuleMode, tag: &str) {
     let node = node_fetch(&lab, checkout, 30).unwrap();
     let udp = udp_queries(&lab, dns, 10).unwrap();
     // Connections straight to a pod are not DNATed: conntrack sees them, observer must not report them.
-    let direct_pod = lab
-        .services()
-        .iter()
-        .find(|s| s.name == "checkout")
-        .unwrap()
-        .endpoint_addrs()[0];
+    let direct_pod = lab.service("checkout").unwrap().endpoint_addrs()[0];
     let direct = http_fresh(&lab, direct_pod, 3).unwrap();
     // Node's fetch keeps its connections open 4 s; let them close (FIN) before stopping.
     std::thread::sleep(std::time::Duration::from_secs(5));

@@ -78,12 +78,7 @@ fn readiness_flip(rules: RuleMode, tag: &str) {
     })
     .expect("lab up");
     let dir = tempfile::tempdir().unwrap();
-    let service = lab
-        .services()
-        .iter()
-        .find(|s| s.name == "checkout")
-        .unwrap()
-        .clone();
+    let service = lab.service("checkout").unwrap().clone();
     let cluster = service.cluster_addr();
     let recorder = Recorder::start(dir.path(), &[]);
 

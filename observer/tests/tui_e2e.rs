@@ -128,12 +128,7 @@ fn live_view_shows_pinning() {
     let tmux = Tmux::start(&format!("observer-e2e-{}", std::process::id()), &command);
     tmux.wait_for("the status bar", |s| s.contains("hooks 1"));
 
-    let service = lab
-        .services()
-        .iter()
-        .find(|s| s.name == "checkout")
-        .unwrap()
-        .clone();
+    let service = lab.service("checkout").unwrap().clone();
     let keepalive = http_keepalive(&lab, service.cluster_addr(), 30).unwrap();
     let fresh = http_fresh(&lab, service.cluster_addr(), 6).unwrap();
     let mut expected: BTreeMap<String, u64> = service

@@ -68,12 +68,7 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
         rules: RuleMode::Iptables,
         prefix: PREFIX.to_owned(),
     })?;
-    let checkout = lab
-        .services()
-        .iter()
-        .find(|s| s.name == "checkout")
-        .context("the lab has shop/checkout")?
-        .clone();
+    let checkout = lab.service("checkout")?.clone();
     let sink = Service {
         namespace: "bench".into(),
         name: "sink".into(),

@@ -96,11 +96,9 @@ type Client = fn(&Lab) -> anyhow::Result<()>;
 const CLIENTS: [Client; 4] = [keepalive, fresh, node_fetch, dns];
 
 fn checkout(lab: &Lab) -> std::net::SocketAddrV4 {
-    lab.services()
-        .iter()
-        .find(|s| s.name == "checkout")
-        .map(|s| s.cluster_addr())
-        .expect("the lab has shop/checkout")
+    lab.service("checkout")
+        .expect("the lab defines it")
+        .cluster_addr()
 }
 
 /// A keep-alive client: one connection, 5 requests a second for 20 s, all to one pod.
@@ -125,11 +123,9 @@ fn node_fetch(lab: &Lab) -> anyhow::Result<()> {
 /// DNS-like UDP queries, each from a new socket.
 fn dns(lab: &Lab) -> anyhow::Result<()> {
     let dns = lab
-        .services()
-        .iter()
-        .find(|s| s.name == "kube-dns")
-        .map(|s| s.cluster_addr())
-        .expect("the lab has kube-dns");
+        .service("kube-dns")
+        .expect("the lab defines it")
+        .cluster_addr();
     lab::udp_queries(lab, dns, 3)?;
     std::thread::sleep(Duration::from_secs(1));
     Ok(())

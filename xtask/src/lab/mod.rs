@@ -291,6 +291,14 @@ impl Lab {
     /// the rules as kube-proxy does after the readiness flip: a partial sync through
     /// `iptables-restore --noflush` or one `nft -f` transaction, then, for UDP, deleting
     /// the conntrack entries that still point at the removed endpoint.
+    /// The Service called `name` (e.g. `checkout`).
+    pub fn service(&self, name: &str) -> anyhow::Result<&Service> {
+        self.services
+            .iter()
+            .find(|s| s.name == name)
+            .with_context(|| format!("the lab has no Service called {name}"))
+    }
+
     /// Adds a Service port (e.g. the benchmark's sink) and syncs the rules as kube-proxy
     /// would when a Service is created.
     pub fn add_service(&mut self, service: Service) -> anyhow::Result<()> {

@@ -81,6 +81,11 @@ pub fn run(cmd: &mut Command) -> anyhow::Result<Output> {
     let out = cmd
         .output()
         .with_context(|| format!("could not start `{}`", describe(cmd)))?;
+    succeeded(cmd, out)
+}
+
+/// `out` when the command exited 0; otherwise an error carrying its stderr.
+fn succeeded(cmd: &Command, out: Output) -> anyhow::Result<Output> {
     if !out.status.success() {
         bail!(
             "`{}` failed ({}): {}",
@@ -107,15 +112,7 @@ pub fn run_with_input(cmd: &mut Command, input: &str) -> anyhow::Result<Output> 
         .write_all(input.as_bytes())
         .with_context(|| format!("could not write to `{}`", describe(cmd)))?;
     let out = child.wait_with_output()?;
-    if !out.status.success() {
-        bail!(
-            "`{}` failed ({}): {}",
-            describe(cmd),
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(out)
+    succeeded(cmd, out)
 }
 
 /// `ip netns exec <ns> <program> ...` as a Command.

@@ -95,6 +95,24 @@ fn fresh_tcp_bytes(state: &mut ConnState, dir: usize, packet: &Packet) -> u32 {
     end.wrapping_sub(start)
 }
 
+/// `bpf_ringbuf_submit` flags and `bpf_ringbuf_query` selector.
+const BPF_RB_NO_WAKEUP: u64 = 1;
+const BPF_RB_FORCE_WAKEUP: u64 = 2;
+const BPF_RB_AVAIL_DATA: u64 = 0;
+/// User space drains the ring buffer every few milliseconds anyway; it is woken early
+/// only when this much is waiting (an eighth of the ring), so a busy node does not cost
+/// a wake-up per event.
+const WAKEUP_BYTES: u64 = 512 * 1024;
+
+#[inline(always)]
+fn submit_flags() -> u64 {
+    if EVENTS.query(BPF_RB_AVAIL_DATA) >= WAKEUP_BYTES {
+        BPF_RB_FORCE_WAKEUP
+    } else {
+        BPF_RB_NO_WAKEUP
+    }
+}
+
 /// Writes an event carrying a copy of `state`; a full ring buffer is counted.
 #[inline(always)]
 pub fn emit(kind: u32, close: u32, conntrack: u64, state: *const ConnState, now: u64) {
@@ -110,7 +128,7 @@ pub fn emit(kind: u32, close: u32, conntrack: u64, state: *const ConnState, now:
                 (*event).time_ns = now;
                 core::ptr::copy_nonoverlapping(state, &raw mut (*event).state, 1);
             }
-            entry.submit(0);
+            entry.submit(submit_flags());
             count(counters::EVENTS_EMITTED);
         }
         None => count(counters::RINGBUF_DROPS),
@@ -133,7 +151,7 @@ pub fn close(conntrack: u64, state: *const ConnState, reason: u32, now: u64) {
                 core::ptr::copy_nonoverlapping(state, &raw mut (*event).state, 1);
             }
             if CONNS.remove(&conntrack).is_ok() {
-                entry.submit(0);
+                entry.submit(submit_flags());
                 count(counters::EVENTS_EMITTED);
             } else {
                 entry.discard(0);

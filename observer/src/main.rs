@@ -131,9 +131,10 @@ fn main() -> ExitCode {
     }
 }
 
+/// One thread: the session and the view are light, and waking a second worker for
+/// every ring-buffer wake-up costs more than it saves.
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+    tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("cannot start the async runtime")

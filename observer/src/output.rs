@@ -2,7 +2,18 @@
 
 use std::io::Write;
 
-use crate::record::{ConnRecord, LogLine, ServiceRecord, SummaryRecord};
+use serde::Serialize;
+
+use crate::record::{ConnRecord, ServiceRecord, SummaryRecord};
+
+/// A borrowed log line: serializes exactly like `record::LogLine` without cloning.
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+enum LineRef<'a> {
+    Conn(&'a ConnRecord),
+    Service(&'a ServiceRecord),
+    Summary(&'a SummaryRecord),
+}
 
 pub struct LogWriter {
     out: Box<dyn Write + Send>,
@@ -40,16 +51,16 @@ impl LogWriter {
 
     pub fn conn(&mut self, record: &ConnRecord) -> std::io::Result<()> {
         self.connections += 1;
-        self.line(&LogLine::Conn(record.clone()))
+        self.line(&LineRef::Conn(record))
     }
 
     pub fn service(&mut self, record: &ServiceRecord) -> std::io::Result<()> {
-        self.line(&LogLine::Service(record.clone()))
+        self.line(&LineRef::Service(record))
     }
 
     /// Writes the summary line and flushes.
     pub fn summary(&mut self, summary: &SummaryRecord) -> std::io::Result<()> {
-        self.line(&LogLine::Summary(summary.clone()))?;
+        self.line(&LineRef::Summary(summary))?;
         self.out.flush()
     }
 
@@ -57,8 +68,49 @@ impl LogWriter {
         self.out.flush()
     }
 
-    fn line(&mut self, line: &LogLine) -> std::io::Result<()> {
+    fn line(&mut self, line: &LineRef<'_>) -> std::io::Result<()> {
         serde_json::to_writer(&mut self.out, line)?;
         self.out.write_all(b"\n")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::{LogLine, Recording};
+
+    /// What the writer writes reads back as the same records (the same schema as
+    /// `record::LogLine`).
+    #[test]
+    fn written_lines_read_back() {
+        let text = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/data/logs/mixed.jsonl"
+        ))
+        .unwrap();
+        let original = Recording::parse("mixed.jsonl", &text).unwrap();
+        let buffer = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        struct Shared(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+        impl std::io::Write for Shared {
+            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().write(bytes)
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let mut writer = LogWriter::new(Box::new(Shared(buffer.clone())), "test");
+        for service in &original.services {
+            writer.service(service).unwrap();
+        }
+        for conn in &original.conns {
+            writer.conn(conn).unwrap();
+        }
+        writer.summary(original.summary.as_ref().unwrap()).unwrap();
+        assert_eq!(writer.connections(), original.conns.len() as u64);
+        let written = String::from_utf8(buffer.lock().unwrap().clone()).unwrap();
+        assert_eq!(Recording::parse("written", &written).unwrap(), original);
+        let first: LogLine = serde_json::from_str(written.lines().next().unwrap()).unwrap();
+        assert!(matches!(first, LogLine::Service(_)));
     }
 }

@@ -20,6 +20,9 @@ use crate::{
     tracker::{Clock, Tracker},
 };
 
+/// How often the ring buffer is drained without a wake-up: the live view's latency.
+const DRAIN_INTERVAL: Duration = Duration::from_millis(50);
+
 pub struct SessionOptions {
     /// UDP (and unanswered TCP) connections end after this much silence.
     pub idle_timeout: Duration,
@@ -79,6 +82,10 @@ pub async fn run(
         malformed: 0,
         events: 0,
     };
+    // The kernel wakes user space only when a lot is waiting (see observer-ebpf's
+    // `conn::submit_flags`): drain on a short timer as well.
+    let mut drain = tokio::time::interval(DRAIN_INTERVAL);
+    drain.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut sweep = tokio::time::interval(options.sweep_interval);
     sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tokio::pin!(stop);
@@ -89,6 +96,7 @@ pub async fn run(
                 ready.context("cannot poll the kernel's ring buffer")?;
                 session.drain()?;
             }
+            _ = drain.tick() => session.drain()?,
             _ = sweep.tick() => session.sweep()?,
         }
     }
@@ -172,6 +180,11 @@ impl Session {
     }
 
     fn progress(&mut self, id: ConnId, mut record: ConnRecord) {
+        // Only the live view shows connections before they end.
+        if self.updates.is_none() {
+            self.netns_seen.insert(record.netns);
+            return;
+        }
         if let Err(err) = self.name(&mut record) {
             (self.warn)(format!("{err:#}"));
         }
@@ -202,16 +215,16 @@ impl Session {
         let Some(namer) = self.namer.as_mut() else {
             return Ok(());
         };
-        // Re-reading rules runs iptables-save/nft: keep the runtime's other tasks going.
-        let naming = tokio::task::block_in_place(|| {
-            namer.name(
-                record.netns,
-                record.proto,
-                record.original_dst,
-                record.backend,
-                Instant::now(),
-            )
-        });
+        // A lookup is a map access; at most every 2 s per namespace it re-reads the rules
+        // (a few milliseconds of iptables-save/nft), during which the ring buffer holds
+        // the kernel's events.
+        let naming = namer.name(
+            record.netns,
+            record.proto,
+            record.original_dst,
+            record.backend,
+            Instant::now(),
+        );
         record.service = naming.service;
         record.endpoint_in_rules = naming.endpoint_in_rules;
         for warning in namer.take_warnings() {

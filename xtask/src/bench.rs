@@ -165,7 +165,9 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
     println!();
 
     println!("loss ramp (observer attached)");
-    println!("  offered/s  achieved/s  connections  dnat_events  recorded  lost_events");
+    println!(
+        "  offered/s  achieved/s  connections  dnat_events  recorded  lost_events  observer CPU µs/conn"
+    );
     let mut highest_lossless = None;
     for &rate in &args.rates {
         let dir = tempfile_dir()?;
@@ -173,12 +175,13 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
         let report = load(rate)?;
         let summary = recorder.stop()?;
         println!(
-            "  {rate:>9}  {:>10.0}  {:>11}  {:>11}  {:>8}  {:>11}",
+            "  {rate:>9}  {:>10.0}  {:>11}  {:>11}  {:>8}  {:>11}  {:>20.1}",
             report.rate(),
             report.connected,
             summary.dnat_events,
             summary.connections,
-            summary.lost_events
+            summary.lost_events,
+            summary.cpu_seconds * 1e6 / summary.connections.max(1) as f64
         );
         if summary.lost_events == 0 && summary.connections >= report.connected {
             highest_lossless = Some(report.rate());
@@ -228,12 +231,22 @@ fn list_u64(values: &[u64]) -> String {
         .join(" ")
 }
 
-/// The summary line's counts.
+/// The summary line's counts, and the CPU time observer used.
 #[derive(serde::Deserialize)]
 struct Summary {
     connections: u64,
     dnat_events: u64,
     lost_events: u64,
+    #[serde(skip)]
+    cpu_seconds: f64,
+}
+
+/// User + system CPU seconds of every child reaped so far.
+fn children_cpu_seconds() -> f64 {
+    let usage = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_CHILDREN)
+        .expect("getrusage cannot fail for RUSAGE_CHILDREN");
+    let seconds = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 + t.tv_usec() as f64 / 1e6;
+    seconds(usage.user_time()) + seconds(usage.system_time())
 }
 
 /// `observer record` writing into `dir`, started and attached.
@@ -269,9 +282,16 @@ impl Recorder {
             nix::unistd::Pid::from_raw(self.child.id() as i32),
             nix::sys::signal::Signal::SIGTERM,
         )?;
+        let before = children_cpu_seconds();
         self.child.wait()?;
+        let cpu_seconds = children_cpu_seconds() - before;
         let text = std::fs::read_to_string(&self.log)?;
         let last = text.lines().last().context("empty connection log")?;
-        serde_json::from_str(last).context("the log's last line is not a summary")
+        let summary: Summary =
+            serde_json::from_str(last).context("the log's last line is not a summary")?;
+        Ok(Summary {
+            cpu_seconds,
+            ..summary
+        })
     }
 }

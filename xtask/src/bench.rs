@@ -36,7 +36,7 @@ pub struct BenchArgs {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "1000,2000,4000,8000,16000"
+        default_value = "1000,2000,4000,8000,12000,16000,20000"
     )]
     rates: Vec<u64>,
 }

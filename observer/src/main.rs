@@ -194,10 +194,11 @@ fn record(args: RecordArgs) -> anyhow::Result<ExitCode> {
 
 /// The live view: capture (and optionally record) while showing, or replay a log.
 fn live(args: LiveArgs) -> anyhow::Result<ExitCode> {
-    tui::check_terminal()?;
-    let runtime = runtime()?;
+    // Every check that can fail comes before the screen is taken over.
     if let Some(path) = &args.replay {
         let recording = Recording::read(path)?;
+        tui::check_terminal()?;
+        let runtime = runtime()?;
         let updates = tui::replay_updates(&recording);
         let (send, receive) = tokio::sync::mpsc::channel(updates.len() + 1);
         for update in updates {
@@ -214,6 +215,8 @@ fn live(args: LiveArgs) -> anyhow::Result<ExitCode> {
     }
 
     observer::capture::check_privileges()?;
+    tui::check_terminal()?;
+    let runtime = runtime()?;
     let log = args.record.as_deref().map(LogWriter::create).transpose()?;
     let warnings = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
     runtime.block_on(async {

@@ -110,4 +110,45 @@ fn not_privileged() {
         !log.exists(),
         "nothing is written when the privilege check fails"
     );
+    // The live view says so before it would take over the screen.
+    let out = Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+        ])
+        .arg(&binary)
+        .output()
+        .expect("setpriv (util-linux)");
+    assert_one_sentence(
+        &out,
+        "needs root (CAP_BPF and CAP_PERFMON, or CAP_SYS_ADMIN)",
+    );
+}
+
+#[test]
+fn corrupt_replay_file_names_the_line() {
+    let corrupt = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/logs/corrupt.jsonl");
+    let out = observer(&["--replay", corrupt]);
+    assert_one_sentence(&out, "corrupt.jsonl:3: not a connection log line");
+}
+
+#[test]
+fn live_view_without_a_terminal_suggests_record() {
+    let log = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/logs/keepalive.jsonl"
+    );
+    let out = observer(&["--replay", log]);
+    assert_one_sentence(
+        &out,
+        "observer's live view needs a terminal; use `observer record --output FILE`",
+    );
+}
+
+#[test]
+fn missing_replay_file() {
+    let out = observer(&["--replay", "/nonexistent/conns.jsonl"]);
+    assert_one_sentence(&out, "/nonexistent/conns.jsonl: cannot read");
 }

@@ -9,7 +9,7 @@ use observer::{
     capture::{Capture, CaptureOptions},
     naming::{Namer, NamerConfig, SystemSource},
     output::LogWriter,
-    record::Recording,
+    record::{Recording, SummaryRecord},
     session::{self, SessionOptions},
     tui::{self, TuiOptions},
 };
@@ -131,8 +131,8 @@ fn main() -> ExitCode {
     }
 }
 
-/// One thread: the session and the view are light, and waking a second worker for
-/// every ring-buffer wake-up costs more than it saves.
+/// One thread per runtime: `record` needs no more, and the live view runs capture and
+/// the view on two threads of their own.
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -216,52 +216,69 @@ fn live(args: LiveArgs) -> anyhow::Result<ExitCode> {
 
     observer::capture::check_privileges()?;
     tui::check_terminal()?;
-    let runtime = runtime()?;
     let log = args.record.as_deref().map(LogWriter::create).transpose()?;
     let warnings = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
-    runtime.block_on(async {
-        let capture = start_capture(&args.capture)?;
-        let (send, receive) = tokio::sync::mpsc::channel(65536);
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let collected = warnings.clone();
-        let options = SessionOptions {
-            idle_timeout: args.capture.idle_timeout,
-            sweep_interval: Duration::from_secs(1),
-            log,
-            updates: Some(send),
-            namer: args.capture.namer(),
-            warn: Box::new(move |warning| {
-                if let Ok(mut list) = collected.lock() {
-                    list.push(warning);
+    let (send, receive) = tokio::sync::mpsc::channel(65536);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let collected = warnings.clone();
+    let options = SessionOptions {
+        idle_timeout: args.capture.idle_timeout,
+        sweep_interval: Duration::from_secs(1),
+        log,
+        updates: Some(send),
+        namer: args.capture.namer(),
+        warn: Box::new(move |warning| {
+            if let Ok(mut list) = collected.lock() {
+                list.push(warning);
+            }
+        }),
+    };
+    // Capture runs on a thread of its own, so that a busy view never keeps it from
+    // draining the kernel's ring buffer. It reports whether it attached before the
+    // view takes the screen.
+    let (attached, attach_result) = std::sync::mpsc::channel::<anyhow::Result<()>>();
+    let capture_args = args.capture.clone();
+    let capture_thread = std::thread::spawn(move || -> anyhow::Result<SummaryRecord> {
+        let runtime = runtime()?;
+        runtime.block_on(async move {
+            let capture = match start_capture(&capture_args) {
+                Ok(capture) => capture,
+                Err(err) => {
+                    let _ = attached.send(Err(err));
+                    anyhow::bail!("capture did not start");
                 }
-            }),
-        };
-        let session = tokio::spawn(session::run(capture, options, async {
-            let _ = stopped.await;
-        }));
-        let title = std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .map(|name| name.trim().to_owned())
-            .unwrap_or_else(|_| "this node".to_owned());
-        let shown = tui::run(
-            receive,
-            TuiOptions {
-                title,
-                recording: args.record.clone(),
-                replay: false,
-            },
-        )
-        .await;
-        let _ = stop.send(());
-        let summary = session.await.context("the capture task failed")??;
-        shown?;
-        if let Some(path) = &args.record {
-            eprintln!(
-                "observer: wrote {} connections to {path} ({} lost events)",
-                summary.connections, summary.lost_events
-            );
-        }
-        Ok::<_, anyhow::Error>(())
-    })?;
+            };
+            let _ = attached.send(Ok(()));
+            session::run(capture, options, async {
+                let _ = stopped.await;
+            })
+            .await
+        })
+    });
+    attach_result
+        .recv()
+        .context("the capture thread ended before attaching")??;
+
+    let title = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|name| name.trim().to_owned())
+        .unwrap_or_else(|_| "this node".to_owned());
+    let options = TuiOptions {
+        title,
+        recording: args.record.clone(),
+        replay: false,
+    };
+    let shown = runtime()?.block_on(tui::run(receive, options));
+    let _ = stop.send(());
+    let summary = capture_thread
+        .join()
+        .map_err(|_| anyhow::anyhow!("the capture thread panicked"))??;
+    shown?;
+    if let Some(path) = &args.record {
+        eprintln!(
+            "observer: wrote {} connections to {path} ({} lost events)",
+            summary.connections, summary.lost_events
+        );
+    }
     for warning in warnings.lock().map(|list| list.clone()).unwrap_or_default() {
         eprintln!("observer: warning: {warning}");
     }

@@ -39,6 +39,10 @@ pub struct BenchArgs {
         default_value = "1000,2000,4000,8000,12000,16000,20000"
     )]
     rates: Vec<u64>,
+    /// Set up the lab and the sink, print how to drive load at it (e.g. to watch the live
+    /// view under load), and wait for Enter instead of measuring.
+    #[arg(long)]
+    hold: bool,
 }
 
 /// Kills child processes when the benchmark ends, however it ends.
@@ -99,6 +103,17 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
         &["-qw", "net.ipv4.ip_local_port_range=1024 65000"],
     )?;
     std::thread::sleep(Duration::from_millis(300));
+    if args.hold {
+        println!("lab ready; drive load with:");
+        println!(
+            "  ip netns exec {} {} bench-client --target {target} --rate 8000 --seconds 10",
+            lab.client_ns(),
+            xtask.display()
+        );
+        println!("press Enter to tear it down");
+        std::io::stdin().read_line(&mut String::new())?;
+        return Ok(());
+    }
 
     let load = |rate: u64| -> anyhow::Result<LoadReport> {
         let out = lab.run_in(

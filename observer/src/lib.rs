@@ -7,6 +7,7 @@ pub mod btf;
 pub mod capture;
 pub mod decode;
 pub mod live;
+pub mod metrics;
 pub mod naming;
 pub mod offsets;
 pub mod output;

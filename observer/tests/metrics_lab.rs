@@ -1,0 +1,128 @@
+//! Root integration test of `observer serve`: real traffic in the lab, then a scrape of
+//! `/metrics` over loopback; per-backend request and connection counters must equal
+//! what the clients' own records say each pod answered.
+
+mod common;
+
+use std::{
+    collections::BTreeMap,
+    io::{BufRead, BufReader, Read, Write},
+    net::{SocketAddr, TcpStream},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use common::{prefix, require_root};
+use xtask::lab::{Lab, LabConfig, RuleMode, Topology, http_fresh, http_keepalive};
+
+struct Server(std::process::Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn scrape(addr: &str) -> String {
+    let mut stream = TcpStream::connect(addr).expect("connect to observer serve");
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: observer\r\n\r\n")
+        .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    assert!(response.starts_with("HTTP/1.1 200 OK\r\n"), "{response}");
+    response.split_once("\r\n\r\n").unwrap().1.to_owned()
+}
+
+/// `metric{labels...,backend="X"} value` samples of one metric for one service.
+fn per_backend(metrics: &str, metric: &str, service: &str) -> BTreeMap<String, u64> {
+    let prefix = format!("{metric}{{service=\"{service}\",proto=\"tcp\",backend=\"");
+    metrics
+        .lines()
+        .filter_map(|line| line.strip_prefix(&prefix))
+        .map(|rest| {
+            let (backend, value) = rest.split_once("\"} ").unwrap();
+            (backend.to_owned(), value.parse::<f64>().unwrap() as u64)
+        })
+        .collect()
+}
+
+#[test]
+fn metrics_count_what_the_clients_saw() {
+    require_root();
+    let lab = Lab::up(LabConfig {
+        topology: Topology::Routed,
+        rules: RuleMode::Nftables,
+        prefix: prefix("met"),
+    })
+    .expect("lab up");
+    let addr = format!("127.0.0.1:{}", 20000 + std::process::id() % 20000);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_observer"))
+        .args(["serve", "--listen", &addr])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let _server = Server(child);
+    let mut lines = BufReader::new(stderr).lines();
+    loop {
+        match lines.next() {
+            Some(Ok(line)) if line.contains("attached") => break,
+            Some(Ok(_)) => continue,
+            other => panic!("observer serve did not attach: {other:?}"),
+        }
+    }
+    std::thread::spawn(move || lines.for_each(drop));
+
+    let service = lab.service("checkout").unwrap().clone();
+    let keepalive = http_keepalive(&lab, service.cluster_addr(), 30).unwrap();
+    let fresh = http_fresh(&lab, service.cluster_addr(), 9).unwrap();
+    let backend_of = |pod: &str| {
+        let pod = service.endpoints.iter().find(|p| p.name == pod).unwrap();
+        SocketAddr::new(pod.ip.into(), service.target_port).to_string()
+    };
+    let mut expected_requests: BTreeMap<String, u64> = service
+        .endpoint_addrs()
+        .into_iter()
+        .map(|a| (a.to_string(), 0))
+        .collect();
+    let mut expected_connections = expected_requests.clone();
+    for answer in keepalive.iter().chain(&fresh) {
+        *expected_requests.get_mut(&backend_of(&answer.pod)).unwrap() += 1;
+    }
+    // One connection per fresh request, one for all the keep-alive requests.
+    for answer in fresh.iter().chain(&keepalive[..1]) {
+        *expected_connections
+            .get_mut(&backend_of(&answer.pod))
+            .unwrap() += 1;
+    }
+
+    let name = "shop/checkout:http";
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let metrics = loop {
+        let metrics = scrape(&addr);
+        if per_backend(&metrics, "observer_requests_total", name) == expected_requests {
+            break metrics;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "requests never matched {expected_requests:?}:\n{metrics}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    assert_eq!(
+        per_backend(&metrics, "observer_connections_total", name),
+        expected_connections
+    );
+    assert!(
+        metrics.lines().any(|l| l == "observer_lost_events_total 0"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.lines().any(|l| l == "observer_hooks_attached 1"),
+        "{metrics}"
+    );
+    let shares = per_backend(&metrics, "observer_expected_share", name);
+    assert_eq!(shares.len(), 3, "{metrics}");
+}

@@ -48,6 +48,37 @@ pub mod flags {
     /// The connection's first packet (conntrack `IP_CT_NEW`) was seen; when clear,
     /// observer attached while the connection was already established.
     pub const START_SEEN: u32 = 1 << 7;
+    /// A reply packet was forwarded by the node (seen on `net_dev_queue`): the reply
+    /// direction is accounted there, not at local delivery.
+    pub const REPLY_FORWARDED: u32 = 1 << 8;
+}
+
+/// Finds a connection by what its client dialed: the key of the `DIALED` map, which the
+/// local-delivery hook uses for replies to clients on the node itself (host network),
+/// whose replies are delivered locally and never forwarded.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct DialedKey {
+    pub client: [u8; 16],
+    pub dialed: [u8; 16],
+    pub client_port: u16,
+    pub dialed_port: u16,
+    pub protocol: u8,
+    pub _pad: [u8; 3],
+}
+
+impl DialedKey {
+    /// The key of a connection from its original tuple.
+    pub fn of(original: &FlowTuple) -> DialedKey {
+        DialedKey {
+            client: original.src.addr,
+            dialed: original.dst.addr,
+            client_port: original.src.port,
+            dialed_port: original.dst.port,
+            protocol: original.protocol,
+            _pad: [0; 3],
+        }
+    }
 }
 
 /// Index of the original (client -> dialed address) direction in per-direction arrays.
@@ -115,6 +146,7 @@ const _: () = assert!(core::mem::size_of::<Endpoint>() == 20);
 const _: () = assert!(core::mem::size_of::<FlowTuple>() == 44);
 const _: () = assert!(core::mem::size_of::<ConnState>() == 160);
 const _: () = assert!(core::mem::size_of::<ConnEvent>() == 184);
+const _: () = assert!(core::mem::size_of::<DialedKey>() == 40);
 
 #[cfg(feature = "user")]
 mod pod {
@@ -123,4 +155,6 @@ mod pod {
     unsafe impl aya::Pod for super::ConnState {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::ConnEvent {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::DialedKey {}
 }

@@ -1,12 +1,15 @@
 //! Per-connection accounting: bytes each way (each byte once), requests, TCP closing.
 
 use observer_common::{
-    conn::{CLOSE_FIN, CLOSE_NONE, CLOSE_RST, ConnEvent, ConnState, ORIGINAL, PROTO_TCP, flags},
+    conn::{
+        CLOSE_FIN, CLOSE_NONE, CLOSE_RST, ConnEvent, ConnState, DialedKey, ORIGINAL, PROTO_TCP,
+        flags,
+    },
     counters,
 };
 
 use crate::{
-    maps::{CONNS, EVENTS, count},
+    maps::{CONNS, DIALED, EVENTS, count},
     packet::{Packet, TCP_FIN, TCP_RST, TCP_SYN},
 };
 
@@ -135,10 +138,35 @@ pub fn emit(kind: u32, close: u32, conntrack: u64, state: *const ConnState, now:
     }
 }
 
+/// Makes a new connection findable by what its client dialed (see `DIALED`). A tuple
+/// already taken (the same client and address in another node's namespace) keeps its
+/// first owner.
+#[inline(always)]
+pub fn remember_dialed(conntrack: u64, state: &ConnState) {
+    let _ = DIALED.insert(&DialedKey::of(&state.original), &conntrack, BPF_NOEXIST);
+}
+
+/// Removes the `DIALED` entry of a closing connection, if it is its own.
+#[inline(always)]
+fn forget_dialed(conntrack: u64, state: *const ConnState) {
+    // SAFETY: `state` points at a live map value or a ring-buffer copy.
+    let key = DialedKey::of(unsafe { &(*state).original });
+    if DIALED.get_ptr(&key).is_some_and(|owner| {
+        // SAFETY: a live map value.
+        unsafe { *owner == conntrack }
+    }) {
+        let _ = DIALED.remove(&key);
+    }
+}
+
+/// `bpf_map_update_elem` flag: fail if the key exists.
+pub const BPF_NOEXIST: u64 = 1;
+
 /// Ends a tracked connection: reports it and removes its entry. Only the CPU whose
 /// removal succeeds reports, so a connection is closed exactly once.
 #[inline(always)]
 pub fn close(conntrack: u64, state: *const ConnState, reason: u32, now: u64) {
+    forget_dialed(conntrack, state);
     match EVENTS.reserve::<ConnEvent>(0) {
         Some(mut entry) => {
             let event = entry.as_mut_ptr();

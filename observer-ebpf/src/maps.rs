@@ -4,7 +4,11 @@ use aya_ebpf::{
     macros::map,
     maps::{HashMap, PerCpuArray, RingBuf},
 };
-use observer_common::{conn::ConnState, counters, offsets::KernelOffsets};
+use observer_common::{
+    conn::{ConnState, DialedKey},
+    counters,
+    offsets::KernelOffsets,
+};
 
 /// Kernel structure offsets read from BTF by user space (`EbpfLoader::set_global`).
 /// All zero (and `valid == 0`) until then, in which case the programs do nothing.
@@ -42,6 +46,11 @@ pub fn offsets() -> KernelOffsets {
 /// it (`--max-connections`) and removes entries that idle out.
 #[map]
 pub static CONNS: HashMap<u64, ConnState> = HashMap::with_max_entries(65536, 0);
+
+/// Tracked connections by client and dialed address (value: the `nf_conn` address),
+/// for the local-delivery hook. Same size as `CONNS`.
+#[map]
+pub static DIALED: HashMap<DialedKey, u64> = HashMap::with_max_entries(65536, 0);
 
 /// Open and close events for user space.
 #[map]

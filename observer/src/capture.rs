@@ -4,10 +4,10 @@
 use aya::{
     Ebpf, EbpfLoader,
     maps::{HashMap, MapData, PerCpuArray, RingBuf},
-    programs::RawTracePoint,
+    programs::{CgroupAttachMode, CgroupSkb, CgroupSkbAttachType, RawTracePoint},
 };
 use observer_common::{
-    conn::{ConnEvent, ConnState},
+    conn::{ConnEvent, ConnState, DialedKey},
     counters,
 };
 
@@ -72,8 +72,29 @@ pub struct Capture {
     ebpf: Option<Ebpf>,
     events: tokio::io::unix::AsyncFd<RingBuf<MapData>>,
     conns: HashMap<MapData, u64, ConnState>,
+    dialed: HashMap<MapData, DialedKey, u64>,
     counters: PerCpuArray<MapData, u64>,
     hooks_attached: u32,
+    /// What works less well than it could on this machine, one sentence each.
+    pub warnings: Vec<String>,
+}
+
+/// Where the cgroup v2 hierarchy is mounted (`/sys/fs/cgroup`, or
+/// `/sys/fs/cgroup/unified` on hybrid systems), from `/proc/self/mountinfo`.
+fn cgroup2_mount() -> Option<std::path::PathBuf> {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    mountinfo.lines().find_map(|line| {
+        // Fields: id parent major:minor root mount-point options ... - fstype source options
+        let (before, after) = line.split_once(" - ")?;
+        (after.split_whitespace().next()? == "cgroup2")
+            .then(|| {
+                before
+                    .split_whitespace()
+                    .nth(4)
+                    .map(std::path::PathBuf::from)
+            })
+            .flatten()
+    })
 }
 
 /// Fails unless the process may load tracing programs; checked before anything else
@@ -117,6 +138,7 @@ impl Capture {
         let mut ebpf = EbpfLoader::new()
             .override_global("OFFSETS", &offsets, true)
             .map_max_entries("CONNS", options.max_connections)
+            .map_max_entries("DIALED", options.max_connections)
             .load(PROGRAMS)
             .map_err(|err| CaptureError::Load(error_chain(&err)))?;
         let mut hooks_attached = 0;
@@ -134,6 +156,34 @@ impl Capture {
             attach(&mut ebpf).map_err(|reason| CaptureError::Attach { hook, reason })?;
             hooks_attached += 1;
         }
+        let mut warnings = Vec::new();
+        match cgroup2_mount() {
+            Some(root) => {
+                let hook = "cgroup_skb/ingress";
+                let attach = |ebpf: &mut Ebpf| -> Result<(), String> {
+                    let cgroup = std::fs::File::open(&root)
+                        .map_err(|err| format!("cannot open {}: {err}", root.display()))?;
+                    let program: &mut CgroupSkb = ebpf
+                        .program_mut("local_delivery")
+                        .ok_or("program missing from the object")?
+                        .try_into()
+                        .map_err(|err| error_chain(&err))?;
+                    program.load().map_err(|err| error_chain(&err))?;
+                    // A BPF link (kernel 5.7+) takes no flags and never displaces programs
+                        // others attached to the same cgroup.
+                    program
+                        .attach(cgroup, CgroupSkbAttachType::Ingress, CgroupAttachMode::Single)
+                        .map_err(|err| error_chain(&err))?;
+                    Ok(())
+                };
+                attach(&mut ebpf).map_err(|reason| CaptureError::Attach { hook, reason })?;
+                hooks_attached += 1;
+            }
+            None => warnings.push(
+                "no cgroup v2 hierarchy is mounted: replies to clients on the node itself (host network) are not counted"
+                    .to_owned(),
+            ),
+        }
         let map = |ebpf: &mut Ebpf, name: &str| {
             ebpf.take_map(name)
                 .ok_or_else(|| CaptureError::Load(format!("map {name} missing from the object")))
@@ -141,6 +191,8 @@ impl Capture {
         let events = RingBuf::try_from(map(&mut ebpf, "EVENTS")?)
             .map_err(|err| CaptureError::Load(error_chain(&err)))?;
         let conns = HashMap::try_from(map(&mut ebpf, "CONNS")?)
+            .map_err(|err| CaptureError::Load(error_chain(&err)))?;
+        let dialed = HashMap::try_from(map(&mut ebpf, "DIALED")?)
             .map_err(|err| CaptureError::Load(error_chain(&err)))?;
         let counters = PerCpuArray::try_from(map(&mut ebpf, "COUNTERS")?)
             .map_err(|err| CaptureError::Load(error_chain(&err)))?;
@@ -159,8 +211,10 @@ impl Capture {
             ebpf: Some(ebpf),
             events,
             conns,
+            dialed,
             counters,
             hooks_attached,
+            warnings,
         })
     }
 
@@ -202,9 +256,17 @@ impl Capture {
         self.conns.iter().filter_map(Result::ok).collect()
     }
 
-    /// Removes a connection from the kernel table; false when the kernel removed it
+    /// Removes a connection from the kernel tables; false when the kernel removed it
     /// first (then its close event is on the way).
-    pub fn remove(&mut self, conntrack: u64) -> bool {
+    pub fn remove(&mut self, conntrack: u64, state: &ConnState) -> bool {
+        let key = DialedKey::of(&state.original);
+        if self
+            .dialed
+            .get(&key, 0)
+            .is_ok_and(|owner| owner == conntrack)
+        {
+            let _ = self.dialed.remove(&key);
+        }
         self.conns.remove(&conntrack).is_ok()
     }
 

@@ -153,11 +153,16 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .context("cannot start the async runtime")
 }
 
+/// Loads and attaches the kernel programs; says what works less well on this machine.
 fn start_capture(args: &CaptureArgs) -> anyhow::Result<Capture> {
-    Ok(Capture::start(&CaptureOptions {
+    let capture = Capture::start(&CaptureOptions {
         max_connections: args.max_connections,
         btf_path: args.btf.clone(),
-    })?)
+    })?;
+    for warning in &capture.warnings {
+        eprintln!("observer: warning: {warning}");
+    }
+    Ok(capture)
 }
 
 /// Resolves when Ctrl-C or SIGTERM arrives, or after `duration`.

@@ -150,7 +150,7 @@ impl Session {
         }
         for (conntrack, state) in sweep.idle {
             // When the kernel removed it first, its close event is on the way.
-            if self.capture.remove(conntrack)
+            if self.capture.remove(conntrack, &state)
                 && let Ok((id, record)) = self.tracker.expired(conntrack, &state)
             {
                 self.finished(id, record)?;

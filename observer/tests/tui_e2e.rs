@@ -126,7 +126,7 @@ fn live_view_shows_pinning() {
         log.display()
     );
     let tmux = Tmux::start(&format!("observer-e2e-{}", std::process::id()), &command);
-    tmux.wait_for("the status bar", |s| s.contains("hooks 1"));
+    tmux.wait_for("the status bar", |s| s.contains("hooks 2"));
 
     let service = lab.service("checkout").unwrap().clone();
     let keepalive = http_keepalive(&lab, service.cluster_addr(), 30).unwrap();

@@ -19,14 +19,12 @@ use observer_common::{
 };
 
 use crate::{
-    conn::{account, close, emit},
+    conn::{BPF_NOEXIST, account, close, emit, remember_dialed},
     kernel::{ReadFailed, read, read_netns, read_tuple},
     maps::{CONNS, SCRATCH, count, offsets},
     packet::parse,
 };
 
-/// `bpf_map_update_elem` flag: fail if the key exists.
-const BPF_NOEXIST: u64 = 1;
 /// `-EEXIST`.
 const EEXIST: i32 = -17;
 
@@ -76,7 +74,11 @@ fn handle(skb: u64) -> Result<(), ReadFailed> {
         } else {
             // SAFETY: a live map value; concurrent updates from another CPU can only
             // make a counter off by one packet, never unsafe.
-            let reason = account(unsafe { &mut *state }, dir, &packet, now);
+            let state_ref = unsafe { &mut *state };
+            if dir == REPLY {
+                state_ref.flags |= flags::REPLY_FORWARDED;
+            }
+            let reason = account(state_ref, dir, &packet, now);
             if reason != CLOSE_NONE {
                 close(conntrack, state, reason, now);
             }
@@ -112,9 +114,15 @@ fn handle(skb: u64) -> Result<(), ReadFailed> {
         &off,
         &mut fresh.reply,
     )?;
+    if dir == REPLY {
+        fresh.flags |= flags::REPLY_FORWARDED;
+    }
     account(fresh, dir, &packet, now);
     match CONNS.insert(&conntrack, &*fresh, BPF_NOEXIST) {
-        Ok(()) => emit(EVENT_OPEN, CLOSE_NONE, conntrack, fresh, now),
+        Ok(()) => {
+            remember_dialed(conntrack, fresh);
+            emit(EVENT_OPEN, CLOSE_NONE, conntrack, fresh, now);
+        }
         // Another CPU inserted it first and reported it.
         Err(EEXIST) => {}
         Err(_) => count(counters::TABLE_FULL),

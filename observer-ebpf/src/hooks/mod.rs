@@ -1,3 +1,4 @@
 //! One file per hook family.
 
 mod dev_queue;
+mod local_delivery;

@@ -107,6 +107,16 @@ impl Tracker {
                 sweep.progress.push((id, record));
             }
         }
+        // A connection no longer in the kernel table whose close event was lost (counted
+        // as lost by the kernel) would otherwise stay open here forever.
+        let present: std::collections::HashSet<ConnId> = entries
+            .iter()
+            .map(|(conntrack, state)| ConnId {
+                conntrack: *conntrack,
+                start_ns: state.start_ns,
+            })
+            .collect();
+        self.open.retain(|id, _| present.contains(id));
         sweep
     }
 
@@ -290,6 +300,25 @@ mod tests {
         let (_, record) = tracker.expired(1, &udp).unwrap();
         assert_eq!(record.close, Close::Timeout);
         assert_eq!(record.duration_ms, 1000.0);
+    }
+
+    #[test]
+    fn connections_gone_from_the_kernel_table_stop_counting_as_open() {
+        let mut tracker = tracker();
+        let state = state(PROTO_TCP, 100 * SECOND, 101 * SECOND);
+        let open = ConnEvent {
+            kind: EVENT_OPEN,
+            conntrack: 5,
+            time_ns: 100 * SECOND,
+            state,
+            ..Default::default()
+        };
+        tracker.on_event(&open).unwrap();
+        tracker.sweep(&[(5, state)], 102 * SECOND);
+        assert_eq!(tracker.open_count(), 1);
+        // Its close event was lost: the kernel removed the entry.
+        tracker.sweep(&[], 103 * SECOND);
+        assert_eq!(tracker.open_count(), 0);
     }
 
     #[test]

@@ -138,6 +138,8 @@ fn bpf_linker() -> anyhow::Result<()> {
     run(Command::new("cargo")
         .args([
             "install",
+            // bpf-linker's own lock file: versions known to build together.
+            "--locked",
             "bpf-linker",
             "--version",
             BPF_LINKER_VERSION,

@@ -1,7 +1,11 @@
 //! observer: how Kubernetes Service traffic is really spread across pods on a node.
 //!
-//! Pure logic lives here, free of aya and tokio types so it is unit-testable without
-//! root; `main.rs` and `capture` are the edges that touch the kernel.
+//! Pure logic, free of aya and tokio types and unit-tested without root:
+//! `record` (the log schema), `decode`, `tracker`, `btf` and `offsets`, `rules` and
+//! `naming`, `stats` (aggregates, `summary`, `check`), `metrics`, and the view's state in
+//! `tui`. The edges that touch the kernel, the terminal or the network: `capture` (load,
+//! attach, maps), `session` (the capture loop), `serve` (the metrics endpoint),
+//! `tui::run`, `output`, and `main.rs`.
 
 pub mod btf;
 pub mod capture;
@@ -14,6 +18,7 @@ pub mod output;
 pub mod record;
 pub mod rules;
 pub mod rules_cmd;
+pub mod serve;
 pub mod session;
 pub mod stats;
 pub mod tracker;

@@ -303,101 +303,28 @@ fn live(args: LiveArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// What `serve` exposes: the aggregates and the latest capture counters.
-#[derive(Default)]
-struct Served {
-    aggregator: observer::stats::Aggregator,
-    capture: observer::live::CaptureStats,
-}
-
+/// `observer serve`: capture, and answer Prometheus scrapes until Ctrl-C or SIGTERM.
 fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
-    use std::sync::{Arc, Mutex};
-
-    use observer::live::Update;
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-
     observer::capture::check_privileges()?;
     let listener = std::net::TcpListener::bind(args.listen)
         .map_err(|err| anyhow::anyhow!("cannot listen on {}: {err}", args.listen))?;
-    listener.set_nonblocking(true)?;
     let runtime = runtime()?;
     runtime.block_on(async {
-        let listener = tokio::net::TcpListener::from_std(listener)?;
         let capture = start_capture(&args.capture)?;
         eprintln!(
             "observer: attached {} kernel program(s); serving metrics on http://{}/metrics",
             capture.hooks_attached(),
             args.listen
         );
-        let served = Arc::new(Mutex::new(Served::default()));
-        let (send, mut receive) = tokio::sync::mpsc::channel(65536);
         let options = SessionOptions {
             idle_timeout: args.capture.idle_timeout,
             sweep_interval: Duration::from_secs(1),
             log: None,
-            updates: Some(send),
+            updates: None,
             namer: args.capture.namer(),
             warn: Box::new(|warning| eprintln!("observer: warning: {warning}")),
         };
-        let session = session::run(capture, options, stop_signal(None));
-        let state = served.clone();
-        let consume = async move {
-            while let Some(update) = receive.recv().await {
-                let Ok(mut state) = state.lock() else { return };
-                match update {
-                    Update::Conn { id, record } => state.aggregator.apply(id, &record),
-                    Update::Service(service) => state.aggregator.add_service(&service),
-                    Update::Stats(stats) => state.capture = stats,
-                }
-            }
-        };
-        let answer = async move {
-            loop {
-                let Ok((mut stream, _)) = listener.accept().await else {
-                    // Out of descriptors, say: let some close before trying again.
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                };
-                let served = served.clone();
-                tokio::spawn(async move {
-                    let mut head = Vec::new();
-                    let mut buffer = [0u8; 1024];
-                    let read = async {
-                        while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 8192 {
-                            match stream.read(&mut buffer).await {
-                                Ok(0) | Err(_) => break,
-                                Ok(n) => head.extend_from_slice(&buffer[..n]),
-                            }
-                        }
-                    };
-                    if tokio::time::timeout(Duration::from_secs(5), read)
-                        .await
-                        .is_err()
-                    {
-                        return;
-                    }
-                    let response =
-                        observer::metrics::respond(&String::from_utf8_lossy(&head), || {
-                            served
-                                .lock()
-                                .map(|state| {
-                                    observer::metrics::render(
-                                        &state.aggregator.services(),
-                                        &state.capture,
-                                    )
-                                })
-                                .unwrap_or_default()
-                        });
-                    let _ = stream.write_all(response.as_bytes()).await;
-                    let _ = stream.shutdown().await;
-                });
-            }
-        };
-        let summary = tokio::select! {
-            summary = session => summary?,
-            () = consume => anyhow::bail!("the capture session stopped sending updates"),
-            () = answer => anyhow::bail!("stopped accepting metrics requests"),
-        };
+        let summary = observer::serve::run(listener, capture, options, stop_signal(None)).await?;
         eprintln!(
             "observer: stopped ({} DNAT decisions, {} lost events)",
             summary.dnat_events, summary.lost_events

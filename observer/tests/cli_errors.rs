@@ -89,19 +89,27 @@ fn not_privileged() {
         std::os::unix::fs::PermissionsExt::from_mode(0o777),
     )
     .unwrap();
-    let out = Command::new("setpriv")
-        .args([
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-            "--inh-caps=-all",
-        ])
-        .arg(&binary)
-        .args(["record", "--output"])
-        .arg(&log)
-        .args(["--duration", "1"])
-        .output()
-        .expect("setpriv (util-linux)");
+    // Runs the copy as `nobody`, without capabilities.
+    let as_nobody = |args: &[&std::ffi::OsStr]| {
+        Command::new("setpriv")
+            .args([
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                "--inh-caps=-all",
+            ])
+            .arg(&binary)
+            .args(args)
+            .output()
+            .expect("setpriv (util-linux)")
+    };
+    let out = as_nobody(&[
+        "record".as_ref(),
+        "--output".as_ref(),
+        log.as_os_str(),
+        "--duration".as_ref(),
+        "1".as_ref(),
+    ]);
     assert_one_sentence(
         &out,
         "needs root (CAP_BPF and CAP_PERFMON, or CAP_SYS_ADMIN); run observer with sudo",
@@ -111,16 +119,7 @@ fn not_privileged() {
         "nothing is written when the privilege check fails"
     );
     // The live view says so before it would take over the screen.
-    let out = Command::new("setpriv")
-        .args([
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-            "--inh-caps=-all",
-        ])
-        .arg(&binary)
-        .output()
-        .expect("setpriv (util-linux)");
+    let out = as_nobody(&[]);
     assert_one_sentence(
         &out,
         "needs root (CAP_BPF and CAP_PERFMON, or CAP_SYS_ADMIN)",

@@ -1,0 +1,98 @@
+//! `observer serve`: a capture session whose updates feed the aggregates, and a small
+//! HTTP server that answers `GET /metrics` with them (see `metrics`).
+
+use std::{
+    future::Future,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+use crate::{
+    capture::Capture,
+    live::{CaptureStats, Update},
+    record::SummaryRecord,
+    session::{self, SessionOptions},
+    stats::Aggregator,
+};
+
+/// What a scrape sees: the aggregates and the latest capture counters.
+#[derive(Default)]
+struct Served {
+    aggregator: Aggregator,
+    capture: CaptureStats,
+}
+
+/// Largest request head read from a scraper.
+const MAX_REQUEST: usize = 8192;
+
+/// Runs until `stop` completes; `listener` is already bound (so a busy port fails
+/// before anything is attached).
+pub async fn run(
+    listener: std::net::TcpListener,
+    capture: Capture,
+    mut options: SessionOptions,
+    stop: impl Future<Output = ()>,
+) -> anyhow::Result<SummaryRecord> {
+    listener.set_nonblocking(true)?;
+    let listener = tokio::net::TcpListener::from_std(listener)?;
+    let served = Arc::new(Mutex::new(Served::default()));
+    let (send, mut receive) = tokio::sync::mpsc::channel(65536);
+    options.updates = Some(send);
+    let session = session::run(capture, options, stop);
+    let state = served.clone();
+    let consume = async move {
+        while let Some(update) = receive.recv().await {
+            let Ok(mut state) = state.lock() else { return };
+            match update {
+                Update::Conn { id, record } => state.aggregator.apply(id, &record),
+                Update::Service(service) => state.aggregator.add_service(&service),
+                Update::Stats(stats) => state.capture = stats,
+            }
+        }
+    };
+    let answer = async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                // Out of descriptors, say: let some close before trying again.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            };
+            tokio::spawn(answer_one(stream, served.clone()));
+        }
+    };
+    tokio::select! {
+        summary = session => summary,
+        () = consume => anyhow::bail!("the capture session stopped sending updates"),
+        () = answer => anyhow::bail!("stopped accepting metrics requests"),
+    }
+}
+
+/// Reads one request head (5 s at most) and writes the response.
+async fn answer_one(mut stream: tokio::net::TcpStream, served: Arc<Mutex<Served>>) {
+    let mut head = Vec::new();
+    let mut buffer = [0u8; 1024];
+    let read = async {
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < MAX_REQUEST {
+            match stream.read(&mut buffer).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => head.extend_from_slice(&buffer[..n]),
+            }
+        }
+    };
+    if tokio::time::timeout(Duration::from_secs(5), read)
+        .await
+        .is_err()
+    {
+        return;
+    }
+    let response = crate::metrics::respond(&String::from_utf8_lossy(&head), || {
+        served
+            .lock()
+            .map(|state| crate::metrics::render(&state.aggregator.services(), &state.capture))
+            .unwrap_or_default()
+    });
+    let _ = stream.write_all(response.as_bytes()).await;
+    let _ = stream.shutdown().await;
+}

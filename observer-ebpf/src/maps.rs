@@ -12,6 +12,7 @@ use observer_common::{
 
 /// Kernel structure offsets read from BTF by user space (`EbpfLoader::set_global`).
 /// All zero (and `valid == 0`) until then, in which case the programs do nothing.
+// SAFETY: `OFFSETS` is a unique symbol in this object; user space finds it by this name.
 #[unsafe(no_mangle)]
 static OFFSETS: KernelOffsets = KernelOffsets {
     skb_nfct: 0,

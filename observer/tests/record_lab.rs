@@ -160,7 +160,15 @@ fn scenario(topology: Topology, rules: RuleMode, tag: &str) {
         );
         assert_eq!((conn.requests, conn.close), (1, Close::Fin));
         assert_eq!(conn.original_dst, SocketAddr::V4(checkout));
+        // http.client's request: GET, Host, Accept-Encoding and Connection: close lines.
+        assert_eq!(conn.bytes_to_backend, 84, "each byte once");
     }
+    // Every answer has the same headers around the pod's name.
+    let header_sizes: std::collections::BTreeSet<u64> = fresh
+        .iter()
+        .map(|a| by_port[&(Proto::Tcp, a.client_port)].bytes_from_backend - a.pod.len() as u64)
+        .collect();
+    assert_eq!(header_sizes.len(), 1, "{header_sizes:?}");
 
     // One keep-alive connection: 30 requests, all to one pod.
     assert!(
@@ -171,14 +179,25 @@ fn scenario(topology: Topology, rules: RuleMode, tag: &str) {
     let conn = by_port[&(Proto::Tcp, keepalive[0].client_port)];
     assert_eq!(conn.backend, pod_ip[&keepalive[0].pod]);
     assert_eq!((conn.requests, conn.close), (30, Close::Fin));
+    // 30 requests of GET, Host and Accept-Encoding lines: 65 bytes each.
+    assert_eq!(conn.bytes_to_backend, 30 * 65);
 
-    // UDP: one query per socket, answered by the pod the log names.
+    // UDP: one query per socket, answered by the pod the log names. The query is "q",
+    // the answer the pod's name: each datagram counted once even where a bridge shows
+    // it to the hook twice.
     assert_eq!(udp.len(), 10);
     for answer in &udp {
         let conn = by_port[&(Proto::Udp, answer.client_port)];
         assert_eq!(conn.backend, pod_ip[&answer.pod]);
-        assert_eq!(conn.requests, 1);
         assert_eq!(conn.original_dst, SocketAddr::V4(dns));
+        assert_eq!(
+            (
+                conn.requests,
+                conn.bytes_to_backend,
+                conn.bytes_from_backend
+            ),
+            (1, 1, answer.pod.len() as u64)
+        );
     }
 
     // Node's fetch: the remaining TCP connections; requests per pod equal what Node saw.

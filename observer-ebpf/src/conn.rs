@@ -2,11 +2,13 @@
 
 use observer_common::{
     conn::{
-        CLOSE_FIN, CLOSE_NONE, CLOSE_RST, ConnEvent, ConnState, DialedKey, ORIGINAL, PROTO_TCP,
-        flags,
+        CLOSE_FIN, CLOSE_NONE, CLOSE_RST, ConnEvent, ConnState, DialedKey, EVENT_CLOSE, ORIGINAL,
+        PROTO_TCP, flags,
     },
     counters,
 };
+
+use aya_ebpf::maps::ring_buf::RingBufEntry;
 
 use crate::{
     maps::{CONNS, DIALED, EVENTS, count},
@@ -116,21 +118,34 @@ fn submit_flags() -> u64 {
     }
 }
 
+/// Fills a reserved ring-buffer slot with an event carrying a copy of `state`.
+#[inline(always)]
+fn fill(
+    entry: &mut RingBufEntry<ConnEvent>,
+    kind: u32,
+    close: u32,
+    conntrack: u64,
+    state: *const ConnState,
+    now: u64,
+) {
+    let event = entry.as_mut_ptr();
+    // SAFETY: `event` points at a reserved ring-buffer slot of the right size and
+    // alignment; `state` points at a live map value or per-CPU scratch slot.
+    unsafe {
+        (*event).kind = kind;
+        (*event).close = close;
+        (*event).conntrack = conntrack;
+        (*event).time_ns = now;
+        core::ptr::copy_nonoverlapping(state, &raw mut (*event).state, 1);
+    }
+}
+
 /// Writes an event carrying a copy of `state`; a full ring buffer is counted.
 #[inline(always)]
 pub fn emit(kind: u32, close: u32, conntrack: u64, state: *const ConnState, now: u64) {
     match EVENTS.reserve::<ConnEvent>(0) {
         Some(mut entry) => {
-            let event = entry.as_mut_ptr();
-            // SAFETY: `event` points at a reserved ring-buffer slot of the right size and
-            // alignment; `state` points at a live map value or per-CPU scratch slot.
-            unsafe {
-                (*event).kind = kind;
-                (*event).close = close;
-                (*event).conntrack = conntrack;
-                (*event).time_ns = now;
-                core::ptr::copy_nonoverlapping(state, &raw mut (*event).state, 1);
-            }
+            fill(&mut entry, kind, close, conntrack, state, now);
             entry.submit(submit_flags());
             count(counters::EVENTS_EMITTED);
         }
@@ -169,15 +184,7 @@ pub fn close(conntrack: u64, state: *const ConnState, reason: u32, now: u64) {
     forget_dialed(conntrack, state);
     match EVENTS.reserve::<ConnEvent>(0) {
         Some(mut entry) => {
-            let event = entry.as_mut_ptr();
-            // SAFETY: as in `emit`.
-            unsafe {
-                (*event).kind = observer_common::conn::EVENT_CLOSE;
-                (*event).close = reason;
-                (*event).conntrack = conntrack;
-                (*event).time_ns = now;
-                core::ptr::copy_nonoverlapping(state, &raw mut (*event).state, 1);
-            }
+            fill(&mut entry, EVENT_CLOSE, reason, conntrack, state, now);
             if CONNS.remove(&conntrack).is_ok() {
                 entry.submit(submit_flags());
                 count(counters::EVENTS_EMITTED);

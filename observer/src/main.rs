@@ -89,6 +89,27 @@ struct CaptureArgs {
 }
 
 impl CaptureArgs {
+    /// Session settings from the flags: no live updates unless the caller adds them.
+    fn session_options(
+        &self,
+        log: Option<LogWriter>,
+        warn: Box<dyn FnMut(String) + Send>,
+    ) -> SessionOptions {
+        SessionOptions {
+            idle_timeout: self.idle_timeout,
+            sweep_interval: Duration::from_secs(1),
+            log,
+            updates: None,
+            namer: self.namer(),
+            warn,
+        }
+    }
+
+    /// Warnings straight to stderr (no screen to keep clean).
+    fn stderr_warnings() -> Box<dyn FnMut(String) + Send> {
+        Box::new(|warning| eprintln!("observer: warning: {warning}"))
+    }
+
     fn namer(&self) -> Option<Namer> {
         // kube-proxy rewrites rules on every endpoint change: re-read them every 2 s
         // (only while there are connections to name) so stale pins show promptly.
@@ -193,14 +214,7 @@ fn record(args: RecordArgs) -> anyhow::Result<ExitCode> {
             capture.hooks_attached(),
             log.name
         );
-        let options = SessionOptions {
-            idle_timeout: args.capture.idle_timeout,
-            sweep_interval: Duration::from_secs(1),
-            log: Some(log),
-            updates: None,
-            namer: args.capture.namer(),
-            warn: Box::new(|warning| eprintln!("observer: warning: {warning}")),
-        };
+        let options = args.capture.session_options(Some(log), CaptureArgs::stderr_warnings());
         let summary = session::run(capture, options, stop_signal(args.duration)).await?;
         eprintln!(
             "observer: wrote {} connections ({} DNAT decisions, {} lost events, {} failed kernel reads)",
@@ -239,18 +253,16 @@ fn live(args: LiveArgs) -> anyhow::Result<ExitCode> {
     let (send, receive) = tokio::sync::mpsc::channel(65536);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let collected = warnings.clone();
-    let options = SessionOptions {
-        idle_timeout: args.capture.idle_timeout,
-        sweep_interval: Duration::from_secs(1),
+    // The screen belongs to the view: warnings are printed after it closes.
+    let mut options = args.capture.session_options(
         log,
-        updates: Some(send),
-        namer: args.capture.namer(),
-        warn: Box::new(move |warning| {
+        Box::new(move |warning| {
             if let Ok(mut list) = collected.lock() {
                 list.push(warning);
             }
         }),
-    };
+    );
+    options.updates = Some(send);
     // Capture runs on a thread of its own, so that a busy view never keeps it from
     // draining the kernel's ring buffer. It reports whether it attached before the
     // view takes the screen.
@@ -316,14 +328,9 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             capture.hooks_attached(),
             args.listen
         );
-        let options = SessionOptions {
-            idle_timeout: args.capture.idle_timeout,
-            sweep_interval: Duration::from_secs(1),
-            log: None,
-            updates: None,
-            namer: args.capture.namer(),
-            warn: Box::new(|warning| eprintln!("observer: warning: {warning}")),
-        };
+        let options = args
+            .capture
+            .session_options(None, CaptureArgs::stderr_warnings());
         let summary = observer::serve::run(listener, capture, options, stop_signal(None)).await?;
         eprintln!(
             "observer: stopped ({} DNAT decisions, {} lost events)",

@@ -1,25 +1,24 @@
 //! observer: how Kubernetes Service traffic is really spread across pods on a node.
 //!
-//! Pure logic, free of aya and tokio types and unit-tested without root:
-//! `record` (the log schema), `decode`, `tracker`, `btf` and `offsets`, `rules` and
-//! `naming`, `stats` (aggregates, `summary`, `check`), `metrics`, and the view's state in
-//! `tui`. The edges that touch the kernel, the terminal or the network: `capture` (load,
-//! attach, maps), `session` (the capture loop), `serve` (the metrics endpoint),
-//! `tui::run`, `output`, and `main.rs`.
+//! The tree follows the data:
+//! - [`kernel`]: BTF offsets, loading and attaching the programs, decoding their events.
+//! - [`model`]: the connection-log schema, the tracker that turns events into records,
+//!   and the updates the pipeline hands on. [`pipeline`] runs kernel -> model -> naming -> sinks.
+//! - [`naming`]: kube-proxy's rules (iptables-save, nft JSON) read per network namespace.
+//! - [`stats`]: per-Service and per-backend aggregates; [`sinks`]: the log writer,
+//!   metrics, the summary report, check verdicts; [`tui`]: the live view.
+//! - [`cli`]: every subcommand's arguments and entry point, and the exit-code convention.
+//!
+//! Pure, unit-tested without root: `model`, `naming` (but its `source`), `stats`, `sinks`
+//! (but `serve`), `tui` (but `run`), `kernel::{btf, offsets, decode}`. The edges that touch
+//! the kernel, the terminal, the network or the node's tools: `kernel::capture`,
+//! `pipeline`, `sinks::serve`, `naming::source`, `tui::run`, `cli`.
 
-pub mod btf;
-pub mod capture;
-pub mod decode;
-pub mod live;
-pub mod metrics;
+pub mod cli;
+pub mod kernel;
+pub mod model;
 pub mod naming;
-pub mod offsets;
-pub mod output;
-pub mod record;
-pub mod rules;
-pub mod rules_cmd;
-pub mod serve;
-pub mod session;
+pub mod pipeline;
+pub mod sinks;
 pub mod stats;
-pub mod tracker;
 pub mod tui;

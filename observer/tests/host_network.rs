@@ -6,8 +6,8 @@
 mod common;
 
 use common::{Recorder, only_node, prefix, require_root};
-use observer::record::{Close, Proto};
-use xtask::lab::{Lab, LabConfig, RuleMode, Topology};
+use observer::model::record::{Close, Proto};
+use observer_lab::{Lab, LabConfig, RuleMode, Topology};
 
 /// Prints `[local_port, [answers...]]` after `count` keep-alive requests, then one UDP
 /// query from a new socket: `[local_port, answer]`.

@@ -8,7 +8,7 @@ mod common;
 use std::process::{Child, Command, Stdio};
 
 use common::{Recorder, require_root};
-use observer::record::{Close, Proto};
+use observer::model::record::{Close, Proto};
 
 /// Namespaces and processes made by this test; removed on drop, also on failure.
 struct Node {

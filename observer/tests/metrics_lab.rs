@@ -13,7 +13,7 @@ use std::{
 };
 
 use common::{prefix, require_root};
-use xtask::lab::{Lab, LabConfig, RuleMode, Topology, http_fresh, http_keepalive};
+use observer_lab::{Lab, LabConfig, RuleMode, Topology, http_fresh, http_keepalive};
 
 struct Server(std::process::Child);
 

@@ -12,8 +12,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 
 use common::{Recorder, only_node, prefix, require_root};
-use observer::record::{Close, ConnRecord, Proto};
-use xtask::lab::{
+use observer::model::record::{Close, ConnRecord, Proto};
+use observer_lab::{
     ConntrackWatch, Lab, LabConfig, RuleMode, Topology, http_fresh, http_keepalive, node_fetch,
     udp_queries,
 };

@@ -7,9 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
+use observer::model::record::{LogLine, Proto};
 use observer::naming::{Namer, NamerConfig, Naming, SystemSource, netns_inode};
-use observer::record::{LogLine, Proto};
-use observer::rules_cmd::{RulesArgs, render};
 
 const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/rules");
 
@@ -77,10 +76,19 @@ fn named(service: &str, current: bool) -> Naming {
     }
 }
 
-fn rendered(args: RulesArgs) -> String {
-    let mut out = Vec::new();
-    render(&args, &mut out).unwrap();
-    String::from_utf8(out).unwrap()
+/// What `observer rules ARGS` prints; it must succeed.
+fn rendered(args: &[&str]) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_observer"))
+        .arg("rules")
+        .args(args)
+        .output()
+        .expect("run observer rules");
+    assert!(
+        out.status.success(),
+        "observer rules {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
 }
 
 #[test]
@@ -198,10 +206,8 @@ fn names_connections_from_rules_in_real_namespaces() {
     );
 
     // `observer rules --netns PATH`: the table.
-    let table = rendered(RulesArgs {
-        json: false,
-        netns: Some(ipt.path().display().to_string()),
-    });
+    let ipt_path = ipt.path().display().to_string();
+    let table = rendered(&["-o", "table", "--netns", &ipt_path]);
     let header = format!("netns {ipt_inode} ({})", ipt.path().display());
     assert!(table.starts_with(&header), "{table}");
     let rows: Vec<Vec<&str>> = table
@@ -230,11 +236,8 @@ fn names_connections_from_rules_in_real_namespaces() {
         assert!(rows.contains(&row), "no row {row:?} in\n{table}");
     }
 
-    // `observer rules --json --netns INODE`: service records of that namespace only.
-    let json = rendered(RulesArgs {
-        json: true,
-        netns: Some(nft_inode.to_string()),
-    });
+    // `observer rules -o json --netns INODE`: service records of that namespace only.
+    let json = rendered(&["-o", "json", "--netns", &nft_inode.to_string()]);
     let records: Vec<_> = json
         .lines()
         .map(
@@ -253,7 +256,7 @@ fn names_connections_from_rules_in_real_namespaces() {
     assert_eq!(checkout.endpoints.len(), 5);
 
     // Default: every namespace with kube-proxy rules, ours among them.
-    let all = rendered(RulesArgs::default());
+    let all = rendered(&[]);
     assert!(all.contains(&format!("netns {ipt_inode} (")), "{all}");
     assert!(all.contains(&format!("netns {nft_inode} (")), "{all}");
 }

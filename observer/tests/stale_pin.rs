@@ -13,8 +13,8 @@ use std::{
 };
 
 use common::{Recorder, only_node, prefix, require_root};
-use observer::record::{Close, Proto};
-use xtask::lab::{Lab, LabConfig, RuleMode, Topology, http_fresh};
+use observer::model::record::{Close, Proto};
+use observer_lab::{Lab, LabConfig, RuleMode, Topology, http_fresh};
 
 /// A keep-alive client that sends `count` requests `pause` seconds apart on one
 /// connection and prints `[[local_port, pod], ...]`.

@@ -14,7 +14,7 @@ use std::{
 };
 
 use common::{prefix, require_root};
-use xtask::lab::{Lab, LabConfig, RuleMode, Topology, http_fresh, http_keepalive};
+use observer_lab::{Lab, LabConfig, RuleMode, Topology, http_fresh, http_keepalive};
 
 /// A tmux session running one command; killed on drop.
 struct Tmux {
@@ -188,7 +188,7 @@ fn live_view_shows_pinning() {
         std::thread::sleep(Duration::from_millis(100));
     }
     assert!(!tmux.alive(), "observer did not quit on q");
-    let mut recording = observer::record::Recording::read(&log).unwrap();
+    let mut recording = observer::model::record::Recording::read(&log).unwrap();
     assert_eq!(recording.summary.clone().unwrap().lost_events, 0);
     common::only_node(&mut recording, lab.node_ns());
     assert_eq!(recording.conns.len(), 7);

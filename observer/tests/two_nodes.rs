@@ -9,8 +9,8 @@ mod common;
 use std::net::{SocketAddr, SocketAddrV4};
 
 use common::{Recorder, netns_inode, prefix, require_root};
-use observer::record::Proto;
-use xtask::lab::{ConntrackWatch, Lab, LabConfig, RuleMode, Topology, http_fresh};
+use observer::model::record::Proto;
+use observer_lab::{ConntrackWatch, Lab, LabConfig, RuleMode, Topology, http_fresh};
 
 #[test]
 fn each_node_decides_and_names_its_own_connections() {

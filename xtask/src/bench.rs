@@ -17,7 +17,7 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
-use xtask::lab::{self, Lab, LabConfig, Proto, RuleMode, Service, Topology};
+use observer_lab::{self as lab, Lab, LabConfig, Proto, RuleMode, Service, Topology};
 
 use crate::load::LoadReport;
 

@@ -10,7 +10,7 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-use xtask::lab::{self, Lab, LabConfig, RuleMode, Topology};
+use observer_lab::{self as lab, Lab, LabConfig, RuleMode, Topology};
 
 const PREFIX: &str = "demo";
 

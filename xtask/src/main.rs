@@ -31,7 +31,7 @@ enum Task {
     /// New connections per second through the lab's DNAT with and without observer.
     Bench(bench::BenchArgs),
     /// A simulated kind node (network namespaces, kube-proxy rules, pods, a client).
-    Lab(xtask::lab::cli::LabArgs),
+    Lab(observer_lab::cli::LabArgs),
     /// (benchmark internals) Accept and drop connections.
     #[command(hide = true)]
     BenchSink {
@@ -65,7 +65,7 @@ fn main() -> ExitCode {
         Task::Test { args } => test::test(&args),
         Task::Demo(args) => demo::demo(args),
         Task::Bench(args) => bench::bench(args),
-        Task::Lab(args) => xtask::lab::cli::run(args),
+        Task::Lab(args) => observer_lab::cli::run(args),
         Task::BenchSink { port } => load::sink(port, 2),
         Task::BenchClient {
             target,

@@ -31,17 +31,14 @@
 //! `RECENT_CLOSED` final records are kept (so a repeated final record replaces instead of
 //! adding); older closed connections live on as per-backend totals and lifetime samples.
 
-pub mod check;
-pub mod summary;
-
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::net::SocketAddr;
 
 use serde::Serialize;
 
-use crate::live::ConnId;
-use crate::record::{ConnRecord, Frontend, Proto, Recording, ServiceRecord};
+use crate::model::record::{ConnRecord, Frontend, Proto, Recording, ServiceRecord};
+use crate::model::update::ConnId;
 
 /// Nearest-rank percentiles of pinning lifetimes, in milliseconds.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
@@ -320,7 +317,7 @@ impl Aggregator {
     /// replaceable only while it is among the latest `RECENT_CLOSED`; an open record
     /// arriving after its connection's final one is stale and ignored.
     pub fn apply(&mut self, id: ConnId, record: &ConnRecord) {
-        let open = record.close == crate::record::Close::Open;
+        let open = record.close == crate::model::record::Close::Open;
         if open && self.closed.contains_key(&id) {
             return;
         }
@@ -566,7 +563,7 @@ fn lifetime_percentiles(lifetimes: &Lifetimes, exact: &[f64]) -> Option<Percenti
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::record::{Close, EndpointShare, FrontendKind};
+    use crate::model::record::{Close, EndpointShare, FrontendKind};
     use chrono::{TimeZone, Utc};
 
     pub(crate) fn addr(text: &str) -> SocketAddr {

@@ -8,8 +8,8 @@ use chrono::{DateTime, TimeDelta, Utc};
 use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 
 use super::conns::{Change, ConnTable};
-use crate::live::{CaptureStats, Update};
-use crate::record::{Close, ConnRecord, Proto, ServiceRecord};
+use crate::model::record::{Close, ConnRecord, Proto, ServiceRecord};
+use crate::model::update::{CaptureStats, Update};
 use crate::stats::{Aggregator, ServiceStats};
 
 /// Closed connections kept for display (all open ones are kept).

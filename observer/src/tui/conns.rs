@@ -3,8 +3,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::live::ConnId;
-use crate::record::{Close, ConnRecord};
+use crate::model::record::{Close, ConnRecord};
+use crate::model::update::ConnId;
 
 /// How an update changed the table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

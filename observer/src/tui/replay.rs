@@ -3,8 +3,8 @@
 
 use std::collections::BTreeSet;
 
-use crate::live::{CaptureStats, ConnId, Update};
-use crate::record::{Close, Recording};
+use crate::model::record::{Close, Recording};
+use crate::model::update::{CaptureStats, ConnId, Update};
 
 /// Services first (in file order, so a later definition wins), then every connection's
 /// final record in order of start time, then the recording's counters.

@@ -16,7 +16,7 @@ use tokio::time::MissedTickBehavior;
 
 use super::app::{App, Effect, Msg, update};
 use super::view::render;
-use crate::live::Update;
+use crate::model::update::Update;
 
 /// Redraws per second: 4.
 const TICK: Duration = Duration::from_millis(250);

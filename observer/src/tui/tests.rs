@@ -13,10 +13,10 @@ use super::app::{App, Effect, Msg, Screen, SortKey, update};
 use super::conns::{Change, ConnTable};
 use super::replay::replay_updates;
 use super::view::render;
-use crate::live::{CaptureStats, ConnId, Update};
-use crate::record::{
+use crate::model::record::{
     Close, ConnRecord, EndpointShare, Frontend, FrontendKind, Proto, Recording, ServiceRecord,
 };
+use crate::model::update::{CaptureStats, ConnId, Update};
 
 const CHECKOUT: &str = "shop/checkout:http";
 const PODS: [&str; 3] = ["10.244.1.13:3000", "10.244.2.7:3000", "10.244.3.4:3000"];

@@ -8,7 +8,7 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Borders, Clear, Paragraph, Wrap};
 
 use super::app::{App, Detail, LIFETIME_BUCKETS, Screen, ServiceRow};
-use crate::record::Close;
+use crate::model::record::Close;
 use crate::stats::BackendStats;
 
 /// Below this the view only says it is too small.

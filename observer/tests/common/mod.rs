@@ -1,5 +1,5 @@
 //! Shared pieces of the root integration tests: a running `observer record` and the
-//! root check. Each test builds its own lab (xtask::lab), whose Drop removes every
+//! root check. Each test builds its own lab (observer_lab), whose Drop removes every
 //! namespace and process, also when an assertion fails.
 
 #![allow(dead_code)]
@@ -12,7 +12,7 @@ use std::{
     time::Duration,
 };
 
-use observer::record::Recording;
+use observer::model::record::Recording;
 
 /// Root tests fail, never skip, without root: CI runs as root and must run them.
 pub fn require_root() {

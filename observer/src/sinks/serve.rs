@@ -9,13 +9,11 @@ use std::{
 
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
-use crate::{
-    capture::Capture,
-    live::{CaptureStats, Update},
-    record::SummaryRecord,
-    session::{self, SessionOptions},
-    stats::Aggregator,
-};
+use crate::kernel::capture::Capture;
+use crate::model::record::SummaryRecord;
+use crate::model::update::{CaptureStats, Update};
+use crate::pipeline::{self, SessionOptions};
+use crate::stats::Aggregator;
 
 /// What a scrape sees: the aggregates and the latest capture counters.
 #[derive(Default)]
@@ -40,7 +38,7 @@ pub async fn run(
     let served = Arc::new(Mutex::new(Served::default()));
     let (send, mut receive) = tokio::sync::mpsc::channel(65536);
     options.updates = Some(send);
-    let session = session::run(capture, options, stop);
+    let session = pipeline::run(capture, options, stop);
     let state = served.clone();
     let consume = async move {
         while let Some(update) = receive.recv().await {
@@ -87,10 +85,12 @@ async fn answer_one(mut stream: tokio::net::TcpStream, served: Arc<Mutex<Served>
     {
         return;
     }
-    let response = crate::metrics::respond(&String::from_utf8_lossy(&head), || {
+    let response = crate::sinks::metrics::respond(&String::from_utf8_lossy(&head), || {
         served
             .lock()
-            .map(|state| crate::metrics::render(&state.aggregator.services(), &state.capture))
+            .map(|state| {
+                crate::sinks::metrics::render(&state.aggregator.services(), &state.capture)
+            })
             .unwrap_or_default()
     });
     let _ = stream.write_all(response.as_bytes()).await;

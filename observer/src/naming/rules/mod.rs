@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 
 use chrono::{DateTime, Utc};
 
-use crate::record::{EndpointShare, Frontend, FrontendKind, Proto, ServiceRecord};
+use crate::model::record::{EndpointShare, Frontend, FrontendKind, Proto, ServiceRecord};
 
 /// A dump that is not what the parsers expect. Messages name the line (iptables) or the
 /// JSON position or path (nft).

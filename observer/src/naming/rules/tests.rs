@@ -1,7 +1,7 @@
 use std::net::{IpAddr, SocketAddr};
 
 use super::*;
-use crate::record::FrontendKind::{ClusterIp, ExternalIp, LoadBalancer, NodePort};
+use crate::model::record::FrontendKind::{ClusterIp, ExternalIp, LoadBalancer, NodePort};
 
 macro_rules! fixture {
     ($path:literal) => {
@@ -283,7 +283,7 @@ fn service_records_carry_frontends_and_shares() {
         .find(|r| r.service == "shop/checkout:metrics")
         .unwrap();
     assert_eq!(
-        serde_json::to_string(&crate::record::LogLine::Service(metrics.clone())).unwrap(),
+        serde_json::to_string(&crate::model::record::LogLine::Service(metrics.clone())).unwrap(),
         r#"{"type":"service","service":"shop/checkout:metrics","proto":"tcp","netns":4026532301,"frontends":[{"kind":"cluster_ip","ip":"10.96.35.226","port":9090}],"endpoints":[{"addr":"10.244.1.13:9100","expected_share":1.0}],"time":"2026-08-06T13:46:36.000000Z"}"#
     );
 }

@@ -1,7 +1,7 @@
 //! What the capture side hands to its consumers (the recorder and the live view) while
 //! it runs. Plain data: no aya or tokio types, so consumers are testable without root.
 
-use crate::record::{ConnRecord, ServiceRecord};
+use crate::model::record::{ConnRecord, ServiceRecord};
 
 /// Identifies one connection: the kernel's `struct nf_conn` address (reused after the
 /// entry is freed) plus the time its first packet was seen.

@@ -4,7 +4,7 @@ use std::io::Write;
 
 use serde::Serialize;
 
-use crate::record::{ConnRecord, ServiceRecord, SummaryRecord};
+use crate::model::record::{ConnRecord, ServiceRecord, SummaryRecord};
 
 /// A borrowed log line: serializes exactly like `record::LogLine` without cloning.
 #[derive(Serialize)]
@@ -77,7 +77,7 @@ impl LogWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::record::{LogLine, Recording};
+    use crate::model::record::{LogLine, Recording};
 
     /// What the writer writes reads back as the same records (the same schema as
     /// `record::LogLine`).

@@ -9,8 +9,8 @@ use std::path::Path;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use xtask::lab::spec::{CLIENT_IP, NODE_IP};
-use xtask::lab::{
+use observer_lab::spec::{CLIENT_IP, NODE_IP};
+use observer_lab::{
     Answer, ConntrackWatch, CtEvent, Lab, LabConfig, RuleMode, Topology, http_fresh,
     http_keepalive, node_fetch, udp_queries,
 };
@@ -255,7 +255,7 @@ fn exercise(topology: Topology, rules: RuleMode, tag: &str) {
         );
     }
     assert_eq!(
-        xtask::lab::namespaces(&prefix).unwrap(),
+        observer_lab::namespaces(&prefix).unwrap(),
         Vec::<String>::new(),
         "teardown left namespaces"
     );
@@ -304,11 +304,11 @@ fn down_removes_a_lab_whose_owner_died() {
     let pods = lab.pods().to_vec();
     // What a killed test process leaves: namespaces, running servers, the state directory.
     std::mem::forget(lab);
-    assert_eq!(xtask::lab::namespaces(&prefix).unwrap().len(), 7);
-    let removed = xtask::lab::down(&prefix).expect("down");
+    assert_eq!(observer_lab::namespaces(&prefix).unwrap().len(), 7);
+    let removed = observer_lab::down(&prefix).expect("down");
     assert_eq!(removed.len(), 8, "{removed:?}");
     assert_eq!(
-        xtask::lab::namespaces(&prefix).unwrap(),
+        observer_lab::namespaces(&prefix).unwrap(),
         Vec::<String>::new()
     );
     assert!(!Path::new("/run/observer-lab").join(&prefix).exists());
@@ -317,7 +317,7 @@ fn down_removes_a_lab_whose_owner_died() {
             .all(|p| !Path::new("/run/netns").join(&p.ns).exists())
     );
     assert_eq!(
-        xtask::lab::down(&prefix).expect("second down"),
+        observer_lab::down(&prefix).expect("second down"),
         Vec::<String>::new()
     );
 }

@@ -3,7 +3,8 @@
 
 use std::fmt::Write as _;
 
-use crate::{live::CaptureStats, stats::ServiceStats};
+use crate::model::update::CaptureStats;
+use crate::stats::ServiceStats;
 
 /// Escapes a label value: backslash, double quote and newline.
 fn escape(value: &str) -> String {
@@ -212,7 +213,7 @@ pub fn respond(request_head: &str, metrics: impl FnOnce() -> String) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{record::Recording, stats::Aggregator};
+    use crate::{model::record::Recording, stats::Aggregator};
 
     #[test]
     fn keep_alive_fixture_as_metrics() {

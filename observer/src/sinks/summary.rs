@@ -1,18 +1,16 @@
 //! `observer summary FILE`: per Service and per backend, how a recording's traffic was
-//! spread, as plain text tables (or `--json`).
+//! spread, as plain text tables (or one JSON line).
 //!
 //! A skewed Service gets a marked line (`! skew 3.00x: ...`) once its skew reaches
 //! [`SKEW_MARK`]; backends the rules no longer list and connections pinned to them are
 //! flagged `STALE`.
 
 use std::fmt::Write as _;
-use std::path::PathBuf;
 
-use anyhow::bail;
 use serde::Serialize;
 
-use super::{Aggregator, BackendStats, ServiceStats, SkewDetail};
-use crate::record::{FrontendKind, Recording, SummaryRecord, format_time};
+use crate::model::record::{FrontendKind, SummaryRecord, format_time};
+use crate::stats::{BackendStats, ServiceStats, SkewDetail};
 
 /// Skew from which a Service gets a marked `! skew` line: one backend got at least 1.5
 /// times its expected share of the requests.
@@ -21,68 +19,13 @@ pub const SKEW_MARK: f64 = 1.5;
 /// Width of the share bar in characters (100%).
 const BAR_WIDTH: usize = 20;
 
-#[derive(Debug, Clone, clap::Args)]
-pub struct SummaryArgs {
-    /// Connection log written by `observer record` (JSON Lines).
-    #[arg(value_name = "FILE")]
-    pub file: PathBuf,
-    /// Print a machine-readable JSON object instead of tables.
-    #[arg(long)]
-    pub json: bool,
-    /// Only this Service (`ns/name:port`, or `IP:port` for unnamed ones).
-    #[arg(long, value_name = "NAME")]
-    pub service: Option<String>,
-}
-
-/// What `--json` prints.
+/// What `-o json` prints (one line).
 #[derive(Debug, Serialize)]
 pub struct SummaryJson<'a> {
     pub file: &'a str,
     /// The recording's last line; null when the recording did not end cleanly.
     pub summary: Option<&'a SummaryRecord>,
     pub services: &'a [ServiceStats],
-}
-
-pub fn run(args: &SummaryArgs) -> anyhow::Result<()> {
-    let recording = Recording::read(&args.file)?;
-    let file = args.file.display().to_string();
-    let mut services = Aggregator::from_recording(&recording).services();
-    if let Some(name) = &args.service {
-        let known: Vec<String> = services.iter().map(|s| s.service.clone()).collect();
-        services.retain(|s| &s.service == name);
-        if services.is_empty() {
-            bail!(
-                "{file} has no Service {name:?}; it has: {}",
-                if known.is_empty() {
-                    "none".to_owned()
-                } else {
-                    known.join(", ")
-                }
-            );
-        }
-    }
-    if args.json {
-        let json = SummaryJson {
-            file: &file,
-            summary: recording.summary.as_ref(),
-            services: &services,
-        };
-        emit(&(serde_json::to_string_pretty(&json)? + "\n"))
-    } else {
-        emit(&render(&file, recording.summary.as_ref(), &services))
-    }
-}
-
-/// Writes a report to stdout; a reader that went away (`| head`) is not an error.
-pub(crate) fn emit(text: &str) -> anyhow::Result<()> {
-    use std::io::Write as _;
-    let mut out = std::io::stdout().lock();
-    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
-        Err(err) if err.kind() != std::io::ErrorKind::BrokenPipe => {
-            Err(anyhow::Error::new(err).context("cannot write to stdout"))
-        }
-        _ => Ok(()),
-    }
 }
 
 /// The whole text report.
@@ -285,7 +228,7 @@ fn render_service(s: &ServiceStats) -> String {
         .backends
         .iter()
         .map(|b| {
-            let lifetime = |pick: fn(&super::Percentiles) -> f64| {
+            let lifetime = |pick: fn(&crate::stats::Percentiles) -> f64| {
                 b.lifetime_ms
                     .as_ref()
                     .map_or("-".to_owned(), |p| duration(pick(p)))
@@ -362,6 +305,8 @@ fn table(header: &[&str], rows: &[Vec<String>], left: &[bool], indent: &str) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::record::Recording;
+    use crate::stats::Aggregator;
 
     fn fixture(name: &str) -> (Recording, Vec<ServiceStats>) {
         let path = format!("{}/tests/data/logs/{name}", env!("CARGO_MANIFEST_DIR"));
@@ -491,7 +436,7 @@ shop/cart:http (tcp, ClusterIP 10.96.40.10:80): 4 connections, 2 active, 128 req
 
     #[test]
     fn fixtures_are_in_the_exact_record_schema() {
-        use crate::record::LogLine;
+        use crate::model::record::LogLine;
         let dir = format!("{}/tests/data/logs", env!("CARGO_MANIFEST_DIR"));
         for name in [
             "keepalive.jsonl",
@@ -505,48 +450,5 @@ shop/cart:http (tcp, ClusterIP 10.96.40.10:80): 4 connections, 2 active, 128 req
                 assert_eq!(serde_json::to_string(&parsed).unwrap(), line, "{name}");
             }
         }
-    }
-
-    #[test]
-    fn unknown_service_filter_is_an_error_naming_the_known_ones() {
-        let args = SummaryArgs {
-            file: format!(
-                "{}/tests/data/logs/keepalive.jsonl",
-                env!("CARGO_MANIFEST_DIR")
-            )
-            .into(),
-            json: false,
-            service: Some("shop/cart:http".to_owned()),
-        };
-        let err = run(&args).unwrap_err().to_string();
-        assert!(
-            err.ends_with(
-                "keepalive.jsonl has no Service \"shop/cart:http\"; it has: shop/checkout:http"
-            ),
-            "{err}"
-        );
-    }
-
-    #[test]
-    fn unreadable_files_are_errors_naming_the_cause() {
-        let dir = format!("{}/tests/data/logs", env!("CARGO_MANIFEST_DIR"));
-        let run_on = |name: &str| {
-            let args = SummaryArgs {
-                file: format!("{dir}/{name}").into(),
-                json: false,
-                service: None,
-            };
-            run(&args).unwrap_err().to_string()
-        };
-        assert!(
-            run_on("corrupt.jsonl")
-                .starts_with(&format!("{dir}/corrupt.jsonl:3: not a connection log line"))
-        );
-        assert!(run_on("empty.jsonl").ends_with(
-            "empty.jsonl: the file is empty; expected JSON Lines written by `observer record`"
-        ));
-        assert!(
-            run_on("missing.jsonl").starts_with(&format!("{dir}/missing.jsonl: cannot read: "))
-        );
     }
 }

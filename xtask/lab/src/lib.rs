@@ -9,7 +9,7 @@
 //!   as a port and br_netfilter on (`bridge-nf-call-iptables=1`). Routed (kindnet/ptp): no
 //!   bridge; every host-side veth carries 10.244.1.1/32 and a /32 route to its pod.
 //! - `{prefix}-pod-<name>`: `eth0` 10.244.1.X, default route via 10.244.1.1, running
-//!   `lab/pod_server.py` (HTTP/1.1 keep-alive on 8080 and UDP on 5353, both answering with
+//!   `scripts/pod_server.py` (HTTP/1.1 keep-alive on 8080 and UDP on 5353, both answering with
 //!   the pod's name): checkout-a/b/c = .12-.14, dns-a/b = .20-.21.
 //! - `{prefix}-client`: a pod too, 10.244.1.9.
 //! - Services: `shop/checkout:http` TCP 10.96.35.226:80 -> checkout pods :8080, NodePort
@@ -21,7 +21,7 @@
 //! # Library API (observer's root integration tests use it)
 //!
 //! ```no_run
-//! use xtask::lab::{ConntrackWatch, Lab, LabConfig, RuleMode, Topology, http_fresh};
+//! use observer_lab::{ConntrackWatch, Lab, LabConfig, RuleMode, Topology, http_fresh};
 //! # fn main() -> anyhow::Result<()> {
 //! let mut lab = Lab::up(LabConfig {
 //!     topology: Topology::Bridged,
@@ -76,9 +76,9 @@ pub use spec::{Pod, Proto, Service};
 use spec::{CLIENT_IP, NODE_IP};
 use sys::{Tools, end_process, in_netns, is_lab_netns, list_netns, run, run_with_input, state_dir};
 
-const POD_SERVER_PY: &str = include_str!("../../lab/pod_server.py");
-const CLIENTS_PY: &str = include_str!("../../lab/clients.py");
-const NODE_FETCH_MJS: &str = include_str!("../../lab/node_fetch.mjs");
+const POD_SERVER_PY: &str = include_str!("../scripts/pod_server.py");
+const CLIENTS_PY: &str = include_str!("../scripts/clients.py");
+const NODE_FETCH_MJS: &str = include_str!("../scripts/node_fetch.mjs");
 
 /// How pods attach to the node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]

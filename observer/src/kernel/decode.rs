@@ -4,7 +4,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use observer_common::conn::{ConnEvent, Endpoint, FAMILY_IPV6, PROTO_TCP, PROTO_UDP};
 
-use crate::record::Proto;
+use crate::model::record::Proto;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum DecodeError {

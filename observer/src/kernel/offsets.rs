@@ -2,7 +2,7 @@
 
 use observer_common::offsets::KernelOffsets;
 
-use crate::btf::{Btf, BtfError};
+use crate::kernel::btf::{Btf, BtfError};
 
 /// Looks up every offset in `KernelOffsets`.
 pub fn kernel_offsets(btf: &Btf) -> Result<KernelOffsets, BtfError> {

@@ -11,7 +11,7 @@ use observer_common::{
     counters,
 };
 
-use crate::{btf::Btf, decode};
+use crate::kernel::{btf::Btf, decode};
 
 /// The compiled kernel programs, built by `build.rs` and embedded in the binary.
 static PROGRAMS: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/observer"));
@@ -33,7 +33,7 @@ pub enum CaptureError {
     #[error(
         "cannot read the kernel's BTF: {0}; observer needs it to find conntrack's structure offsets"
     )]
-    BadBtf(crate::btf::BtfError),
+    BadBtf(crate::kernel::btf::BtfError),
     #[error("the kernel refused observer's programs: {0}")]
     Load(String),
     #[error("the kernel refused to attach to tracepoint {hook}: {reason}")]
@@ -133,7 +133,7 @@ impl Capture {
             error,
         })?;
         let btf = Btf::parse(&btf_bytes).map_err(CaptureError::BadBtf)?;
-        let offsets = crate::offsets::kernel_offsets(&btf).map_err(CaptureError::BadBtf)?;
+        let offsets = crate::kernel::offsets::kernel_offsets(&btf).map_err(CaptureError::BadBtf)?;
 
         let mut ebpf = EbpfLoader::new()
             .override_global("OFFSETS", &offsets, true)

@@ -1,117 +1,23 @@
-//! `observer rules`: what kube-proxy's rules say, per network namespace: each Service
-//! port, its frontends, and its endpoints with the share of new connections the rules
-//! give each.
+//! What `observer rules` prints: per network namespace, each Service port, its
+//! frontends, and its endpoints with the share of new connections the rules give each.
 
-use std::io::Write;
-use std::path::{Path, PathBuf};
-
-use anyhow::{Context, bail};
 use chrono::Utc;
 
-use crate::naming::{NetnsInfo, SystemSource, list_namespaces, netns_inode, parse_dumps};
-use crate::record::{EndpointShare, Frontend, FrontendKind, LogLine};
-use crate::rules::{ServiceMap, ServicePort};
+use crate::model::record::{EndpointShare, Frontend, FrontendKind, LogLine};
+use crate::naming::NetnsInfo;
+use crate::naming::rules::{ServiceMap, ServicePort};
 
-#[derive(clap::Args, Debug, Clone, Default)]
-pub struct RulesArgs {
-    /// Print one JSON service record per line (the connection log's format).
-    #[arg(long)]
-    pub json: bool,
-    /// Only this network namespace: a path (/run/netns/NAME, /proc/PID/ns/net) or its
-    /// inode number. Default: every namespace that has kube-proxy rules.
-    #[arg(long, value_name = "PATH|INODE")]
-    pub netns: Option<String>,
-}
-
-pub fn run(args: &RulesArgs) -> anyhow::Result<()> {
-    let mut stdout = std::io::stdout().lock();
-    render(args, &mut stdout)
-}
-
-/// Writes what `run` prints to `out`.
-pub fn render(args: &RulesArgs, out: &mut dyn Write) -> anyhow::Result<()> {
-    let source = SystemSource::new();
-    let mut found = Vec::new();
-    match &args.netns {
-        Some(wanted) => {
-            let info = resolve(wanted)?;
-            let dumps = source
-                .dump_path(&info.path)
-                .map_err(anyhow::Error::msg)
-                .with_context(|| format!("cannot read the rules of netns {}", info.inode))?;
-            let (map, errors) = parse_dumps(&dumps);
-            if map.is_empty() {
-                if let Some(error) = errors.first() {
-                    bail!("cannot read the rules of netns {}: {error}", info.inode);
-                }
-                bail!(
-                    "netns {} ({}) has no kube-proxy rules{}",
-                    info.inode,
-                    info.path.display(),
-                    problems_suffix(&dumps.problems)
-                );
-            }
-            errors
-                .iter()
-                .for_each(|e| eprintln!("warning: netns {}: {e}", info.inode));
-            found.push((info, map));
-        }
-        None => {
-            for info in list_namespaces() {
-                // Namespaces without rules, or whose rules cannot be read, are not listed.
-                let Ok(dumps) = source.dump_path(&info.path) else {
-                    continue;
-                };
-                let (map, errors) = parse_dumps(&dumps);
-                errors
-                    .iter()
-                    .for_each(|e| eprintln!("warning: netns {}: {e}", info.inode));
-                if !map.is_empty() {
-                    found.push((info, map));
-                }
-            }
-            if found.is_empty() {
-                bail!(
-                    "no network namespace has kube-proxy rules (iptables KUBE-SERVICES or nft table kube-proxy)"
-                );
-            }
+/// One JSON service record per line (the connection log's `service` lines).
+pub fn json_lines(found: &[(NetnsInfo, ServiceMap)]) -> serde_json::Result<String> {
+    let now = Utc::now();
+    let mut out = String::new();
+    for (info, map) in found {
+        for record in map.service_records(info.inode, now) {
+            out.push_str(&serde_json::to_string(&LogLine::Service(record))?);
+            out.push('\n');
         }
     }
-    if args.json {
-        let now = Utc::now();
-        for (info, map) in &found {
-            for record in map.service_records(info.inode, now) {
-                serde_json::to_writer(&mut *out, &LogLine::Service(record))?;
-                writeln!(out)?;
-            }
-        }
-    } else {
-        out.write_all(format_tables(&found).as_bytes())?;
-    }
-    out.flush()?;
-    Ok(())
-}
-
-fn problems_suffix(problems: &[String]) -> String {
-    if problems.is_empty() {
-        String::new()
-    } else {
-        format!(" ({})", problems.join("; "))
-    }
-}
-
-/// A `--netns` argument: an inode number or a path.
-fn resolve(wanted: &str) -> anyhow::Result<NetnsInfo> {
-    if let Ok(inode) = wanted.parse::<u32>() {
-        return list_namespaces()
-            .into_iter()
-            .find(|info| info.inode == inode)
-            .with_context(|| format!("no process or /run/netns entry is in netns {inode}"));
-    }
-    let path = PathBuf::from(wanted);
-    let inode = netns_inode(Path::new(&path))
-        .with_context(|| format!("--netns {wanted}: not a network namespace path"))?;
-    Ok(NetnsInfo { inode, path })
+    Ok(out)
 }
 
 fn frontend_text(frontend: &Frontend) -> String {
@@ -221,6 +127,8 @@ pub fn format_tables(found: &[(NetnsInfo, ServiceMap)]) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::path::PathBuf;
+
     use super::*;
 
     #[test]

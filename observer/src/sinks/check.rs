@@ -27,47 +27,22 @@
 //! pins are defined in [`crate::stats`].
 
 use std::fmt;
-use std::path::PathBuf;
-use std::process::ExitCode;
 
-use super::summary::{emit, plural, skew_cause};
-use super::{Aggregator, ServiceStats};
-use crate::record::{ReadError, Recording, SummaryRecord};
+use crate::model::record::{Recording, SummaryRecord};
+use crate::sinks::summary::{plural, skew_cause};
+use crate::stats::{Aggregator, ServiceStats};
 
-#[derive(Debug, Clone, Default, clap::Args)]
-pub struct CheckArgs {
-    /// Connection log written by `observer record` (JSON Lines).
-    #[arg(value_name = "FILE")]
-    pub file: PathBuf,
-    /// Check only this Service (`ns/name:port`, or `IP:port` for unnamed ones); repeatable.
-    #[arg(long, value_name = "NAME")]
+/// What `observer check` asserts; `None` leaves a condition out.
+#[derive(Debug, Clone, Default)]
+pub struct Conditions {
+    /// Only these Services (all when empty); a name the recording lacks is a violation.
     pub service: Vec<String>,
-    /// Fail when a backend got more than R times its expected share of requests.
-    #[arg(long, value_name = "R", value_parser = skew_ratio)]
     pub max_skew: Option<f64>,
-    /// Fail when fewer than N backends got at least one request.
-    #[arg(long, value_name = "N")]
     pub min_backends: Option<u64>,
-    /// Fail when more than N connections were pinned to a backend no longer in the rules.
-    #[arg(long, value_name = "N")]
     pub max_stale: Option<u64>,
-    /// Fail when a Service has fewer than N connections.
-    #[arg(long, value_name = "N")]
     pub min_connections: Option<u64>,
-    /// Fail when the recording lost more than N events (or has no summary line).
-    #[arg(long, value_name = "N", default_value_t = 0)]
     pub max_lost: u64,
-    /// Fail when a Service got fewer than N requests.
-    #[arg(long, value_name = "N")]
     pub min_requests: Option<u64>,
-}
-
-/// Skew is a max over ratios whose expected values sum to 1, so it is never below 1.
-fn skew_ratio(text: &str) -> Result<f64, String> {
-    match text.parse::<f64>() {
-        Ok(r) if r.is_finite() && r >= 1.0 => Ok(r),
-        _ => Err(format!("{text:?} is not a ratio >= 1 (1 = perfectly even)")),
-    }
 }
 
 /// One violated condition: `subject: text`.
@@ -84,39 +59,17 @@ impl fmt::Display for Violation {
     }
 }
 
-pub fn run(args: &CheckArgs) -> anyhow::Result<ExitCode> {
-    match check_file(args) {
-        Err(err) => {
-            eprintln!("error: {err}");
-            Ok(ExitCode::from(2))
-        }
-        Ok((_, violations)) if !violations.is_empty() => {
-            let lines: String = violations.iter().map(|v| format!("{v}\n")).collect();
-            emit(&lines)?;
-            Ok(ExitCode::from(1))
-        }
-        Ok((services, _)) => {
-            let connections: u64 = services.iter().map(|s| s.connections).sum();
-            emit(&format!(
-                "ok: {}: {}, {}, every condition holds\n",
-                args.file.display(),
-                plural(services.len() as u64, "Service"),
-                plural(connections, "connection"),
-            ))?;
-            Ok(ExitCode::SUCCESS)
-        }
-    }
-}
-
-/// Reads the file and evaluates the conditions: the Services checked and the violations.
-fn check_file(args: &CheckArgs) -> Result<(Vec<ServiceStats>, Vec<Violation>), ReadError> {
-    let recording = Recording::read(&args.file)?;
+/// Evaluates the conditions on a recording: the Services checked and the violations.
+pub fn check_recording(
+    recording: &Recording,
+    args: &Conditions,
+) -> (Vec<ServiceStats>, Vec<Violation>) {
     let mut services = Aggregator::from_recording(&recording).services();
     let found = violations(args, recording.summary.as_ref(), &services);
     if !args.service.is_empty() {
         services.retain(|s| args.service.contains(&s.service));
     }
-    Ok((services, found))
+    (services, found)
 }
 
 fn label(service: &ServiceStats) -> String {
@@ -129,7 +82,7 @@ fn label(service: &ServiceStats) -> String {
 
 /// Every violated condition, whole-file ones first, then per Service in name order.
 pub fn violations(
-    args: &CheckArgs,
+    args: &Conditions,
     summary: Option<&SummaryRecord>,
     services: &[ServiceStats],
 ) -> Vec<Violation> {
@@ -270,7 +223,44 @@ pub fn violations(
 
 #[cfg(test)]
 mod tests {
+    use std::path::PathBuf;
+
     use super::*;
+    use crate::model::record::ReadError;
+
+    /// A check as the command line states it: the file and the conditions.
+    #[derive(Clone, Default)]
+    struct CheckArgs {
+        file: PathBuf,
+        service: Vec<String>,
+        max_skew: Option<f64>,
+        min_backends: Option<u64>,
+        max_stale: Option<u64>,
+        min_connections: Option<u64>,
+        max_lost: u64,
+        min_requests: Option<u64>,
+    }
+
+    impl CheckArgs {
+        fn conditions(&self) -> Conditions {
+            Conditions {
+                service: self.service.clone(),
+                max_skew: self.max_skew,
+                min_backends: self.min_backends,
+                max_stale: self.max_stale,
+                min_connections: self.min_connections,
+                max_lost: self.max_lost,
+                min_requests: self.min_requests,
+            }
+        }
+    }
+
+    fn check_file(args: &CheckArgs) -> Result<(Vec<ServiceStats>, Vec<Violation>), ReadError> {
+        Ok(check_recording(
+            &Recording::read(&args.file)?,
+            &args.conditions(),
+        ))
+    }
 
     fn path(name: &str) -> PathBuf {
         format!("{}/tests/data/logs/{name}", env!("CARGO_MANIFEST_DIR")).into()
@@ -320,23 +310,6 @@ mod tests {
                 "recording: 2 lost events > --max-lost 0 (ring buffer or connection table full: counts are incomplete)"
             ]
         );
-    }
-
-    #[test]
-    fn exit_codes() {
-        let failing = CheckArgs {
-            max_skew: Some(1.5),
-            ..args("keepalive.jsonl")
-        };
-        assert_eq!(run(&failing).unwrap(), ExitCode::from(1));
-        let passing = CheckArgs {
-            max_skew: Some(1.5),
-            ..args("balanced.jsonl")
-        };
-        assert_eq!(run(&passing).unwrap(), ExitCode::SUCCESS);
-        for broken in ["missing.jsonl", "empty.jsonl", "corrupt.jsonl"] {
-            assert_eq!(run(&args(broken)).unwrap(), ExitCode::from(2), "{broken}");
-        }
     }
 
     #[test]
@@ -470,7 +443,8 @@ mod tests {
             lines(&check),
             ["shop/cart:http: not in the recording (it has: shop/checkout:http)"]
         );
-        assert_eq!(run(&check).unwrap(), ExitCode::from(1));
+        // `observer check` exits 1 exactly when there are violations.
+        assert!(!check_file(&check).unwrap().1.is_empty());
     }
 
     #[test]
@@ -480,13 +454,13 @@ mod tests {
             min_requests: Some(1),
             ..CheckArgs::default()
         };
-        let found: Vec<String> = violations(&check, Some(&summary), &[])
+        let found: Vec<String> = violations(&check.conditions(), Some(&summary), &[])
             .iter()
             .map(Violation::to_string)
             .collect();
         assert_eq!(found, ["recording: no Services or connections to check"]);
         // Without per-Service conditions an empty, loss-free recording passes.
-        assert_eq!(violations(&CheckArgs::default(), Some(&summary), &[]), []);
+        assert_eq!(violations(&Conditions::default(), Some(&summary), &[]), []);
     }
 
     #[test]
@@ -501,38 +475,5 @@ mod tests {
         assert_eq!(lines(&check), Vec::<String>::new());
         let (services, _) = check_file(&check).unwrap();
         assert_eq!(services.len(), 1);
-    }
-
-    #[test]
-    fn max_skew_below_one_is_rejected() {
-        use clap::Parser;
-        #[derive(Parser)]
-        struct Cli {
-            #[command(flatten)]
-            check: CheckArgs,
-        }
-        let parsed = Cli::try_parse_from(["observer", "--max-skew", "0.5", "x.jsonl"]);
-        let err = parsed.err().unwrap();
-        assert_eq!(err.exit_code(), 2);
-        assert!(
-            err.to_string().contains("\"0.5\" is not a ratio >= 1"),
-            "{err}"
-        );
-        let parsed = Cli::try_parse_from([
-            "observer",
-            "--service",
-            "a",
-            "--service",
-            "b",
-            "--max-skew",
-            "1.5",
-            "x.jsonl",
-        ])
-        .unwrap();
-        assert_eq!(parsed.check.service, ["a", "b"]);
-        assert_eq!(
-            (parsed.check.max_skew, parsed.check.max_lost),
-            (Some(1.5), 0)
-        );
     }
 }

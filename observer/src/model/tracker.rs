@@ -9,11 +9,9 @@ use observer_common::conn::{
     CLOSE_FIN, CLOSE_RST, ConnEvent, ConnState, EVENT_OPEN, PROTO_UDP, flags,
 };
 
-use crate::{
-    decode::{self, DecodeError},
-    live::ConnId,
-    record::{Close, ConnRecord},
-};
+use crate::kernel::decode::{self, DecodeError};
+use crate::model::record::{Close, ConnRecord};
+use crate::model::update::ConnId;
 
 /// Maps the kernel's monotonic clock (`bpf_ktime_get_ns`) to wall-clock time.
 #[derive(Clone, Copy, Debug)]
@@ -270,7 +268,7 @@ mod tests {
         assert_eq!(closed_id, id);
         assert_eq!(tracker.open_count(), 0);
         assert_eq!(tracker.dnat_events(), 1);
-        let line = serde_json::to_string(&crate::record::LogLine::Conn(record)).unwrap();
+        let line = serde_json::to_string(&crate::model::record::LogLine::Conn(record)).unwrap();
         assert_eq!(
             line,
             r#"{"type":"conn","proto":"tcp","client":"10.244.1.9:45364","original_dst":"10.96.35.226:80","backend":"10.244.1.13:8080","service":null,"endpoint_in_rules":null,"netns":4026532301,"start":"2026-08-06T13:46:36.000000Z","end":"2026-08-06T13:46:40.000500Z","duration_ms":4000.5,"requests":30,"bytes_to_backend":93,"bytes_from_backend":180,"close":"fin","start_seen":true}"#

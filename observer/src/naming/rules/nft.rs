@@ -13,7 +13,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::{RulesError, ServicePort, frontend, parse_proto, service_port_name};
-use crate::record::{EndpointShare, Frontend, FrontendKind, Proto};
+use crate::model::record::{EndpointShare, Frontend, FrontendKind, Proto};
 
 #[derive(Deserialize)]
 struct Dump {

@@ -11,14 +11,12 @@ use chrono::Utc;
 use observer_common::conn::ConnEvent;
 use tokio::sync::mpsc;
 
-use crate::{
-    capture::Capture,
-    live::{CaptureStats, ConnId, Update},
-    naming::Namer,
-    output::LogWriter,
-    record::{ConnRecord, SummaryRecord},
-    tracker::{Clock, Tracker},
-};
+use crate::kernel::capture::Capture;
+use crate::model::record::{ConnRecord, SummaryRecord};
+use crate::model::tracker::{Clock, Tracker};
+use crate::model::update::{CaptureStats, ConnId, Update};
+use crate::naming::Namer;
+use crate::sinks::log::LogWriter;
 
 /// How often the ring buffer is drained without a wake-up: the live view's latency.
 const DRAIN_INTERVAL: Duration = Duration::from_millis(50);

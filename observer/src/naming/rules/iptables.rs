@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{IpAddr, SocketAddr};
 
 use super::{RulesError, ServicePort, frontend, parse_proto};
-use crate::record::{EndpointShare, Frontend, FrontendKind, Proto};
+use crate::model::record::{EndpointShare, Frontend, FrontendKind, Proto};
 
 /// One `-A` line, reduced to the options kube-proxy's chains use.
 #[derive(Debug, Default)]

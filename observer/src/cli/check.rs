@@ -1,0 +1,141 @@
+//! `observer check FILE`: asserts how a recording's traffic was spread, for CI (see
+//! [`crate::sinks::check`] for the conditions and a worked example).
+
+use std::path::PathBuf;
+
+use super::{Outcome, emit};
+use crate::model::record::Recording;
+use crate::sinks::check::{Conditions, check_recording};
+use crate::sinks::summary::plural;
+
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct CheckArgs {
+    /// Connection log written by `observer record` (JSON Lines).
+    #[arg(value_name = "FILE")]
+    pub file: PathBuf,
+    /// Check only this Service (`ns/name:port`, or `IP:port` for unnamed ones); repeatable.
+    #[arg(long, value_name = "NAME")]
+    pub service: Vec<String>,
+    /// Fail when a backend got more than R times its expected share of requests.
+    #[arg(long, value_name = "R", value_parser = skew_ratio)]
+    pub max_skew: Option<f64>,
+    /// Fail when fewer than N backends got at least one request.
+    #[arg(long, value_name = "N")]
+    pub min_backends: Option<u64>,
+    /// Fail when more than N connections were pinned to a backend no longer in the rules.
+    #[arg(long, value_name = "N")]
+    pub max_stale: Option<u64>,
+    /// Fail when a Service has fewer than N connections.
+    #[arg(long, value_name = "N")]
+    pub min_connections: Option<u64>,
+    /// Fail when the recording lost more than N events (or has no summary line).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub max_lost: u64,
+    /// Fail when a Service got fewer than N requests.
+    #[arg(long, value_name = "N")]
+    pub min_requests: Option<u64>,
+}
+
+impl CheckArgs {
+    fn conditions(&self) -> Conditions {
+        Conditions {
+            service: self.service.clone(),
+            max_skew: self.max_skew,
+            min_backends: self.min_backends,
+            max_stale: self.max_stale,
+            min_connections: self.min_connections,
+            max_lost: self.max_lost,
+            min_requests: self.min_requests,
+        }
+    }
+}
+
+/// Skew is a max over ratios whose expected values sum to 1, so it is never below 1.
+fn skew_ratio(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(r) if r.is_finite() && r >= 1.0 => Ok(r),
+        _ => Err(format!("{text:?} is not a ratio >= 1 (1 = perfectly even)")),
+    }
+}
+
+/// Exit 0 when every condition holds, 1 with one line per violation on stdout; an
+/// unreadable file is an error (exit 2).
+pub fn run(args: &CheckArgs) -> anyhow::Result<Outcome> {
+    let recording = Recording::read(&args.file)?;
+    let (services, violations) = check_recording(&recording, &args.conditions());
+    if !violations.is_empty() {
+        let lines: String = violations.iter().map(|v| format!("{v}\n")).collect();
+        emit(&lines)?;
+        return Ok(Outcome::ConditionFailed);
+    }
+    let connections: u64 = services.iter().map(|s| s.connections).sum();
+    emit(&format!(
+        "ok: {}: {}, {}, every condition holds\n",
+        args.file.display(),
+        plural(services.len() as u64, "Service"),
+        plural(connections, "connection"),
+    ))?;
+    Ok(Outcome::Success)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(name: &str) -> CheckArgs {
+        CheckArgs {
+            file: format!("{}/tests/data/logs/{name}", env!("CARGO_MANIFEST_DIR")).into(),
+            ..CheckArgs::default()
+        }
+    }
+
+    #[test]
+    fn exit_codes() {
+        let failing = CheckArgs {
+            max_skew: Some(1.5),
+            ..args("keepalive.jsonl")
+        };
+        assert!(matches!(run(&failing).unwrap(), Outcome::ConditionFailed));
+        let passing = CheckArgs {
+            max_skew: Some(1.5),
+            ..args("balanced.jsonl")
+        };
+        assert!(matches!(run(&passing).unwrap(), Outcome::Success));
+        for broken in ["missing.jsonl", "empty.jsonl", "corrupt.jsonl"] {
+            assert!(run(&args(broken)).is_err(), "{broken}");
+        }
+    }
+
+    #[test]
+    fn max_skew_below_one_is_rejected() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            check: CheckArgs,
+        }
+        let parsed = Cli::try_parse_from(["observer", "--max-skew", "0.5", "x.jsonl"]);
+        let err = parsed.err().unwrap();
+        assert_eq!(err.exit_code(), 2);
+        assert!(
+            err.to_string().contains("\"0.5\" is not a ratio >= 1"),
+            "{err}"
+        );
+        let parsed = Cli::try_parse_from([
+            "observer",
+            "--service",
+            "a",
+            "--service",
+            "b",
+            "--max-skew",
+            "1.5",
+            "x.jsonl",
+        ])
+        .unwrap();
+        assert_eq!(parsed.check.service, ["a", "b"]);
+        assert_eq!(
+            (parsed.check.max_skew, parsed.check.max_lost),
+            (Some(1.5), 0)
+        );
+    }
+}

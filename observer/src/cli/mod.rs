@@ -1,0 +1,125 @@
+//! The `observer` command line: the live view (no subcommand) and every subcommand, each
+//! in its own file with its arguments and its entry function.
+//!
+//! One convention for all of them: exit status 0 on success, 1 when a condition the user
+//! asked about failed (`check`), 2 when the command could not do what was asked (bad
+//! usage, unreadable input, missing privileges, a kernel that refuses the programs). Every
+//! error is one line on stderr: `observer: <what failed>: <why>`.
+
+mod args;
+mod check;
+mod live;
+mod record;
+mod rules;
+mod serve;
+mod session;
+mod summary;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+pub use args::{OutputFormat, parse_seconds};
+
+#[derive(Parser)]
+#[command(
+    name = "observer",
+    version,
+    about = "Shows, live and per connection, how Kubernetes Service traffic is really spread across pods on this node",
+    long_about = "Shows, live and per connection, how Kubernetes Service traffic is really spread across pods on this node.\n\n\
+        kube-proxy's NAT rules pick a pod once, on a connection's first packet; conntrack then pins every later \
+        packet of that connection to the same pod. observer catches each decision in the kernel and shows how \
+        long connections stay pinned and how many requests each carries.\n\n\
+        Exit status: 0 success, 1 a condition asked about failed (check), 2 bad usage, unreadable input, \
+        or the command could not run.",
+    // The live view's flags belong to the live view: `observer --no-names summary F` is a
+    // usage error, not a silently ignored flag.
+    args_conflicts_with_subcommands = true,
+    allow_negative_numbers = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    live: live::LiveArgs,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Record every DNATed connection on this node as JSON Lines (needs root).
+    Record(record::RecordArgs),
+    /// Print the Services, frontends and endpoints (with expected shares) that the node's
+    /// kube-proxy rules define, per network namespace (needs root).
+    Rules(rules::RulesArgs),
+    /// Per Service and backend: connections, requests, share vs expected, pinning
+    /// lifetimes and skew, from a recorded log.
+    Summary(summary::SummaryArgs),
+    /// Exit 0 when a recorded log meets every condition, 1 with one line per violation.
+    Check(check::CheckArgs),
+    /// Serve Prometheus metrics per Service and backend at http://ADDR/metrics (needs
+    /// root; for a DaemonSet).
+    Serve(serve::ServeArgs),
+}
+
+/// How a command that ran to the end came out.
+#[derive(Debug)]
+pub enum Outcome {
+    /// Exit 0.
+    Success,
+    /// Exit 1: a condition the user asked about does not hold.
+    ConditionFailed,
+}
+
+/// Exit status for anything that kept the command from doing what was asked.
+const EXIT_CANNOT: u8 = 2;
+
+/// Parses the command line, runs the command, prints an error as one line.
+pub fn main() -> ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Some(Command::Record(args)) => record::run(args),
+        Some(Command::Rules(args)) => rules::run(&args),
+        Some(Command::Summary(args)) => summary::run(&args),
+        Some(Command::Check(args)) => check::run(&args),
+        Some(Command::Serve(args)) => serve::run(args),
+        None => live::run(cli.live),
+    };
+    match result {
+        Ok(Outcome::Success) => ExitCode::SUCCESS,
+        Ok(Outcome::ConditionFailed) => ExitCode::from(1),
+        Err(err) => {
+            eprintln!("observer: {}", error_line(&err));
+            ExitCode::from(EXIT_CANNOT)
+        }
+    }
+}
+
+/// The error and its causes on one line, each cause once: an I/O error whose message
+/// was already folded into its context's message is not repeated.
+pub fn error_line(err: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in err.chain() {
+        let text = cause.to_string();
+        if line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
+}
+
+/// Writes a report to stdout; a reader that went away (`| head`) is not an error.
+pub fn emit(text: &str) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(err) if err.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(anyhow::Error::new(err).context("cannot write to stdout"))
+        }
+        _ => Ok(()),
+    }
+}

@@ -1,0 +1,42 @@
+//! `observer record`: every DNATed connection on this node as JSON Lines.
+
+use std::time::Duration;
+
+use super::Outcome;
+use super::args::duration_seconds;
+use super::session::{CaptureArgs, runtime, stderr_warnings, stop_signal};
+use crate::kernel::capture::check_privileges;
+use crate::pipeline;
+use crate::sinks::log::LogWriter;
+
+#[derive(clap::Args)]
+pub struct RecordArgs {
+    /// Where to write the connection log (`-` for standard output).
+    #[arg(short, long, value_name = "PATH")]
+    pub output: String,
+    /// Stop after this many seconds (otherwise at Ctrl-C or SIGTERM).
+    #[arg(short, long, value_name = "SECONDS", value_parser = duration_seconds)]
+    pub duration: Option<Duration>,
+    #[command(flatten)]
+    pub capture: CaptureArgs,
+}
+
+pub fn run(args: RecordArgs) -> anyhow::Result<Outcome> {
+    check_privileges()?;
+    let log = LogWriter::create(&args.output)?;
+    runtime()?.block_on(async {
+        let capture = args.capture.start_capture()?;
+        eprintln!(
+            "observer: attached {} kernel program(s); recording DNATed connections to {}",
+            capture.hooks_attached(),
+            log.name
+        );
+        let options = args.capture.session_options(Some(log), stderr_warnings());
+        let summary = pipeline::run(capture, options, stop_signal(args.duration)).await?;
+        eprintln!(
+            "observer: wrote {} connections ({} DNAT decisions, {} lost events, {} failed kernel reads)",
+            summary.connections, summary.dnat_events, summary.lost_events, summary.read_errors
+        );
+        Ok(Outcome::Success)
+    })
+}

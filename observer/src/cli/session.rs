@@ -1,0 +1,101 @@
+//! What the live view, `record` and `serve` share: the capture flags, and starting the
+//! kernel side and a pipeline session from them.
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+
+use super::args::idle_seconds;
+use crate::kernel::capture::{Capture, CaptureOptions};
+use crate::naming::{Namer, NamerConfig, SystemSource};
+use crate::pipeline::SessionOptions;
+use crate::sinks::log::LogWriter;
+
+/// Capture settings shared by the live view, `record` and `serve`.
+#[derive(clap::Args, Clone)]
+pub struct CaptureArgs {
+    /// Seconds of silence after which a UDP connection (or a TCP one that never got an
+    /// answer) counts as ended (0.1 to 86400).
+    #[arg(long, value_name = "SECONDS", default_value = "30", value_parser = idle_seconds)]
+    pub idle_timeout: Duration,
+    /// Size of the kernel's connection table; connections beyond it are counted as lost.
+    #[arg(long, value_name = "N", default_value_t = 65536, value_parser = clap::value_parser!(u32).range(1..=4_194_304))]
+    pub max_connections: u32,
+    /// The kernel's BTF, for kernels that keep it somewhere else.
+    #[arg(long, value_name = "FILE", default_value = crate::kernel::btf::Btf::SYS_FS)]
+    pub btf: std::path::PathBuf,
+    /// Do not read kube-proxy's rules: connections keep `service: null`.
+    #[arg(long)]
+    pub no_names: bool,
+}
+
+impl CaptureArgs {
+    /// Session settings from the flags: no live updates unless the caller adds them.
+    pub fn session_options(
+        &self,
+        log: Option<LogWriter>,
+        warn: Box<dyn FnMut(String) + Send>,
+    ) -> SessionOptions {
+        SessionOptions {
+            idle_timeout: self.idle_timeout,
+            sweep_interval: Duration::from_secs(1),
+            log,
+            updates: None,
+            namer: self.namer(),
+            warn,
+        }
+    }
+
+    fn namer(&self) -> Option<Namer> {
+        // kube-proxy rewrites rules on every endpoint change: re-read them every 2 s
+        // (only while there are connections to name) so stale pins show promptly.
+        let config = NamerConfig {
+            max_age: Duration::from_secs(2),
+            ..NamerConfig::default()
+        };
+        (!self.no_names).then(|| Namer::new(config, Box::new(SystemSource::new())))
+    }
+
+    /// Loads and attaches the kernel programs; says what works less well on this machine.
+    pub fn start_capture(&self) -> anyhow::Result<Capture> {
+        let capture = Capture::start(&CaptureOptions {
+            max_connections: self.max_connections,
+            btf_path: self.btf.clone(),
+        })?;
+        for warning in &capture.warnings {
+            eprintln!("observer: warning: {warning}");
+        }
+        Ok(capture)
+    }
+}
+
+/// Warnings straight to stderr (no screen to keep clean).
+pub fn stderr_warnings() -> Box<dyn FnMut(String) + Send> {
+    Box::new(|warning| eprintln!("observer: warning: {warning}"))
+}
+
+/// One thread per runtime: `record` needs no more, and the live view runs capture and
+/// the view on two threads of their own.
+pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+}
+
+/// Resolves when Ctrl-C or SIGTERM arrives, or after `duration`.
+pub async fn stop_signal(duration: Option<Duration>) {
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("installing a SIGTERM handler cannot fail in a fresh runtime");
+    let deadline = async {
+        match duration {
+            Some(duration) => tokio::time::sleep(duration).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = terminate.recv() => {}
+        () = deadline => {}
+    }
+}

@@ -1,0 +1,334 @@
+//! The namer against injected dumps, and the namespace listing.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use super::*;
+
+const V4: &str = include_str!(concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/data/rules/iptables/mixed-v4-nat.saved"
+));
+const NFT_V6: &str = include_str!(concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/data/rules/nftables/mixed-v6.json"
+));
+
+/// Fixture text per namespace, swappable mid-test; counts reads.
+#[derive(Clone, Default)]
+struct Fake {
+    answers: Arc<Mutex<HashMap<u32, Result<Dumps, String>>>>,
+    reads: Arc<Mutex<Vec<u32>>>,
+}
+
+impl Fake {
+    fn set(&self, netns: u32, answer: Result<Dumps, String>) {
+        self.answers.lock().unwrap().insert(netns, answer);
+    }
+    fn reads(&self) -> usize {
+        self.reads.lock().unwrap().len()
+    }
+}
+
+impl DumpSource for Fake {
+    fn dump(&mut self, netns: u32) -> Result<Dumps, String> {
+        self.reads.lock().unwrap().push(netns);
+        self.answers
+            .lock()
+            .unwrap()
+            .get(&netns)
+            .cloned()
+            .unwrap_or_else(|| Err("no such namespace".to_owned()))
+    }
+}
+
+fn iptables(text: &str) -> Result<Dumps, String> {
+    Ok(Dumps {
+        dumps: vec![Dump {
+            command: "iptables-save".to_owned(),
+            format: DumpFormat::IptablesSave,
+            text: text.to_owned(),
+        }],
+        problems: Vec::new(),
+    })
+}
+
+fn sa(text: &str) -> SocketAddr {
+    text.parse().unwrap()
+}
+
+fn named(service: &str, current: bool) -> Naming {
+    Naming {
+        service: Some(service.to_owned()),
+        endpoint_in_rules: Some(current),
+    }
+}
+
+const NS: u32 = 4026532301;
+
+fn namer(fake: &Fake) -> Namer {
+    Namer::new(NamerConfig::default(), Box::new(fake.clone()))
+}
+
+#[test]
+fn names_from_injected_dumps_and_publishes_services_once() {
+    let fake = Fake::default();
+    let mut both = iptables(V4).unwrap();
+    both.dumps.push(Dump {
+        command: "nft -j list table ip6 kube-proxy".to_owned(),
+        format: DumpFormat::NftJson,
+        text: NFT_V6.to_owned(),
+    });
+    fake.set(NS, Ok(both));
+    let mut namer = namer(&fake);
+    let t0 = Instant::now();
+    assert_eq!(
+        namer.name(
+            NS,
+            Proto::Tcp,
+            sa("10.96.35.226:80"),
+            sa("10.244.1.14:3000"),
+            t0
+        ),
+        named("shop/checkout:http", true)
+    );
+    assert_eq!(
+        namer.name(
+            NS,
+            Proto::Tcp,
+            sa("[fd00:10:96::a]:80"),
+            sa("[fd00:10:244:2::7]:3000"),
+            t0
+        ),
+        named("shop/checkout:http", true)
+    );
+    assert_eq!(fake.reads(), 1);
+    let updates = namer.take_service_updates();
+    let mut names: Vec<_> = updates
+        .iter()
+        .map(|r| format!("{} {}", r.proto, r.service))
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "tcp kube-system/kube-dns:dns-tcp",
+            "tcp shop/checkout:http",
+            "tcp shop/checkout:metrics",
+            "tcp web-team/front-end.v2:https-alt",
+            "udp kube-system/kube-dns:dns"
+        ]
+    );
+    assert!(updates.iter().all(|r| r.netns == NS));
+    assert!(namer.take_service_updates().is_empty());
+    assert!(namer.take_warnings().is_empty());
+}
+
+#[test]
+fn rules_are_reread_when_old_and_changes_are_published() {
+    let fake = Fake::default();
+    fake.set(NS, iptables(V4));
+    let mut namer = namer(&fake);
+    let t0 = Instant::now();
+    namer.name(
+        NS,
+        Proto::Tcp,
+        sa("10.96.35.226:9090"),
+        sa("10.244.1.13:9100"),
+        t0,
+    );
+    namer.take_service_updates();
+    // The metrics endpoint moves to another pod.
+    fake.set(
+        NS,
+        iptables(&V4.replace("10.244.1.13:9100", "10.244.7.7:9100")),
+    );
+    let young = t0 + Duration::from_secs(9);
+    assert_eq!(
+        namer.name(
+            NS,
+            Proto::Tcp,
+            sa("10.96.35.226:9090"),
+            sa("10.244.1.13:9100"),
+            young
+        ),
+        named("shop/checkout:metrics", true),
+        "rules younger than max_age and a hit: no re-read"
+    );
+    assert_eq!(fake.reads(), 1);
+    let old = t0 + Duration::from_secs(10);
+    assert_eq!(
+        namer.name(
+            NS,
+            Proto::Tcp,
+            sa("10.96.35.226:9090"),
+            sa("10.244.1.13:9100"),
+            old
+        ),
+        named("shop/checkout:metrics", false),
+        "the old pod is now a stale pin"
+    );
+    assert_eq!(fake.reads(), 2);
+    let updates = namer.take_service_updates();
+    assert_eq!(updates.len(), 1);
+    assert_eq!(updates[0].service, "shop/checkout:metrics");
+    assert_eq!(updates[0].endpoints[0].addr, sa("10.244.7.7:9100"));
+}
+
+#[test]
+fn a_miss_rereads_at_most_every_min_interval() {
+    let fake = Fake::default();
+    fake.set(NS, iptables(V4));
+    let mut namer = namer(&fake);
+    let t0 = Instant::now();
+    let unknown = |namer: &mut Namer, at| {
+        namer.name(
+            NS,
+            Proto::Tcp,
+            sa("10.96.99.99:80"),
+            sa("10.244.5.5:80"),
+            at,
+        )
+    };
+    assert_eq!(unknown(&mut namer, t0), Naming::default());
+    assert_eq!(fake.reads(), 1);
+    assert_eq!(
+        unknown(&mut namer, t0 + Duration::from_millis(1999)),
+        Naming::default()
+    );
+    assert_eq!(fake.reads(), 1, "within min_interval of the last read");
+    // A new Service appears; the next miss after min_interval finds it.
+    let added = V4.replace(
+        "-A KUBE-SERVICES -m comment",
+        "-A KUBE-SERVICES -d 10.96.99.99/32 -p tcp -m comment --comment \"new/svc:web cluster IP\" -m tcp --dport 80 -j KUBE-SVC-NEW\n-A KUBE-SVC-NEW -m comment --comment \"new/svc:web -> 10.244.5.5:80\" -j KUBE-SEP-NEW\n-A KUBE-SEP-NEW -p tcp -m tcp -j DNAT --to-destination 10.244.5.5:80\n-A KUBE-SERVICES -m comment",
+    );
+    fake.set(NS, iptables(&added));
+    assert_eq!(
+        unknown(&mut namer, t0 + Duration::from_secs(2)),
+        named("new/svc:web", true)
+    );
+    assert_eq!(fake.reads(), 2);
+    // A stale pin is a miss too, but again rate-limited.
+    let stale = namer.name(
+        NS,
+        Proto::Tcp,
+        sa("10.96.35.226:80"),
+        sa("10.244.9.9:3000"),
+        t0 + Duration::from_secs(3),
+    );
+    assert_eq!(stale, named("shop/checkout:http", false));
+    assert_eq!(fake.reads(), 2);
+    namer.name(
+        NS,
+        Proto::Tcp,
+        sa("10.96.35.226:80"),
+        sa("10.244.9.9:3000"),
+        t0 + Duration::from_secs(4),
+    );
+    assert_eq!(fake.reads(), 3);
+}
+
+#[test]
+fn unreadable_rules_warn_once_per_namespace_and_cause() {
+    let fake = Fake::default();
+    fake.set(NS, Err("iptables-save, nft not found".to_owned()));
+    fake.set(7, iptables("*nat\n-A KUBE-SERVICES -d\n"));
+    let mut namer = namer(&fake);
+    let t0 = Instant::now();
+    for step in 0..5 {
+        let at = t0 + Duration::from_secs(3 * step);
+        let naming = namer.name(
+            NS,
+            Proto::Tcp,
+            sa("10.96.35.226:80"),
+            sa("10.244.1.14:3000"),
+            at,
+        );
+        assert_eq!(naming, Naming::default());
+        namer.name(
+            7,
+            Proto::Tcp,
+            sa("10.96.35.226:80"),
+            sa("10.244.1.14:3000"),
+            at,
+        );
+    }
+    assert_eq!(fake.reads(), 10);
+    assert_eq!(
+        namer.take_warnings(),
+        [
+            "cannot name connections in netns 4026532301: iptables-save, nft not found; records get service null",
+            "cannot name connections in netns 7: iptables-save: iptables-save line 2: option -d has no value (truncated dump?); records get service null",
+        ]
+    );
+    assert!(namer.take_warnings().is_empty());
+}
+
+#[test]
+fn a_failed_reread_keeps_the_last_good_rules() {
+    let fake = Fake::default();
+    fake.set(NS, iptables(V4));
+    let mut namer = namer(&fake);
+    let t0 = Instant::now();
+    namer.name(
+        NS,
+        Proto::Tcp,
+        sa("10.96.35.226:80"),
+        sa("10.244.1.14:3000"),
+        t0,
+    );
+    fake.set(NS, Err("nsenter not found".to_owned()));
+    let later = t0 + Duration::from_secs(60);
+    assert_eq!(
+        namer.name(
+            NS,
+            Proto::Tcp,
+            sa("10.96.35.226:80"),
+            sa("10.244.1.14:3000"),
+            later
+        ),
+        named("shop/checkout:http", true)
+    );
+    assert_eq!(namer.take_warnings().len(), 1);
+}
+
+#[test]
+fn missing_tools_warn_only_when_nothing_was_found() {
+    let fake = Fake::default();
+    let mut with_problem = iptables(V4).unwrap();
+    with_problem.problems.push("nft not found".to_owned());
+    fake.set(NS, Ok(with_problem));
+    fake.set(
+        8,
+        Ok(Dumps {
+            dumps: Vec::new(),
+            problems: vec!["iptables-save not found".to_owned()],
+        }),
+    );
+    let mut namer = namer(&fake);
+    let t0 = Instant::now();
+    namer.name(
+        NS,
+        Proto::Tcp,
+        sa("10.96.35.226:80"),
+        sa("10.244.1.14:3000"),
+        t0,
+    );
+    namer.name(
+        8,
+        Proto::Tcp,
+        sa("10.96.35.226:80"),
+        sa("10.244.1.14:3000"),
+        t0,
+    );
+    assert_eq!(
+        namer.take_warnings(),
+        ["cannot name connections in netns 8: iptables-save not found; records get service null"]
+    );
+}
+
+#[test]
+fn own_namespace_is_listed() {
+    let own = netns_inode(Path::new("/proc/self/ns/net")).unwrap();
+    assert!(list_namespaces().iter().any(|info| info.inode == own));
+}

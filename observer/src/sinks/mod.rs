@@ -1,0 +1,10 @@
+//! Where records go: the JSON Lines log (`log`), Prometheus metrics (`metrics`, served by
+//! `serve`), the text report (`summary`), CI verdicts (`check`) and the rules table
+//! (`rules_table`).
+
+pub mod check;
+pub mod log;
+pub mod metrics;
+pub mod rules_table;
+pub mod serve;
+pub mod summary;

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use super::{Outcome, emit};
 use crate::model::record::Recording;
 use crate::sinks::check::{Conditions, check_recording};
-use crate::sinks::summary::plural;
+use crate::sinks::text::plural;
 
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct CheckArgs {

@@ -15,7 +15,7 @@ pub struct RulesArgs {
     /// `table` for people, `json` for one service record per line (the connection log's
     /// `service` lines).
     #[arg(
-        short,
+        short = 'o',
         long = "output",
         value_name = "FORMAT",
         value_enum,

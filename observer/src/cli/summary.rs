@@ -17,7 +17,7 @@ pub struct SummaryArgs {
     pub file: PathBuf,
     /// `table` for people, `json` for one JSON object (the summary and every Service).
     #[arg(
-        short,
+        short = 'o',
         long = "output",
         value_name = "FORMAT",
         value_enum,

@@ -29,7 +29,8 @@
 use std::fmt;
 
 use crate::model::record::{Recording, SummaryRecord};
-use crate::sinks::summary::{plural, skew_cause};
+use crate::sinks::summary::skew_cause;
+use crate::sinks::text::plural;
 use crate::stats::{Aggregator, ServiceStats};
 
 /// What `observer check` asserts; `None` leaves a condition out.

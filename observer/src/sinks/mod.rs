@@ -8,3 +8,4 @@ pub mod metrics;
 pub mod rules_table;
 pub mod serve;
 pub mod summary;
+pub mod text;

@@ -10,6 +10,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use crate::model::record::{FrontendKind, SummaryRecord, format_time};
+use crate::sinks::text::{Digits, bytes, duration, plural};
 use crate::stats::{BackendStats, ServiceStats, SkewDetail};
 
 /// Skew from which a Service gets a marked `! skew` line: one backend got at least 1.5
@@ -77,14 +78,6 @@ pub fn render(file: &str, summary: Option<&SummaryRecord>, services: &[ServiceSt
     out
 }
 
-pub(crate) fn plural(n: u64, word: &str) -> String {
-    if n == 1 {
-        format!("{n} {word}")
-    } else {
-        format!("{n} {word}s")
-    }
-}
-
 fn frontend_text(service: &ServiceStats) -> String {
     if !service.has_rules {
         return if service.named {
@@ -121,36 +114,6 @@ fn percent(share: f64) -> String {
 fn bar(share: f64) -> String {
     let filled = ((share * BAR_WIDTH as f64).round() as usize).min(BAR_WIDTH);
     format!("[{}{}]", "#".repeat(filled), ".".repeat(BAR_WIDTH - filled))
-}
-
-/// A duration in the unit a person reads fastest: 812.3ms, 4.09s, 12m05s, 1h02m.
-pub fn duration(ms: f64) -> String {
-    if ms < 1000.0 {
-        format!("{ms:.1}ms")
-    } else if ms < 60_000.0 {
-        format!("{:.2}s", ms / 1000.0)
-    } else if ms < 3_600_000.0 {
-        let s = (ms / 1000.0).round() as u64;
-        format!("{}m{:02}s", s / 60, s % 60)
-    } else {
-        let m = (ms / 60_000.0).round() as u64;
-        format!("{}h{:02}m", m / 60, m % 60)
-    }
-}
-
-/// Bytes in binary units: 930 B, 2.7 KiB, 1.2 MiB.
-pub fn bytes(n: u64) -> String {
-    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
-    if n < 1024 {
-        return format!("{n} B");
-    }
-    let mut value = n as f64 / 1024.0;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    format!("{value:.1} {}", UNITS[unit])
 }
 
 fn backend_note(b: &BackendStats) -> String {
@@ -231,7 +194,7 @@ fn render_service(s: &ServiceStats) -> String {
             let lifetime = |pick: fn(&crate::stats::Percentiles) -> f64| {
                 b.lifetime_ms
                     .as_ref()
-                    .map_or("-".to_owned(), |p| duration(pick(p)))
+                    .map_or("-".to_owned(), |p| duration(pick(p), Digits::Report))
             };
             vec![
                 b.backend.to_string(),
@@ -389,7 +352,7 @@ shop/cart:http (tcp, ClusterIP 10.96.40.10:80): 4 connections, 2 active, 128 req
     fn units_read_at_a_glance() {
         let texts: Vec<String> = [0.25, 999.94, 4087.655, 59_999.0, 725_000.0, 3_725_000.0]
             .into_iter()
-            .map(duration)
+            .map(|ms| duration(ms, Digits::Report))
             .collect();
         assert_eq!(
             texts,

@@ -9,6 +9,7 @@ use ratatui::widgets::{Block, Borders, Clear, Paragraph, Wrap};
 
 use super::app::{App, Detail, LIFETIME_BUCKETS, Screen, ServiceRow};
 use crate::model::record::Close;
+use crate::sinks::text::{Digits, duration};
 use crate::stats::BackendStats;
 
 /// Below this the view only says it is too small.
@@ -88,21 +89,6 @@ fn row(cells: &[(&str, usize, Align)]) -> String {
         .map(|(text, width, align)| pad(text, *width, *align))
         .collect();
     cells.join(" ")
-}
-
-pub fn duration(ms: f64) -> String {
-    let seconds = ms / 1000.0;
-    if ms < 1000.0 {
-        format!("{ms:.0}ms")
-    } else if seconds < 60.0 {
-        format!("{seconds:.1}s")
-    } else if seconds < 3600.0 {
-        let s = seconds as u64;
-        format!("{}m{:02}s", s / 60, s % 60)
-    } else {
-        let m = (seconds / 60.0) as u64;
-        format!("{}h{:02}m", m / 60, m % 60)
-    }
 }
 
 fn rate(value: Option<f64>) -> String {
@@ -401,7 +387,7 @@ fn service_screen(app: &App, detail: &Detail, area: Rect, compact: bool) -> Vec<
             backend
                 .lifetime_ms
                 .as_ref()
-                .map_or("-".to_owned(), |p| duration(pick(p)))
+                .map_or("-".to_owned(), |p| duration(pick(p), Digits::Compact))
         };
         let mut addr = backend.backend.to_string();
         if !backend.in_rules {
@@ -449,7 +435,7 @@ fn service_screen(app: &App, detail: &Detail, area: Rect, compact: bool) -> Vec<
             "longest pinned: {} → {}  {}  requests {}  {}",
             conn.client,
             conn.backend,
-            duration(conn.age_ms),
+            duration(conn.age_ms, Digits::Compact),
             conn.requests,
             close_text(conn.close)
         ),
@@ -507,9 +493,11 @@ fn service_screen(app: &App, detail: &Detail, area: Rect, compact: bool) -> Vec<
         let text = conn_cells(
             &conn.client.to_string(),
             &conn.backend.to_string(),
-            &duration(conn.age_ms),
+            &duration(conn.age_ms, Digits::Compact),
             &count(conn.requests),
-            &conn.idle_ms.map_or("-".to_owned(), duration),
+            &conn
+                .idle_ms
+                .map_or("-".to_owned(), |ms| duration(ms, Digits::Compact)),
             close_text(conn.close),
         );
         let selected = index == app.conn_selected;

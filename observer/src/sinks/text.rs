@@ -1,0 +1,76 @@
+//! How numbers read in every text sink and on screen: durations, bytes, counted nouns.
+//! One formatter each, so the live view and `summary` say the same thing the same way.
+
+/// How many digits a duration keeps: a report has room, a table column on screen less.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Digits {
+    /// `812.3ms`, `4.09s`.
+    Report,
+    /// `812ms`, `4.1s`.
+    Compact,
+}
+
+/// A duration in the unit a person reads fastest: 812.3ms, 4.09s, 12m05s, 1h02m.
+pub fn duration(ms: f64, digits: Digits) -> String {
+    let compact = digits == Digits::Compact;
+    if ms < 1000.0 {
+        if compact {
+            format!("{ms:.0}ms")
+        } else {
+            format!("{ms:.1}ms")
+        }
+    } else if ms < 60_000.0 {
+        if compact {
+            format!("{:.1}s", ms / 1000.0)
+        } else {
+            format!("{:.2}s", ms / 1000.0)
+        }
+    } else if ms < 3_600_000.0 {
+        let s = (ms / 1000.0).round() as u64;
+        format!("{}m{:02}s", s / 60, s % 60)
+    } else {
+        let m = (ms / 60_000.0).round() as u64;
+        format!("{}h{:02}m", m / 60, m % 60)
+    }
+}
+
+/// Bytes in binary units: 930 B, 2.7 KiB, 1.2 MiB.
+pub fn bytes(n: u64) -> String {
+    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
+    if n < 1024 {
+        return format!("{n} B");
+    }
+    let mut value = n as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.1} {}", UNITS[unit])
+}
+
+/// `1 connection`, `3 connections`.
+pub fn plural(n: u64, word: &str) -> String {
+    if n == 1 {
+        format!("{n} {word}")
+    } else {
+        format!("{n} {word}s")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_in_both_digit_styles() {
+        let report: Vec<String> = [22.44, 4087.655, 65_400.0, 3_780_000.0]
+            .map(|ms| duration(ms, Digits::Report))
+            .to_vec();
+        assert_eq!(report, ["22.4ms", "4.09s", "1m05s", "1h03m"]);
+        let compact: Vec<String> = [22.44, 4087.655, 65_400.0, 3_780_000.0]
+            .map(|ms| duration(ms, Digits::Compact))
+            .to_vec();
+        assert_eq!(compact, ["22ms", "4.1s", "1m05s", "1h03m"]);
+    }
+}

@@ -1,5 +1,5 @@
 //! Builds `observer-ebpf` for the BPF target (aya-build runs `cargo +nightly build
-//! --target bpfel-unknown-none -Z build-std=core`) so that `src/capture/loader.rs` can
+//! --target bpfel-unknown-none -Z build-std=core`) so that `src/kernel/capture.rs` can
 //! embed the object with `include_bytes_aligned!`.
 fn main() -> anyhow::Result<()> {
     aya_build::build_ebpf(

@@ -28,6 +28,13 @@ pub fn parse_seconds(text: &str) -> Result<Duration, String> {
     seconds_in(text, f64::MIN_POSITIVE, 1e9)
 }
 
+/// A count: a whole number >= 0, however it is written wrong.
+pub fn count(text: &str) -> Result<u64, String> {
+    text.trim()
+        .parse::<u64>()
+        .map_err(|_| format!("`{text}` is not a whole number >= 0"))
+}
+
 fn seconds_in(text: &str, min: f64, max: f64) -> Result<Duration, String> {
     match text.trim().parse::<f64>() {
         Ok(seconds) if seconds > 0.0 && seconds.is_finite() => {

@@ -3,6 +3,7 @@
 
 use std::path::PathBuf;
 
+use super::args::count;
 use super::{Outcome, emit};
 use crate::model::record::Recording;
 use crate::sinks::check::{Conditions, check_recording};
@@ -20,19 +21,19 @@ pub struct CheckArgs {
     #[arg(long, value_name = "R", value_parser = skew_ratio)]
     pub max_skew: Option<f64>,
     /// Fail when fewer than N backends got at least one request.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = count)]
     pub min_backends: Option<u64>,
     /// Fail when more than N connections were pinned to a backend no longer in the rules.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = count)]
     pub max_stale: Option<u64>,
     /// Fail when a Service has fewer than N connections.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = count)]
     pub min_connections: Option<u64>,
     /// Fail when the recording lost more than N events (or has no summary line).
-    #[arg(long, value_name = "N", default_value_t = 0)]
+    #[arg(long, value_name = "N", default_value_t = 0, value_parser = count)]
     pub max_lost: u64,
     /// Fail when a Service got fewer than N requests.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = count)]
     pub min_requests: Option<u64>,
 }
 

@@ -44,20 +44,27 @@ struct Cli {
     live: live::LiveArgs,
 }
 
+/// Every subcommand takes `-5` as a value (to refuse it with the same sentence as
+/// `--flag=-5`), never as an unknown flag.
 #[derive(Subcommand)]
 enum Command {
     /// Record every DNATed connection on this node as JSON Lines (needs root).
+    #[command(allow_negative_numbers = true)]
     Record(record::RecordArgs),
     /// Print the Services, frontends and endpoints (with expected shares) that the node's
     /// kube-proxy rules define, per network namespace (needs root).
+    #[command(allow_negative_numbers = true)]
     Rules(rules::RulesArgs),
     /// Per Service and backend: connections, requests, share vs expected, pinning
     /// lifetimes and skew, from a recorded log.
+    #[command(allow_negative_numbers = true)]
     Summary(summary::SummaryArgs),
     /// Exit 0 when a recorded log meets every condition, 1 with one line per violation.
+    #[command(allow_negative_numbers = true)]
     Check(check::CheckArgs),
     /// Serve Prometheus metrics per Service and backend at http://ADDR/metrics (needs
     /// root; for a DaemonSet).
+    #[command(allow_negative_numbers = true)]
     Serve(serve::ServeArgs),
 }
 

@@ -17,7 +17,7 @@
 //! $ observer check --service shop/cart:http observer/tests/data/logs/mixed.jsonl
 //! recording: 2 lost events > --max-lost 0 (ring buffer or connection table full: counts are incomplete)
 //! $ observer check observer/tests/data/logs/corrupt.jsonl
-//! error: observer/tests/data/logs/corrupt.jsonl:3: not a connection log line: EOF while parsing an object at line 1 column 52
+//! observer: observer/tests/data/logs/corrupt.jsonl:3: not a connection log line: EOF while parsing an object at line 1 column 52
 //! $ echo $?
 //! 2
 //! ```

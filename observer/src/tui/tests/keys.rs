@@ -3,6 +3,15 @@
 use super::*;
 use crate::tui::state::{Screen, SortKey};
 
+/// The Services shown, in order.
+fn names(app: &App) -> Vec<String> {
+    app.shown
+        .visible
+        .iter()
+        .map(|&i| app.shown.rows[i].stats.service.clone())
+        .collect()
+}
+
 #[test]
 fn selection_stays_in_bounds() {
     let mut app = three_services();
@@ -27,14 +36,7 @@ fn filter_matches_names_and_frontends_and_esc_clears_it() {
     let mut app = three_services();
     keys(&mut app, "/PAY");
     assert!(app.editing_filter);
-    let names = |app: &App| -> Vec<String> {
-        app.shown
-            .visible
-            .iter()
-            .map(|&i| app.shown.rows[i].stats.service.clone())
-            .collect()
-    };
-    assert_eq!(names(&app), vec!["shop/payments:grpc"]);
+    assert_eq!(names(&app), vec![PAYMENTS]);
     // While typing, q and s are text, not commands.
     keys(&mut app, "qs");
     assert_eq!(app.filter, "PAYqs");
@@ -50,7 +52,7 @@ fn filter_matches_names_and_frontends_and_esc_clears_it() {
     }
     keys(&mut app, "10.96.0.");
     assert_eq!(key(&mut app, KeyCode::Enter), None);
-    assert_eq!(names(&app), vec!["kube-system/kube-dns:dns-tcp"]);
+    assert_eq!(names(&app), vec![KUBE_DNS]);
     assert_eq!(key(&mut app, KeyCode::Esc), None);
     assert_eq!(app.filter, "");
     assert_eq!(names(&app).len(), 3);
@@ -59,52 +61,17 @@ fn filter_matches_names_and_frontends_and_esc_clears_it() {
 #[test]
 fn s_cycles_sort_keys_and_reorders_rows() {
     let mut app = three_services();
-    let names = |app: &App| -> Vec<String> {
-        app.shown
-            .visible
-            .iter()
-            .map(|&i| app.shown.rows[i].stats.service.clone())
-            .collect()
-    };
     assert_eq!(app.sort, SortKey::Name);
-    assert_eq!(
-        names(&app),
-        vec![
-            "kube-system/kube-dns:dns-tcp",
-            CHECKOUT,
-            "shop/payments:grpc"
-        ]
-    );
+    assert_eq!(names(&app), vec![KUBE_DNS, CHECKOUT, PAYMENTS]);
     keys(&mut app, "s");
     assert_eq!(app.sort, SortKey::Active);
-    assert_eq!(
-        names(&app),
-        vec![
-            CHECKOUT,
-            "kube-system/kube-dns:dns-tcp",
-            "shop/payments:grpc"
-        ]
-    );
+    assert_eq!(names(&app), vec![CHECKOUT, KUBE_DNS, PAYMENTS]);
     keys(&mut app, "ss");
     assert_eq!(app.sort, SortKey::RequestsPerSec);
-    assert_eq!(
-        names(&app),
-        vec![
-            CHECKOUT,
-            "shop/payments:grpc",
-            "kube-system/kube-dns:dns-tcp"
-        ]
-    );
+    assert_eq!(names(&app), vec![CHECKOUT, PAYMENTS, KUBE_DNS]);
     keys(&mut app, "s");
     assert_eq!(app.sort, SortKey::Skew);
-    assert_eq!(
-        names(&app),
-        vec![
-            CHECKOUT,
-            "shop/payments:grpc",
-            "kube-system/kube-dns:dns-tcp"
-        ]
-    );
+    assert_eq!(names(&app), vec![CHECKOUT, PAYMENTS, KUBE_DNS]);
     keys(&mut app, "sss");
     assert_eq!(app.sort, SortKey::Active);
 }
@@ -113,14 +80,11 @@ fn s_cycles_sort_keys_and_reorders_rows() {
 fn the_selected_service_stays_selected_when_rows_reorder() {
     let mut app = three_services();
     keys(&mut app, "sj");
-    assert_eq!(
-        app.selected_row().unwrap().stats.service,
-        "kube-system/kube-dns:dns-tcp"
-    );
+    assert_eq!(app.selected_row().unwrap().stats.service, KUBE_DNS);
     // Four open connections to payments move it to the top of the "active" order.
     for n in 0..4 {
         let record = conn(
-            "shop/payments:grpc",
+            PAYMENTS,
             &format!("10.244.1.9:{}", 30000 + n),
             "10.244.1.20:9090",
             6500,
@@ -128,21 +92,12 @@ fn the_selected_service_stays_selected_when_rows_reorder() {
             1,
             Close::Open,
         );
-        live(
-            &mut app,
-            Update::Conn {
-                id: id(200 + n),
-                record,
-            },
-        );
+        live_conn(&mut app, 200 + n, record);
     }
     tick(&mut app, 7000);
     assert_eq!(app.shown.rows.len(), 3);
     assert_eq!(app.selected, 2);
-    assert_eq!(
-        app.selected_row().unwrap().stats.service,
-        "kube-system/kube-dns:dns-tcp"
-    );
+    assert_eq!(app.selected_row().unwrap().stats.service, KUBE_DNS);
 }
 
 #[test]

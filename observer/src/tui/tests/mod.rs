@@ -21,6 +21,8 @@ use crate::model::record::{
 use crate::model::update::{CaptureStats, ConnId, Update};
 
 const CHECKOUT: &str = "shop/checkout:http";
+const PAYMENTS: &str = "shop/payments:grpc";
+const KUBE_DNS: &str = "kube-system/kube-dns:dns-tcp";
 const PODS: [&str; 3] = ["10.244.1.13:3000", "10.244.2.7:3000", "10.244.3.4:3000"];
 
 fn t0() -> DateTime<Utc> {
@@ -89,6 +91,19 @@ fn conn(
     }
 }
 
+/// `steady`'s keep-alive client on the first pod, opened 500 ms after t0.
+fn keep_alive(duration_ms: f64, requests: u64, close: Close) -> ConnRecord {
+    conn(
+        CHECKOUT,
+        "10.244.1.9:45364",
+        PODS[0],
+        500,
+        duration_ms,
+        requests,
+        close,
+    )
+}
+
 fn id(n: u64) -> ConnId {
     ConnId {
         conntrack: 0xffff_8880_0000_0000 + n,
@@ -98,6 +113,11 @@ fn id(n: u64) -> ConnId {
 
 fn live(app: &mut App, update_: Update) {
     assert_eq!(update(app, Msg::Live(update_)), None);
+}
+
+/// Feeds connection `n`'s latest record.
+fn live_conn(app: &mut App, n: u64, record: ConnRecord) {
+    live(app, Update::Conn { id: id(n), record });
 }
 
 fn key(app: &mut App, code: KeyCode) -> Option<Effect> {
@@ -141,21 +161,7 @@ fn steady() -> App {
     );
     live(&mut app, Update::Stats(stats()));
     tick(&mut app, 1000);
-    live(
-        &mut app,
-        Update::Conn {
-            id: id(1),
-            record: conn(
-                CHECKOUT,
-                "10.244.1.9:45364",
-                PODS[0],
-                500,
-                4087.655,
-                30,
-                Close::Open,
-            ),
-        },
-    );
+    live_conn(&mut app, 1, keep_alive(4087.655, 30, Close::Open));
     live(
         &mut app,
         Update::Stats(CaptureStats {
@@ -173,18 +179,14 @@ fn three_services() -> App {
     live(
         &mut app,
         Update::Service(service(
-            "shop/payments:grpc",
+            PAYMENTS,
             "10.96.12.40:9090",
             &["10.244.1.20:9090", "10.244.2.21:9090"],
         )),
     );
     live(
         &mut app,
-        Update::Service(service(
-            "kube-system/kube-dns:dns-tcp",
-            "10.96.0.10:53",
-            &["10.244.0.2:53"],
-        )),
+        Update::Service(service(KUBE_DNS, "10.96.0.10:53", &["10.244.0.2:53"])),
     );
     for n in 0..4 {
         let client = format!("10.244.1.9:{}", 50000 + n);
@@ -194,7 +196,7 @@ fn three_services() -> App {
             "10.244.2.21:9090"
         };
         let record = conn(
-            "shop/payments:grpc",
+            PAYMENTS,
             &client,
             pod,
             4000 + n as i64 * 100,
@@ -202,13 +204,7 @@ fn three_services() -> App {
             2,
             Close::Fin,
         );
-        live(
-            &mut app,
-            Update::Conn {
-                id: id(10 + n),
-                record,
-            },
-        );
+        live_conn(&mut app, 10 + n, record);
     }
     tick(&mut app, 6000);
     app

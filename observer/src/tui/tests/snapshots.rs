@@ -94,13 +94,7 @@ fn snapshot_long_names() {
         Close::Open,
     );
     c.original_dst = addr("[fd00:10:96::abcd]:443");
-    live(
-        &mut app,
-        Update::Conn {
-            id: id(1),
-            record: c,
-        },
-    );
+    live_conn(&mut app, 1, c);
     live(
         &mut app,
         Update::Stats(CaptureStats {

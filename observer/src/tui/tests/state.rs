@@ -4,24 +4,16 @@ use super::*;
 use crate::tui::state::CONN_ROWS;
 use crate::tui::state::conns::{Change, ConnTable};
 
+/// `steady` gets a second client, to the second pod, 5.1 s after t0.
+fn second_client(app: &mut App, close: Close) {
+    let record = conn(CHECKOUT, "10.244.1.9:40000", PODS[1], 5100, 10.0, 3, close);
+    live_conn(app, 100, record);
+}
+
 #[test]
 fn a_later_record_replaces_the_one_with_the_same_id() {
     let mut app = steady();
-    live(
-        &mut app,
-        Update::Conn {
-            id: id(1),
-            record: conn(
-                CHECKOUT,
-                "10.244.1.9:45364",
-                PODS[0],
-                500,
-                9000.0,
-                42,
-                Close::Open,
-            ),
-        },
-    );
+    live_conn(&mut app, 1, keep_alive(9000.0, 42, Close::Open));
     tick(&mut app, 6000);
     let row = app.selected_row().unwrap();
     assert_eq!(
@@ -29,21 +21,7 @@ fn a_later_record_replaces_the_one_with_the_same_id() {
         (1, 1, 42)
     );
 
-    live(
-        &mut app,
-        Update::Conn {
-            id: id(1),
-            record: conn(
-                CHECKOUT,
-                "10.244.1.9:45364",
-                PODS[0],
-                500,
-                9500.0,
-                43,
-                Close::Fin,
-            ),
-        },
-    );
+    live_conn(&mut app, 1, keep_alive(9500.0, 43, Close::Fin));
     tick(&mut app, 7000);
     assert_eq!(key(&mut app, KeyCode::Enter), None);
     let detail = app.shown.detail.clone().unwrap();
@@ -95,13 +73,7 @@ fn rates_come_from_deltas_between_ticks() {
             3,
             Close::Fin,
         );
-        live(
-            &mut app,
-            Update::Conn {
-                id: id(100 + n),
-                record,
-            },
-        );
+        live_conn(&mut app, 100 + n, record);
     }
     live(
         &mut app,
@@ -122,22 +94,7 @@ fn rates_come_from_deltas_between_ticks() {
 #[test]
 fn aggregates_refresh_at_most_once_a_second() {
     let mut app = steady();
-    let record = conn(
-        CHECKOUT,
-        "10.244.1.9:40000",
-        PODS[1],
-        5100,
-        10.0,
-        3,
-        Close::Fin,
-    );
-    live(
-        &mut app,
-        Update::Conn {
-            id: id(100),
-            record,
-        },
-    );
+    second_client(&mut app, Close::Fin);
     tick(&mut app, 5250);
     assert_eq!(app.selected_row().unwrap().stats.connections, 1);
     tick(&mut app, 6000);
@@ -149,22 +106,7 @@ fn pause_freezes_the_screen_but_keeps_counting() {
     let mut app = steady();
     keys(&mut app, "p");
     assert!(app.paused);
-    let record = conn(
-        CHECKOUT,
-        "10.244.1.9:40000",
-        PODS[1],
-        5100,
-        10.0,
-        3,
-        Close::Open,
-    );
-    live(
-        &mut app,
-        Update::Conn {
-            id: id(100),
-            record,
-        },
-    );
+    second_client(&mut app, Close::Open);
     tick(&mut app, 9000);
     assert_eq!(app.selected_row().unwrap().stats.active, 1);
     assert_eq!(app.shown.at, Some(at(5000)));
@@ -177,22 +119,7 @@ fn pause_freezes_the_screen_but_keeps_counting() {
 #[test]
 fn reset_forgets_closed_connections_and_lost_events() {
     let mut app = steady();
-    let record = conn(
-        CHECKOUT,
-        "10.244.1.9:40000",
-        PODS[1],
-        5100,
-        10.0,
-        3,
-        Close::Fin,
-    );
-    live(
-        &mut app,
-        Update::Conn {
-            id: id(100),
-            record,
-        },
-    );
+    second_client(&mut app, Close::Fin);
     live(
         &mut app,
         Update::Stats(CaptureStats {
@@ -239,13 +166,7 @@ fn the_connection_list_is_capped_oldest_open_first() {
             1,
             Close::Open,
         );
-        live(
-            &mut app,
-            Update::Conn {
-                id: id(1000 + n),
-                record,
-            },
-        );
+        live_conn(&mut app, 1000 + n, record);
     }
     let record = conn(
         CHECKOUT,
@@ -256,7 +177,7 @@ fn the_connection_list_is_capped_oldest_open_first() {
         2,
         Close::Fin,
     );
-    live(&mut app, Update::Conn { id: id(2), record });
+    live_conn(&mut app, 2, record);
     tick(&mut app, 6000);
     assert_eq!(key(&mut app, KeyCode::Enter), None);
     let detail = app.shown.detail.as_ref().unwrap();

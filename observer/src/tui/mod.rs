@@ -1,18 +1,21 @@
 //! The live terminal view: Services, then one Service's backends and connections.
 //!
-//! `app` is pure state and `update`; `view` renders from `&App`; `run` owns the
-//! terminal; `replay` turns a recording into the same updates a capture produces.
+//! `state` is pure state and `update`; `view` renders from `&App`; `export` turns what
+//! is shown into JSON Lines; `labels` holds words both of those use; `run` owns the
+//! terminal and performs what `update` asks; `replay` turns a recording into the same
+//! updates a capture produces. `view` and `export` depend on `state` (and `labels`),
+//! `run` on all of them; nothing depends back.
 
-mod app;
-mod conns;
 mod export;
+mod labels;
 mod replay;
 mod run;
+mod state;
 mod view;
 
-pub use app::{App, ConnRow, Detail, Effect, Msg, Screen, ServiceRow, SortKey, update};
 pub use replay::replay_updates;
 pub use run::{TuiOptions, check_terminal, run};
+pub use state::{App, ConnRow, Detail, Effect, Msg, Screen, ServiceRow, Shown, SortKey, update};
 pub use view::render;
 
 #[cfg(test)]

@@ -14,7 +14,8 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc::{Receiver, error::TryRecvError};
 use tokio::time::MissedTickBehavior;
 
-use super::app::{App, Effect, Msg, update};
+use super::export;
+use super::state::{App, Effect, Msg, Screen, Shown, update};
 use super::view::render;
 use crate::model::update::Update;
 
@@ -92,28 +93,7 @@ pub async fn run(mut updates: Receiver<Update>, options: TuiOptions) -> anyhow::
                 None => Some(Effect::Quit),
             },
             received = updates.recv(), if open => {
-                match received {
-                    Some(first) => {
-                        update(&mut app, Msg::Live(first));
-                        for _ in 1..BATCH {
-                            match updates.try_recv() {
-                                Ok(next) => {
-                                    update(&mut app, Msg::Live(next));
-                                }
-                                Err(TryRecvError::Empty) => break,
-                                Err(TryRecvError::Disconnected) => {
-                                    open = false;
-                                    update(&mut app, Msg::UpdatesClosed);
-                                    break;
-                                }
-                            }
-                        }
-                    }
-                    None => {
-                        open = false;
-                        update(&mut app, Msg::UpdatesClosed);
-                    }
-                }
+                open = apply_batch(&mut app, received, &mut updates);
                 None
             }
             _ = sigterm.recv() => Some(Effect::Quit),
@@ -123,13 +103,10 @@ pub async fn run(mut updates: Receiver<Update>, options: TuiOptions) -> anyhow::
             Some(Effect::Quit) => break,
             Some(Effect::Export {
                 path,
-                contents,
-                lines,
+                screen,
+                shown,
             }) => {
-                let result = tokio::fs::write(&path, contents)
-                    .await
-                    .map(|()| lines)
-                    .map_err(|err| err.to_string());
+                let result = write_export(&path, &screen, &shown).await;
                 update(&mut app, Msg::Exported { path, result });
                 redraw = true;
             }
@@ -142,4 +119,36 @@ pub async fn run(mut updates: Receiver<Update>, options: TuiOptions) -> anyhow::
         }
     }
     Ok(())
+}
+
+/// Applies `first` and then what else is already queued, up to `BATCH`; returns whether
+/// the channel is still open.
+fn apply_batch(app: &mut App, first: Option<Update>, updates: &mut Receiver<Update>) -> bool {
+    let Some(first) = first else {
+        update(app, Msg::UpdatesClosed);
+        return false;
+    };
+    update(app, Msg::Live(first));
+    for _ in 1..BATCH {
+        match updates.try_recv() {
+            Ok(next) => {
+                update(app, Msg::Live(next));
+            }
+            Err(TryRecvError::Empty) => break,
+            Err(TryRecvError::Disconnected) => {
+                update(app, Msg::UpdatesClosed);
+                return false;
+            }
+        }
+    }
+    true
+}
+
+/// Writes the rows of `screen` to `path`; how many lines, or why not.
+async fn write_export(path: &str, screen: &Screen, shown: &Shown) -> Result<usize, String> {
+    let file = export::file(screen, shown);
+    tokio::fs::write(path, file.contents)
+        .await
+        .map(|()| file.lines)
+        .map_err(|err| err.to_string())
 }

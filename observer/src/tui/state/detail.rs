@@ -1,0 +1,142 @@
+//! The Service screen's detail: its connections, lifetime histogram and longest pin.
+
+use std::net::SocketAddr;
+
+use chrono::{DateTime, Utc};
+
+use super::{App, CONN_ROWS, ServiceKey, millis};
+use crate::model::record::{Close, ConnRecord};
+
+/// Upper bounds (ms) and labels of the lifetime histogram's buckets.
+pub const LIFETIME_BUCKETS: [(f64, &str); 6] = [
+    (10.0, "<10ms"),
+    (100.0, "<100ms"),
+    (1_000.0, "<1s"),
+    (10_000.0, "<10s"),
+    (60_000.0, "<1m"),
+    (f64::INFINITY, ">=1m"),
+];
+
+pub type Histogram = [u64; LIFETIME_BUCKETS.len()];
+
+pub(super) fn bucket(duration_ms: f64) -> usize {
+    LIFETIME_BUCKETS
+        .iter()
+        .position(|(limit, _)| duration_ms < *limit)
+        .unwrap_or(LIFETIME_BUCKETS.len() - 1)
+}
+
+/// One live-connection row of the Service screen.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ConnRow {
+    pub client: SocketAddr,
+    pub backend: SocketAddr,
+    /// Open: time since the first packet; closed: how long it stayed pinned.
+    pub age_ms: f64,
+    pub requests: u64,
+    /// Open: time since the last packet seen; `None` when closed.
+    pub idle_ms: Option<f64>,
+    pub close: Close,
+}
+
+impl ConnRow {
+    fn open(record: &ConnRecord, clock: DateTime<Utc>) -> ConnRow {
+        let age_ms = age(record, clock);
+        ConnRow {
+            client: record.client,
+            backend: record.backend,
+            age_ms,
+            requests: record.requests,
+            idle_ms: Some((age_ms - record.duration_ms).max(0.0)),
+            close: record.close,
+        }
+    }
+
+    fn closed(record: &ConnRecord) -> ConnRow {
+        ConnRow {
+            client: record.client,
+            backend: record.backend,
+            age_ms: record.duration_ms,
+            requests: record.requests,
+            idle_ms: None,
+            close: record.close,
+        }
+    }
+}
+
+/// How long an open connection has been pinned as of `clock`.
+fn age(record: &ConnRecord, clock: DateTime<Utc>) -> f64 {
+    millis(clock - record.start).max(record.duration_ms)
+}
+
+/// What the Service screen shows besides the aggregator's backend rows.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Detail {
+    /// Open connections oldest first, then closed ones newest first; at most `CONN_ROWS`.
+    pub conns: Vec<ConnRow>,
+    pub open: usize,
+    pub closed: usize,
+    /// Closed lifetimes since start (or reset) plus the open connections' so far.
+    pub histogram: Histogram,
+    /// The connection kept for display that stayed pinned longest.
+    pub longest: Option<ConnRow>,
+}
+
+impl App {
+    /// Bounded work even with many thousands of connections: one pass to filter and
+    /// count, then only the rows shown are sorted and built.
+    pub(super) fn detail(&self, key: &ServiceKey) -> Detail {
+        let clock = self.clock();
+        let unnamed: Option<SocketAddr> = key.0.parse().ok();
+        let belongs = |record: &&ConnRecord| {
+            record.proto == key.1
+                && match &record.service {
+                    Some(name) => *name == key.0,
+                    None => Some(record.original_dst) == unnamed,
+                }
+        };
+
+        let mut histogram = self.histograms.get(key).copied().unwrap_or_default();
+        let mut open: Vec<&ConnRecord> =
+            self.conns.open().map(|(_, r)| r).filter(belongs).collect();
+        let mut longest: Option<&ConnRecord> = None;
+        for record in &open {
+            histogram[bucket(record.duration_ms)] += 1;
+            if longest.is_none_or(|l| age(record, clock) > age(l, clock)) {
+                longest = Some(record);
+            }
+        }
+        let mut longest = longest.map(|r| ConnRow::open(r, clock));
+        let order = |a: &&ConnRecord, b: &&ConnRecord| {
+            (a.start, a.client, a.backend).cmp(&(b.start, b.client, b.backend))
+        };
+        let open_count = open.len();
+        if open.len() > CONN_ROWS {
+            open.select_nth_unstable_by(CONN_ROWS, order);
+            open.truncate(CONN_ROWS);
+        }
+        open.sort_by(order);
+        let mut conns: Vec<ConnRow> = open.iter().map(|r| ConnRow::open(r, clock)).collect();
+
+        let mut closed_count = 0;
+        for record in self.conns.closed().map(|(_, r)| r).filter(belongs) {
+            closed_count += 1;
+            if longest
+                .as_ref()
+                .is_none_or(|l| record.duration_ms > l.age_ms)
+            {
+                longest = Some(ConnRow::closed(record));
+            }
+            if conns.len() < CONN_ROWS {
+                conns.push(ConnRow::closed(record));
+            }
+        }
+        Detail {
+            conns,
+            open: open_count,
+            closed: closed_count,
+            histogram,
+            longest,
+        }
+    }
+}

@@ -1,0 +1,78 @@
+//! A recording browsed as if it were live.
+
+use super::*;
+use crate::model::record::Recording;
+use crate::tui::replay::replay_updates;
+
+#[test]
+fn replay_turns_a_recording_into_updates() {
+    let mut recording = Recording::default();
+    recording
+        .services
+        .push(service(CHECKOUT, "10.96.35.226:80", &PODS));
+    recording.conns.push(conn(
+        CHECKOUT,
+        "10.244.1.9:2",
+        PODS[1],
+        900,
+        5.0,
+        1,
+        Close::Fin,
+    ));
+    recording.conns.push(conn(
+        CHECKOUT,
+        "10.244.1.9:1",
+        PODS[0],
+        100,
+        4087.655,
+        30,
+        Close::Open,
+    ));
+    let updates = replay_updates(&recording);
+    assert_eq!(updates.len(), 4);
+    assert_eq!(updates[0], Update::Service(recording.services[0].clone()));
+    let start_ns = |ms: i64| u64::try_from(at(ms).timestamp_nanos_opt().unwrap()).unwrap();
+    assert_eq!(
+        updates[1],
+        Update::Conn {
+            id: ConnId {
+                conntrack: 1,
+                start_ns: start_ns(100)
+            },
+            record: recording.conns[1].clone()
+        }
+    );
+    assert_eq!(
+        updates[2],
+        Update::Conn {
+            id: ConnId {
+                conntrack: 0,
+                start_ns: start_ns(900)
+            },
+            record: recording.conns[0].clone()
+        }
+    );
+    assert_eq!(
+        updates[3],
+        Update::Stats(CaptureStats {
+            netns_seen: 1,
+            live_connections: 1,
+            ..CaptureStats::default()
+        })
+    );
+
+    // In the view, ages and rates run on the recording's own clock.
+    let mut app = App::new("replay", Some("shop.jsonl".to_owned()), true, at(3_600_000));
+    for update_ in updates {
+        live(&mut app, update_);
+    }
+    assert_eq!(update(&mut app, Msg::UpdatesClosed), None);
+    tick(&mut app, 3_600_000);
+    let row = app.selected_row().unwrap();
+    let span_s = 4.087655;
+    assert_eq!(row.new_per_s, Some(2.0 / span_s));
+    assert_eq!(key(&mut app, KeyCode::Enter), None);
+    let detail = app.shown.detail.as_ref().unwrap();
+    assert_eq!(detail.conns[0].age_ms, 4087.655);
+    assert_eq!(detail.conns[0].idle_ms, Some(0.0));
+}

@@ -1,0 +1,161 @@
+//! Full-buffer snapshots of every screen, compared with `../snapshots/*.txt`.
+
+use ratatui::Terminal;
+use ratatui::backend::TestBackend;
+
+use super::*;
+use crate::tui::view::render;
+
+fn screen(app: &App, width: u16, height: u16) -> String {
+    let mut terminal = Terminal::new(TestBackend::new(width, height)).unwrap();
+    terminal.draw(|frame| render(app, frame)).unwrap();
+    let buffer = terminal.backend().buffer();
+    let mut text = String::new();
+    for y in 0..height {
+        for x in 0..width {
+            text.push_str(buffer[(x, y)].symbol());
+        }
+        text.push('\n');
+    }
+    text
+}
+
+/// Compares the whole screen with `snapshots/<name>.txt`.
+fn assert_snapshot(name: &str, actual: &str) {
+    let path = format!(
+        "{}/src/tui/snapshots/{name}.txt",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    if std::env::var_os("OBSERVER_UPDATE_SNAPSHOTS").is_some() {
+        std::fs::write(&path, actual).unwrap();
+        return;
+    }
+    let expected = std::fs::read_to_string(&path).unwrap_or_else(|err| panic!("{path}: {err}"));
+    assert!(
+        expected == actual,
+        "{name} differs from {path}\n--- expected\n{expected}--- actual\n{actual}"
+    );
+}
+
+#[test]
+fn snapshot_empty() {
+    let mut app = new_app();
+    tick(&mut app, 0);
+    assert_snapshot("empty", &screen(&app, 80, 24));
+}
+
+#[test]
+fn snapshot_steady_services() {
+    assert_snapshot("steady_services", &screen(&steady(), 80, 24));
+}
+
+#[test]
+fn snapshot_steady_service() {
+    let mut app = steady();
+    assert_eq!(key(&mut app, KeyCode::Enter), None);
+    assert_snapshot("steady_service", &screen(&app, 80, 24));
+}
+
+#[test]
+fn snapshot_filtered_and_paused() {
+    let mut app = three_services();
+    keys(&mut app, "/shop");
+    assert_eq!(key(&mut app, KeyCode::Enter), None);
+    keys(&mut app, "sjp");
+    assert_snapshot("filtered", &screen(&app, 80, 24));
+}
+
+#[test]
+fn snapshot_filter_without_matches() {
+    let mut app = three_services();
+    keys(&mut app, "/nothing");
+    assert_snapshot("filter_no_match", &screen(&app, 80, 24));
+}
+
+#[test]
+fn snapshot_long_names() {
+    let mut app = new_app();
+    let name = "a-very-long-namespace-name/an-even-longer-service-name-that-goes-on:https-metrics";
+    let pod = "[fd00:10:244:1::1234]:8443";
+    let mut record = service(name, "[fd00:10:96::abcd]:443", &[pod]);
+    record.frontends.push(Frontend {
+        kind: FrontendKind::NodePort,
+        ip: None,
+        port: 30443,
+    });
+    live(&mut app, Update::Service(record));
+    let mut c = conn(
+        name,
+        "[fd00:10:244:2::9876]:54321",
+        pod,
+        0,
+        1500.0,
+        4,
+        Close::Open,
+    );
+    c.original_dst = addr("[fd00:10:96::abcd]:443");
+    live_conn(&mut app, 1, c);
+    live(
+        &mut app,
+        Update::Stats(CaptureStats {
+            recording: Some(
+                "/var/lib/observer/recordings/a-very-long-recording-file-name-2026-08-06.jsonl"
+                    .to_owned(),
+            ),
+            ..stats()
+        }),
+    );
+    tick(&mut app, 2000);
+    assert_snapshot("long_names_services", &screen(&app, 80, 24));
+    assert_eq!(key(&mut app, KeyCode::Enter), None);
+    assert_snapshot("long_names_service", &screen(&app, 80, 24));
+}
+
+#[test]
+fn snapshot_lost_events() {
+    let mut app = steady();
+    live(
+        &mut app,
+        Update::Stats(CaptureStats {
+            lost_events: 12,
+            events: 95,
+            ..stats()
+        }),
+    );
+    tick(&mut app, 6000);
+    let text = screen(&app, 80, 24);
+    assert_snapshot("lost_events", &text);
+    // The count is drawn red.
+    let mut terminal = Terminal::new(TestBackend::new(80, 24)).unwrap();
+    terminal.draw(|frame| render(&app, frame)).unwrap();
+    let status = text.lines().nth(23).unwrap();
+    let x = status.find("lost 12").unwrap();
+    let x = status[..x].chars().count() as u16;
+    assert_eq!(
+        terminal.backend().buffer()[(x, 23)].fg,
+        ratatui::style::Color::Red
+    );
+}
+
+#[test]
+fn snapshot_narrow() {
+    let mut app = three_services();
+    assert_snapshot("narrow_60x20_services", &screen(&app, 60, 20));
+    keys(&mut app, "j");
+    assert_eq!(key(&mut app, KeyCode::Enter), None);
+    assert_snapshot("narrow_60x20_service", &screen(&app, 60, 20));
+    assert_snapshot("narrow_40x10_service", &screen(&app, 40, 10));
+    assert_snapshot("too_small_30x8", &screen(&app, 30, 8));
+}
+
+#[test]
+fn snapshot_help_and_replay_status() {
+    let mut app = App::new("shop.jsonl", Some("shop.jsonl".to_owned()), true, at(0));
+    live(
+        &mut app,
+        Update::Service(service(CHECKOUT, "10.96.35.226:80", &PODS)),
+    );
+    tick(&mut app, 0);
+    keys(&mut app, "?");
+    assert_snapshot("help_replay", &screen(&app, 80, 24));
+}

@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 
 use crate::model::update::CaptureStats;
-use crate::stats::ServiceStats;
+use crate::stats::{BackendStats, ServiceStats};
 
 /// Escapes a label value: backslash, double quote and newline.
 fn escape(value: &str) -> String {
@@ -38,85 +38,160 @@ impl Family {
 
 /// Renders every metric. Counters are cumulative since observer started.
 pub fn render(services: &[ServiceStats], capture: &CaptureStats) -> String {
-    let mut connections = Family::new(
-        "observer_connections_total",
-        "counter",
-        "Connections DNATed to the backend.",
-    );
-    let mut active = Family::new(
-        "observer_active_connections",
-        "gauge",
-        "Connections to the backend still open.",
-    );
-    let mut requests = Family::new(
-        "observer_requests_total",
-        "counter",
-        "Requests carried to the backend (client payload after backend payload).",
-    );
-    let mut bytes = Family::new(
-        "observer_bytes_total",
-        "counter",
-        "Transport payload bytes, each byte once.",
-    );
-    let mut request_share = Family::new(
-        "observer_request_share",
-        "gauge",
-        "The backend's share of the Service's requests.",
-    );
-    let mut expected_share = Family::new(
-        "observer_expected_share",
-        "gauge",
-        "The share of new connections kube-proxy's rules give the backend.",
-    );
-    let mut lifetime = Family::new(
-        "observer_pinning_seconds",
-        "gauge",
-        "How long connections stayed pinned to the backend (nearest-rank quantiles).",
-    );
-    let mut stale = Family::new(
-        "observer_stale_pins_total",
-        "counter",
-        "Connections pinned to a backend that is no longer an endpoint.",
-    );
-    let mut skew = Family::new(
-        "observer_service_skew",
-        "gauge",
-        "Largest backend request share over its expected share (1 is even).",
-    );
+    let mut per_service = ServiceFamilies::new();
     for service in services {
+        per_service.add(service);
+    }
+    let mut out = String::new();
+    for family in per_service
+        .into_families()
+        .iter()
+        .chain(&capture_families(capture))
+    {
+        family.write(&mut out);
+    }
+    out
+}
+
+impl Family {
+    /// HELP and TYPE lines, then one line per sample.
+    fn write(&self, out: &mut String) {
+        let _ = writeln!(out, "# HELP {} {}", self.name, self.help);
+        let _ = writeln!(out, "# TYPE {} {}", self.name, self.kind);
+        for (labels, value) in &self.samples {
+            if labels.is_empty() {
+                let _ = writeln!(out, "{} {value}", self.name);
+            } else {
+                let _ = writeln!(out, "{}{{{labels}}} {value}", self.name);
+            }
+        }
+    }
+}
+
+/// The families with a sample per Service or per backend.
+struct ServiceFamilies {
+    connections: Family,
+    active: Family,
+    requests: Family,
+    bytes: Family,
+    request_share: Family,
+    expected_share: Family,
+    lifetime: Family,
+    stale: Family,
+    skew: Family,
+}
+
+impl ServiceFamilies {
+    fn new() -> ServiceFamilies {
+        ServiceFamilies {
+            connections: Family::new(
+                "observer_connections_total",
+                "counter",
+                "Connections DNATed to the backend.",
+            ),
+            active: Family::new(
+                "observer_active_connections",
+                "gauge",
+                "Connections to the backend still open.",
+            ),
+            requests: Family::new(
+                "observer_requests_total",
+                "counter",
+                "Requests carried to the backend (client payload after backend payload).",
+            ),
+            bytes: Family::new(
+                "observer_bytes_total",
+                "counter",
+                "Transport payload bytes, each byte once.",
+            ),
+            request_share: Family::new(
+                "observer_request_share",
+                "gauge",
+                "The backend's share of the Service's requests.",
+            ),
+            expected_share: Family::new(
+                "observer_expected_share",
+                "gauge",
+                "The share of new connections kube-proxy's rules give the backend.",
+            ),
+            lifetime: Family::new(
+                "observer_pinning_seconds",
+                "gauge",
+                "How long connections stayed pinned to the backend (nearest-rank quantiles).",
+            ),
+            stale: Family::new(
+                "observer_stale_pins_total",
+                "counter",
+                "Connections pinned to a backend that is no longer an endpoint.",
+            ),
+            skew: Family::new(
+                "observer_service_skew",
+                "gauge",
+                "Largest backend request share over its expected share (1 is even).",
+            ),
+        }
+    }
+
+    fn add(&mut self, service: &ServiceStats) {
         let service_labels = format!(
             "service=\"{}\",proto=\"{}\"",
             escape(&service.service),
             service.proto
         );
         if let Some(value) = service.skew {
-            skew.add(service_labels.clone(), value);
+            self.skew.add(service_labels.clone(), value);
         }
         for backend in &service.backends {
             let labels = format!("{service_labels},backend=\"{}\"", backend.backend);
-            connections.add(labels.clone(), backend.connections as f64);
-            active.add(labels.clone(), backend.active as f64);
-            requests.add(labels.clone(), backend.requests as f64);
-            bytes.add(
-                format!("{labels},direction=\"to_backend\""),
-                backend.bytes_to_backend as f64,
-            );
-            bytes.add(
-                format!("{labels},direction=\"from_backend\""),
-                backend.bytes_from_backend as f64,
-            );
-            request_share.add(labels.clone(), backend.request_share);
-            if let Some(share) = backend.expected_share {
-                expected_share.add(labels.clone(), share);
-            }
-            if let Some(p) = &backend.lifetime_ms {
-                for (quantile, ms) in [("0.5", p.p50), ("0.9", p.p90), ("1", p.max)] {
-                    lifetime.add(format!("{labels},quantile=\"{quantile}\""), ms / 1000.0);
-                }
-            }
-            stale.add(labels, backend.stale_pins as f64);
+            self.add_backend(labels, backend);
         }
     }
+
+    fn add_backend(&mut self, labels: String, backend: &BackendStats) {
+        self.connections
+            .add(labels.clone(), backend.connections as f64);
+        self.active.add(labels.clone(), backend.active as f64);
+        self.requests.add(labels.clone(), backend.requests as f64);
+        self.bytes.add(
+            format!("{labels},direction=\"to_backend\""),
+            backend.bytes_to_backend as f64,
+        );
+        self.bytes.add(
+            format!("{labels},direction=\"from_backend\""),
+            backend.bytes_from_backend as f64,
+        );
+        self.request_share
+            .add(labels.clone(), backend.request_share);
+        if let Some(share) = backend.expected_share {
+            self.expected_share.add(labels.clone(), share);
+        }
+        if let Some(p) = &backend.lifetime_ms {
+            for (quantile, ms) in [("0.5", p.p50), ("0.9", p.p90), ("1", p.max)] {
+                self.lifetime
+                    .add(format!("{labels},quantile=\"{quantile}\""), ms / 1000.0);
+            }
+        }
+        self.stale.add(labels, backend.stale_pins as f64);
+    }
+
+    /// In exposition order.
+    fn into_families(self) -> [Family; 9] {
+        [
+            self.connections,
+            self.active,
+            self.requests,
+            self.bytes,
+            self.request_share,
+            self.expected_share,
+            self.lifetime,
+            self.stale,
+            self.skew,
+        ]
+    }
+}
+
+/// The capture counters, one unlabelled sample each.
+fn capture_families(capture: &CaptureStats) -> [Family; 5] {
     let mut counters = [
         Family::new(
             "observer_dnat_events_total",
@@ -154,33 +229,7 @@ pub fn render(services: &[ServiceStats], capture: &CaptureStats) -> String {
     for (family, value) in counters.iter_mut().zip(values) {
         family.add(String::new(), value);
     }
-
-    let mut out = String::new();
-    for family in [
-        connections,
-        active,
-        requests,
-        bytes,
-        request_share,
-        expected_share,
-        lifetime,
-        stale,
-        skew,
-    ]
-    .iter()
-    .chain(counters.iter())
-    {
-        let _ = writeln!(out, "# HELP {} {}", family.name, family.help);
-        let _ = writeln!(out, "# TYPE {} {}", family.name, family.kind);
-        for (labels, value) in &family.samples {
-            if labels.is_empty() {
-                let _ = writeln!(out, "{} {value}", family.name);
-            } else {
-                let _ = writeln!(out, "{}{{{labels}}} {value}", family.name);
-            }
-        }
-    }
-    out
+    counters
 }
 
 /// The response to one HTTP request head: `/metrics` gets `metrics`, anything else 404.

@@ -155,69 +155,8 @@ fn skew_sentence(s: &ServiceStats, detail: &SkewDetail<'_>) -> String {
 }
 
 fn render_service(s: &ServiceStats) -> String {
-    let mut out = String::new();
-    let skew = s.skew.map_or("-".to_owned(), |k| format!("{k:.2}x"));
-    let _ = writeln!(
-        out,
-        "{} ({}, {}): {}, {} active, {}{}, skew {skew}",
-        s.service,
-        s.proto,
-        frontend_text(s),
-        plural(s.connections, "connection"),
-        s.active,
-        plural(s.requests, "request"),
-        if s.stale_pins > 0 {
-            format!(", {}", plural(s.stale_pins, "stale pin"))
-        } else {
-            String::new()
-        },
-    );
-    let header = [
-        "backend",
-        "conns",
-        "active",
-        "requests",
-        "share",
-        "",
-        "expected",
-        "p50",
-        "p90",
-        "max",
-        "to backend",
-        "from backend",
-        "",
-    ];
-    let rows: Vec<Vec<String>> = s
-        .backends
-        .iter()
-        .map(|b| {
-            let lifetime = |pick: fn(&crate::stats::Percentiles) -> f64| {
-                b.lifetime_ms
-                    .as_ref()
-                    .map_or("-".to_owned(), |p| duration(pick(p), Digits::Report))
-            };
-            vec![
-                b.backend.to_string(),
-                b.connections.to_string(),
-                b.active.to_string(),
-                b.requests.to_string(),
-                percent(b.request_share),
-                bar(b.request_share),
-                b.expected_share.map_or("-".to_owned(), percent),
-                lifetime(|p| p.p50),
-                lifetime(|p| p.p90),
-                lifetime(|p| p.max),
-                bytes(b.bytes_to_backend),
-                bytes(b.bytes_from_backend),
-                backend_note(b),
-            ]
-        })
-        .collect();
-    // Left-aligned: backend, bar, note; the rest are numbers.
-    let left = [
-        true, false, false, false, false, true, false, false, false, false, false, false, true,
-    ];
-    out.push_str(&table(&header, &rows, &left, "  "));
+    let mut out = heading(s);
+    out.push_str(&backend_table(s));
     if let Some(detail) = s.skew_detail()
         && detail.skew >= SKEW_MARK
     {
@@ -233,6 +172,73 @@ fn render_service(s: &ServiceStats) -> String {
         );
     }
     out
+}
+
+/// The Service's line: name, frontends, totals and skew.
+fn heading(s: &ServiceStats) -> String {
+    let skew = s.skew.map_or("-".to_owned(), |k| format!("{k:.2}x"));
+    format!(
+        "{} ({}, {}): {}, {} active, {}{}, skew {skew}\n",
+        s.service,
+        s.proto,
+        frontend_text(s),
+        plural(s.connections, "connection"),
+        s.active,
+        plural(s.requests, "request"),
+        if s.stale_pins > 0 {
+            format!(", {}", plural(s.stale_pins, "stale pin"))
+        } else {
+            String::new()
+        },
+    )
+}
+
+/// One row per backend, indented under the Service's line.
+fn backend_table(s: &ServiceStats) -> String {
+    let header = [
+        "backend",
+        "conns",
+        "active",
+        "requests",
+        "share",
+        "",
+        "expected",
+        "p50",
+        "p90",
+        "max",
+        "to backend",
+        "from backend",
+        "",
+    ];
+    let rows: Vec<Vec<String>> = s.backends.iter().map(backend_row).collect();
+    // Left-aligned: backend, bar, note; the rest are numbers.
+    let left = [
+        true, false, false, false, false, true, false, false, false, false, false, false, true,
+    ];
+    table(&header, &rows, &left, "  ")
+}
+
+fn backend_row(b: &BackendStats) -> Vec<String> {
+    let lifetime = |pick: fn(&crate::stats::Percentiles) -> f64| {
+        b.lifetime_ms
+            .as_ref()
+            .map_or("-".to_owned(), |p| duration(pick(p), Digits::Report))
+    };
+    vec![
+        b.backend.to_string(),
+        b.connections.to_string(),
+        b.active.to_string(),
+        b.requests.to_string(),
+        percent(b.request_share),
+        bar(b.request_share),
+        b.expected_share.map_or("-".to_owned(), percent),
+        lifetime(|p| p.p50),
+        lifetime(|p| p.p90),
+        lifetime(|p| p.max),
+        bytes(b.bytes_to_backend),
+        bytes(b.bytes_from_backend),
+        backend_note(b),
+    ]
 }
 
 /// Aligned columns separated by two spaces, each line indented by `indent`, trailing

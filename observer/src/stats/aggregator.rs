@@ -1,0 +1,316 @@
+//! The running totals: per connection id, per Service, per backend.
+
+use std::collections::hash_map::Entry;
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::net::SocketAddr;
+
+use super::lifetimes::{Lifetimes, lifetime_percentiles};
+use super::{BackendStats, ServiceStats};
+use crate::model::record::{ConnRecord, Proto, Recording, ServiceRecord};
+use crate::model::update::ConnId;
+
+type ServiceKey = (String, Proto);
+
+fn service_key(record: &ConnRecord) -> (ServiceKey, bool) {
+    match &record.service {
+        Some(name) => ((name.clone(), record.proto), true),
+        None => ((record.original_dst.to_string(), record.proto), false),
+    }
+}
+
+#[derive(Default)]
+struct Counts {
+    connections: u64,
+    active: u64,
+    requests: u64,
+    stale_pins: u64,
+    bytes_to_backend: u64,
+    bytes_from_backend: u64,
+}
+
+impl Counts {
+    fn add(&mut self, c: &Contribution) {
+        self.connections += 1;
+        self.active += u64::from(c.open);
+        self.requests += c.requests;
+        self.stale_pins += u64::from(c.stale);
+        self.bytes_to_backend += c.bytes_to_backend;
+        self.bytes_from_backend += c.bytes_from_backend;
+    }
+
+    /// Undoes an earlier `add` of the same contribution, so never underflows.
+    fn subtract(&mut self, c: &Contribution) {
+        self.connections -= 1;
+        self.active -= u64::from(c.open);
+        self.requests -= c.requests;
+        self.stale_pins -= u64::from(c.stale);
+        self.bytes_to_backend -= c.bytes_to_backend;
+        self.bytes_from_backend -= c.bytes_from_backend;
+    }
+}
+
+/// Final records kept by id so that a repeated one replaces instead of adding.
+pub(super) const RECENT_CLOSED: usize = 1024;
+
+pub(super) struct BackendAcc {
+    counts: Counts,
+    pub(super) lifetimes: Lifetimes,
+}
+
+pub(super) struct ServiceAcc {
+    key: ServiceKey,
+    named: bool,
+    counts: Counts,
+    pub(super) backends: HashMap<SocketAddr, BackendAcc>,
+}
+
+/// What one connection record added to the totals, kept while the connection is open or
+/// recently closed so that a newer record for the same id can replace it.
+pub(super) struct Contribution {
+    /// Index into `Aggregator::accs` (not the key: this is kept per connection).
+    service: usize,
+    backend: SocketAddr,
+    duration: f64,
+    open: bool,
+    stale: bool,
+    requests: u64,
+    bytes_to_backend: u64,
+    bytes_from_backend: u64,
+}
+
+/// Running per-Service, per-backend totals; feed it records, read `services()`.
+#[derive(Default)]
+pub struct Aggregator {
+    /// Latest `ServiceRecord` per Service.
+    rules: HashMap<ServiceKey, ServiceRecord>,
+    /// Where each Service's totals are in `accs`.
+    index: HashMap<ServiceKey, usize>,
+    pub(super) accs: Vec<ServiceAcc>,
+    /// Connections whose latest record is `close == Open`.
+    pub(super) open: HashMap<ConnId, Contribution>,
+    /// The latest `RECENT_CLOSED` final records, with their arrival number; their
+    /// lifetimes join the backend's `Lifetimes` when they leave this window.
+    pub(super) closed: HashMap<ConnId, (u64, Contribution)>,
+    /// Arrival order of `closed`; an entry whose number no longer matches was replaced.
+    pub(super) closed_order: VecDeque<(u64, ConnId)>,
+    closed_arrivals: u64,
+}
+
+impl Aggregator {
+    /// Records a Service's definition; a later one for the same Service replaces it
+    /// (whatever its netns: the latest rules seen win).
+    pub fn add_service(&mut self, service: &ServiceRecord) {
+        self.rules
+            .insert((service.service.clone(), service.proto), service.clone());
+    }
+
+    /// Inserts the record with this id, or replaces the one applied earlier (live
+    /// updates of an open connection, then its final record). A final record is
+    /// replaceable only while it is among the latest `RECENT_CLOSED`; an open record
+    /// arriving after its connection's final one is stale and ignored.
+    pub fn apply(&mut self, id: ConnId, record: &ConnRecord) {
+        let open = record.close == crate::model::record::Close::Open;
+        if open && self.closed.contains_key(&id) {
+            return;
+        }
+        let (key, named) = service_key(record);
+        let index = match self.index.get(&key) {
+            Some(&index) => index,
+            None => {
+                self.accs.push(ServiceAcc {
+                    key: key.clone(),
+                    named,
+                    counts: Counts::default(),
+                    backends: HashMap::new(),
+                });
+                self.index.insert(key, self.accs.len() - 1);
+                self.accs.len() - 1
+            }
+        };
+        let old = match self.open.remove(&id) {
+            Some(old) => Some(old),
+            None => self.closed.remove(&id).map(|(_, old)| old),
+        };
+        if let Some(old) = old {
+            let service = &mut self.accs[old.service];
+            service.counts.subtract(&old);
+            if let Some(backend) = service.backends.get_mut(&old.backend) {
+                backend.counts.subtract(&old);
+            }
+        }
+        let contribution = Contribution {
+            service: index,
+            backend: record.backend,
+            duration: record.duration_ms,
+            open,
+            stale: record.endpoint_in_rules == Some(false),
+            requests: record.requests,
+            bytes_to_backend: record.bytes_to_backend,
+            bytes_from_backend: record.bytes_from_backend,
+        };
+        let service = &mut self.accs[index];
+        service.counts.add(&contribution);
+        backend_acc(service, record.backend)
+            .counts
+            .add(&contribution);
+        if open {
+            self.open.insert(id, contribution);
+        } else {
+            self.close(id, contribution);
+        }
+    }
+
+    /// Puts a final record in the recent window, folding the oldest one out of it.
+    fn close(&mut self, id: ConnId, contribution: Contribution) {
+        let arrival = self.closed_arrivals;
+        self.closed_arrivals += 1;
+        self.closed.insert(id, (arrival, contribution));
+        self.closed_order.push_back((arrival, id));
+        while self.closed_order.len() > RECENT_CLOSED {
+            let Some((arrival, id)) = self.closed_order.pop_front() else {
+                break;
+            };
+            // A mismatch means the id was replaced since; its newer entry stays.
+            if let Entry::Occupied(entry) = self.closed.entry(id)
+                && entry.get().0 == arrival
+            {
+                let (_, old) = entry.remove();
+                let service = &mut self.accs[old.service];
+                backend_acc(service, old.backend)
+                    .lifetimes
+                    .add(old.duration);
+            }
+        }
+    }
+
+    /// Every Service with a `ServiceRecord` or a connection, sorted by name (then proto).
+    pub fn services(&self) -> Vec<ServiceStats> {
+        let keys: BTreeSet<&ServiceKey> = self
+            .rules
+            .keys()
+            .chain(
+                self.accs
+                    .iter()
+                    .filter(|s| s.counts.connections > 0)
+                    .map(|s| &s.key),
+            )
+            .collect();
+        // Exact lifetimes of open and recently closed connections per (Service, backend).
+        let mut exact: HashMap<(usize, SocketAddr), Vec<f64>> = HashMap::new();
+        for c in self
+            .open
+            .values()
+            .chain(self.closed.values().map(|(_, c)| c))
+        {
+            exact
+                .entry((c.service, c.backend))
+                .or_default()
+                .push(c.duration);
+        }
+        keys.into_iter()
+            .map(|key| self.service_stats(key, &exact))
+            .collect()
+    }
+
+    fn service_stats(
+        &self,
+        key: &ServiceKey,
+        exact: &HashMap<(usize, SocketAddr), Vec<f64>>,
+    ) -> ServiceStats {
+        let rule = self.rules.get(key);
+        let index = self.index.get(key).copied();
+        let acc = index.map(|index| &self.accs[index]);
+        let seen: Vec<(&SocketAddr, &BackendAcc)> = acc
+            .map(|acc| {
+                acc.backends
+                    .iter()
+                    .filter(|(_, b)| b.counts.connections > 0)
+                    .collect()
+            })
+            .unwrap_or_default();
+        let empty = Counts::default();
+        let counts = acc.map_or(&empty, |acc| &acc.counts);
+
+        let mut addrs: BTreeSet<SocketAddr> = seen.iter().map(|(addr, _)| **addr).collect();
+        if let Some(rule) = rule {
+            addrs.extend(rule.endpoints.iter().map(|e| e.addr));
+        }
+        let backends: Vec<BackendStats> = addrs
+            .into_iter()
+            .map(|addr| {
+                let backend = seen.iter().find(|(a, _)| **a == addr).map(|(_, b)| *b);
+                let (expected_share, in_rules) = match rule {
+                    Some(rule) => {
+                        let listed = rule.endpoints.iter().find(|e| e.addr == addr);
+                        (listed.map(|e| e.expected_share), listed.is_some())
+                    }
+                    None => (Some(1.0 / seen.len() as f64), true),
+                };
+                let b = backend.map_or(&empty, |b| &b.counts);
+                let exact = index
+                    .and_then(|index| exact.get(&(index, addr)))
+                    .map_or(&[][..], Vec::as_slice);
+                let lifetime_ms = backend.and_then(|b| lifetime_percentiles(&b.lifetimes, exact));
+                BackendStats {
+                    backend: addr,
+                    connections: b.connections,
+                    active: b.active,
+                    requests: b.requests,
+                    request_share: if counts.requests == 0 {
+                        0.0
+                    } else {
+                        b.requests as f64 / counts.requests as f64
+                    },
+                    expected_share,
+                    in_rules,
+                    stale_pins: b.stale_pins,
+                    longest_pinned_ms: lifetime_ms.map_or(0.0, |p| p.max),
+                    lifetime_ms,
+                    bytes_to_backend: b.bytes_to_backend,
+                    bytes_from_backend: b.bytes_from_backend,
+                }
+            })
+            .collect();
+        let mut stats = ServiceStats {
+            service: key.0.clone(),
+            named: acc.is_none_or(|acc| acc.named),
+            proto: key.1,
+            frontends: rule.map(|r| r.frontends.clone()).unwrap_or_default(),
+            has_rules: rule.is_some(),
+            connections: counts.connections,
+            active: counts.active,
+            requests: counts.requests,
+            stale_pins: counts.stale_pins,
+            backends,
+            skew: None,
+        };
+        stats.skew = stats.skew_detail().map(|d| d.skew);
+        stats
+    }
+
+    /// Aggregates a whole recording; connection ids are line order.
+    pub fn from_recording(recording: &Recording) -> Aggregator {
+        let mut aggregator = Aggregator::default();
+        for service in &recording.services {
+            aggregator.add_service(service);
+        }
+        for (index, conn) in recording.conns.iter().enumerate() {
+            let id = ConnId {
+                conntrack: index as u64,
+                start_ns: 0,
+            };
+            aggregator.apply(id, conn);
+        }
+        aggregator
+    }
+}
+
+fn backend_acc(service: &mut ServiceAcc, backend: SocketAddr) -> &mut BackendAcc {
+    service
+        .backends
+        .entry(backend)
+        .or_insert_with(|| BackendAcc {
+            counts: Counts::default(),
+            lifetimes: Lifetimes::new(backend),
+        })
+}

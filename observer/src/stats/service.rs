@@ -1,0 +1,98 @@
+//! What the aggregator reports: per-Service and per-backend totals, and skew.
+
+use std::net::SocketAddr;
+
+use serde::Serialize;
+
+use super::Percentiles;
+use crate::model::record::{Frontend, Proto};
+
+/// One backend (pod IP:targetPort) of a Service.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct BackendStats {
+    pub backend: SocketAddr,
+    /// Connections pinned to it, in total.
+    pub connections: u64,
+    /// Connections still open (`close == Open`).
+    pub active: u64,
+    pub requests: u64,
+    /// requests / the Service's requests (0 when the Service has none).
+    pub request_share: f64,
+    /// From the latest `ServiceRecord`; `None` if the backend is not listed there.
+    pub expected_share: Option<f64>,
+    /// Listed in the latest `ServiceRecord` (`false`: connections pinned to a backend the
+    /// rules no longer send to). `true` when the Service has no `ServiceRecord`.
+    pub in_rules: bool,
+    /// Connections whose record says `endpoint_in_rules == false`.
+    pub stale_pins: u64,
+    /// Over `duration_ms` of its connections (open ones count so far); `None` with none.
+    pub lifetime_ms: Option<Percentiles>,
+    /// The longest `duration_ms` among its connections (0 with none).
+    pub longest_pinned_ms: f64,
+    pub bytes_to_backend: u64,
+    pub bytes_from_backend: u64,
+}
+
+/// One Service port and how its traffic was spread.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ServiceStats {
+    /// `record.service`, or for unnamed connections their `original_dst`.
+    pub service: String,
+    /// Whether the rules named the Service (false: grouped by `original_dst`).
+    pub named: bool,
+    pub proto: Proto,
+    /// From the latest `ServiceRecord` (empty without one).
+    pub frontends: Vec<Frontend>,
+    /// Whether a `ServiceRecord` defines the Service's endpoints (false: expected shares
+    /// are assumed 1/N over the backends seen).
+    pub has_rules: bool,
+    pub connections: u64,
+    pub active: u64,
+    pub requests: u64,
+    pub stale_pins: u64,
+    /// Every endpoint of the latest `ServiceRecord` (even with no connections) and every
+    /// backend seen, sorted by address.
+    pub backends: Vec<BackendStats>,
+    /// Max over backends of share / expected_share (see the module doc); `None` with no
+    /// requests.
+    pub skew: Option<f64>,
+}
+
+/// The backend that determines a Service's skew.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SkewDetail<'a> {
+    pub backend: &'a BackendStats,
+    /// Its share of the requests to backends that have an expected share.
+    pub share: f64,
+    /// `share / expected_share`.
+    pub skew: f64,
+}
+
+impl ServiceStats {
+    /// The backend with the highest share / expected share (the first one on ties);
+    /// `None` when no backend with a positive expected share got a request.
+    pub fn skew_detail(&self) -> Option<SkewDetail<'_>> {
+        let expected = |b: &BackendStats| b.expected_share.filter(|e| *e > 0.0);
+        let total: u64 = self
+            .backends
+            .iter()
+            .filter(|b| expected(b).is_some())
+            .map(|b| b.requests)
+            .sum();
+        if total == 0 {
+            return None;
+        }
+        self.backends
+            .iter()
+            .filter_map(|backend| {
+                let share = backend.requests as f64 / total as f64;
+                let skew = share / expected(backend)?;
+                Some(SkewDetail {
+                    backend,
+                    share,
+                    skew,
+                })
+            })
+            .reduce(|best, next| if next.skew > best.skew { next } else { best })
+    }
+}

@@ -65,17 +65,6 @@ fn run(program: &str, args: &[&str], stdin: Option<std::fs::File>) {
     );
 }
 
-fn sa(text: &str) -> SocketAddr {
-    text.parse().unwrap()
-}
-
-fn named(service: &str, current: bool) -> Naming {
-    Naming {
-        service: Some(service.to_owned()),
-        endpoint_in_rules: Some(current),
-    }
-}
-
 /// What `observer rules ARGS` prints; it must succeed.
 fn rendered(args: &[&str]) -> String {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_observer"))
@@ -117,28 +106,28 @@ fn names_connections_from_rules_in_real_namespaces() {
             Proto::Tcp,
             "10.96.35.226:80",
             "10.244.1.14:3000",
-            named("shop/checkout:http", true),
+            Naming::named("shop/checkout:http", true),
         ),
         (
             ipt_inode,
             Proto::Tcp,
             "[fd00:10:96::a]:80",
             "[fd00:10:244:2::7]:3000",
-            named("shop/checkout:http", true),
+            Naming::named("shop/checkout:http", true),
         ),
         (
             ipt_inode,
             Proto::Udp,
             "10.96.0.10:53",
             "10.244.0.3:53",
-            named("kube-system/kube-dns:dns", true),
+            Naming::named("kube-system/kube-dns:dns", true),
         ),
         (
             ipt_inode,
             Proto::Tcp,
             "10.0.0.5:30443",
             "10.244.9.9:8443",
-            named("web-team/front-end.v2:https-alt", false),
+            Naming::named("web-team/front-end.v2:https-alt", false),
         ),
         (
             ipt_inode,
@@ -152,26 +141,28 @@ fn names_connections_from_rules_in_real_namespaces() {
             Proto::Tcp,
             "10.96.35.226:80",
             "10.244.2.7:3000",
-            named("shop/checkout:http", true),
+            Naming::named("shop/checkout:http", true),
         ),
         (
             nft_inode,
             Proto::Udp,
             "[fd00:1::2]:30053",
             "[fd00:10:244::2]:53",
-            named("kube-system/kube-dns:dns", true),
+            Naming::named("kube-system/kube-dns:dns", true),
         ),
         (
             nft_inode,
             Proto::Tcp,
             "10.96.200.1:80",
             "10.244.1.1:80",
-            named("shop/empty:http", false),
+            Naming::named("shop/empty:http", false),
         ),
     ];
     for (netns, proto, dst, backend, want) in cases {
+        let (dst, backend): (SocketAddr, SocketAddr) =
+            (dst.parse().unwrap(), backend.parse().unwrap());
         assert_eq!(
-            namer.name(netns, proto, sa(dst), sa(backend), now),
+            namer.name(netns, proto, dst, backend, now),
             want,
             "{netns} {proto} {dst} -> {backend}"
         );
@@ -190,13 +181,9 @@ fn names_connections_from_rules_in_real_namespaces() {
     );
 
     // An inode no process or /run/netns entry holds: service null and one warning.
-    let gone = namer.name(
-        1,
-        Proto::Tcp,
-        sa("10.96.35.226:80"),
-        sa("10.244.1.14:3000"),
-        now,
-    );
+    let dst: SocketAddr = "10.96.35.226:80".parse().unwrap();
+    let backend: SocketAddr = "10.244.1.14:3000".parse().unwrap();
+    let gone = namer.name(1, Proto::Tcp, dst, backend, now);
     assert_eq!(gone, Naming::default());
     assert_eq!(
         namer.take_warnings(),

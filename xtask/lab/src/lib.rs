@@ -45,12 +45,15 @@
 //! - Clients, each returning its own ground truth: [`http_fresh`], [`http_keepalive`],
 //!   [`node_fetch`], [`udp_queries`].
 //! - Pure rule generation, unit-tested without root: [`iptables::sync`], [`nftables::sync`].
+//! - [`Observer`]: the observer binary started and `attached` (it is only run: this crate
+//!   does not depend on the observer crate).
 //! - [`down`] removes a lab by prefix (also a crashed one); [`namespaces`] lists what exists.
 
 mod clients;
 mod conntrack;
 mod names;
 mod node_rules;
+mod observer;
 mod process;
 mod sys;
 mod topology;
@@ -72,6 +75,7 @@ pub use clients::{
     Answer, http_fresh, http_keepalive, http_keepalive_paced, node_fetch, udp_queries,
 };
 pub use conntrack::{ConntrackWatch, CtEvent};
+pub use observer::Observer;
 pub use spec::{Pod, Proto, Service};
 
 use sys::{Tools, in_netns, is_lab_netns, list_netns, state_dir};

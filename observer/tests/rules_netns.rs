@@ -98,9 +98,19 @@ fn names_connections_from_rules_in_real_namespaces() {
     let ipt_inode = netns_inode(&ipt.path()).unwrap();
     let nft_inode = netns_inode(&nft.path()).unwrap();
 
-    let mut namer = Namer::new(NamerConfig::default(), Box::new(SystemSource::new()));
-    let now = Instant::now();
-    let cases = [
+    namer_reads_both(ipt_inode, nft_inode);
+    rules_table_of_one_namespace(&ipt, ipt_inode);
+    rules_json_of_one_namespace(nft_inode);
+
+    // Default: every namespace with kube-proxy rules, ours among them.
+    let all = rendered(&[]);
+    assert!(all.contains(&format!("netns {ipt_inode} (")), "{all}");
+    assert!(all.contains(&format!("netns {nft_inode} (")), "{all}");
+}
+
+/// (netns, protocol, dialed, backend, expected naming) of connections in both namespaces.
+fn cases(ipt_inode: u32, nft_inode: u32) -> [(u32, Proto, &'static str, &'static str, Naming); 8] {
+    [
         (
             ipt_inode,
             Proto::Tcp,
@@ -157,7 +167,14 @@ fn names_connections_from_rules_in_real_namespaces() {
             "10.244.1.1:80",
             Naming::named("shop/empty:http", false),
         ),
-    ];
+    ]
+}
+
+/// The namer, with the system's tools, names connections in both namespaces.
+fn namer_reads_both(ipt_inode: u32, nft_inode: u32) {
+    let mut namer = Namer::new(NamerConfig::default(), Box::new(SystemSource::new()));
+    let now = Instant::now();
+    let cases = cases(ipt_inode, nft_inode);
     for (netns, proto, dst, backend, want) in cases {
         let (dst, backend): (SocketAddr, SocketAddr) =
             (dst.parse().unwrap(), backend.parse().unwrap());
@@ -191,8 +208,10 @@ fn names_connections_from_rules_in_real_namespaces() {
             "cannot name connections in netns 1: no process or /run/netns entry is in this namespace; records get service null"
         ]
     );
+}
 
-    // `observer rules --netns PATH`: the table.
+/// `observer rules --netns PATH`: the table.
+fn rules_table_of_one_namespace(ipt: &Netns, ipt_inode: u32) {
     let ipt_path = ipt.path().display().to_string();
     let table = rendered(&["-o", "table", "--netns", &ipt_path]);
     let header = format!("netns {ipt_inode} ({})", ipt.path().display());
@@ -222,8 +241,10 @@ fn names_connections_from_rules_in_real_namespaces() {
     ] {
         assert!(rows.contains(&row), "no row {row:?} in\n{table}");
     }
+}
 
-    // `observer rules -o json --netns INODE`: service records of that namespace only.
+/// `observer rules -o json --netns INODE`: service records of that namespace only.
+fn rules_json_of_one_namespace(nft_inode: u32) {
     let json = rendered(&["-o", "json", "--netns", &nft_inode.to_string()]);
     let records: Vec<_> = json
         .lines()
@@ -241,9 +262,4 @@ fn names_connections_from_rules_in_real_namespaces() {
         .find(|r| r.service == "shop/checkout:http")
         .unwrap();
     assert_eq!(checkout.endpoints.len(), 5);
-
-    // Default: every namespace with kube-proxy rules, ours among them.
-    let all = rendered(&[]);
-    assert!(all.contains(&format!("netns {ipt_inode} (")), "{all}");
-    assert!(all.contains(&format!("netns {nft_inode} (")), "{all}");
 }

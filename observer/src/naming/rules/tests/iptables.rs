@@ -113,17 +113,7 @@ fn kubernetes_expected_dump_parses_the_same_before_and_after_iptables_save() {
         ServiceMap::from_iptables_save(fixture!("iptables/k8s-overall-test-format.txt")).unwrap();
     let saved = ServiceMap::from_iptables_save(fixture!("iptables/k8s-overall.saved")).unwrap();
     assert_eq!(written, saved);
-    assert_eq!(
-        names(&saved),
-        [
-            "tcp ns1/svc1:p80",
-            "tcp ns2/svc2:p80",
-            "tcp ns3/svc3:p80",
-            "tcp ns4/svc4:p80",
-            "tcp ns5/svc5:p80",
-            "tcp ns6/svc6:p80"
-        ]
-    );
+    assert_eq!(names(&saved), K8S_OVERALL_NAMES);
     let svc2 = port(&saved, Proto::Tcp, "ns2/svc2:p80");
     assert_eq!(
         svc2.frontends,

@@ -9,6 +9,17 @@ use std::net::IpAddr;
 use super::*;
 use crate::naming::test_support::{fixture, sa};
 
+/// The Service ports of kube-proxy's own TestOverallIPTablesRules (and its nftables
+/// counterpart), as `names` lists them.
+const K8S_OVERALL_NAMES: [&str; 6] = [
+    "tcp ns1/svc1:p80",
+    "tcp ns2/svc2:p80",
+    "tcp ns3/svc3:p80",
+    "tcp ns4/svc4:p80",
+    "tcp ns5/svc5:p80",
+    "tcp ns6/svc6:p80",
+];
+
 fn fe(kind: FrontendKind, ip: Option<&str>, port: u16) -> Frontend {
     Frontend {
         kind,

@@ -60,17 +60,7 @@ fn nft_dump_names_every_service_port_with_equal_shares() {
 #[test]
 fn nft_kubernetes_overall_dump() {
     let map = ServiceMap::from_nft_json(fixture!("nftables/k8s-overall.json")).unwrap();
-    assert_eq!(
-        names(&map),
-        [
-            "tcp ns1/svc1:p80",
-            "tcp ns2/svc2:p80",
-            "tcp ns3/svc3:p80",
-            "tcp ns4/svc4:p80",
-            "tcp ns5/svc5:p80",
-            "tcp ns6/svc6:p80"
-        ]
-    );
+    assert_eq!(names(&map), K8S_OVERALL_NAMES);
     let svc5 = port(&map, Proto::Tcp, "ns5/svc5:p80");
     assert_eq!(
         svc5.frontends,

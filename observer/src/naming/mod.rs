@@ -32,6 +32,17 @@ pub struct Naming {
     pub endpoint_in_rules: Option<bool>,
 }
 
+impl Naming {
+    /// A connection named `service`; `endpoint_in_rules` says whether its backend is
+    /// still an endpoint there.
+    pub fn named(service: impl Into<String>, endpoint_in_rules: bool) -> Naming {
+        Naming {
+            service: Some(service.into()),
+            endpoint_in_rules: Some(endpoint_in_rules),
+        }
+    }
+}
+
 /// Which parser a dump needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DumpFormat {
@@ -168,10 +179,7 @@ impl Namer {
             .get(&netns)
             .and_then(|space| space.map.lookup(proto, original_dst, backend))
         {
-            Some((port, current)) => Naming {
-                service: Some(port.name.clone()),
-                endpoint_in_rules: Some(current),
-            },
+            Some((port, current)) => Naming::named(port.name.as_str(), current),
             None => Naming::default(),
         }
     }
@@ -229,5 +237,7 @@ impl Namer {
     }
 }
 
+#[cfg(test)]
+pub(crate) mod test_support;
 #[cfg(test)]
 mod tests;

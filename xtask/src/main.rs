@@ -4,6 +4,7 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod demo;
+mod kernels;
 mod load;
 mod setup;
 mod test;
@@ -30,6 +31,8 @@ enum Task {
     Demo(demo::DemoArgs),
     /// New connections per second through the lab's DNAT with and without observer.
     Bench(bench::BenchArgs),
+    /// Boot Debian's 5.10, 6.1 and 6.12 kernels under qemu and prove observer on each.
+    Kernels(kernels::KernelsArgs),
     /// A simulated kind node (network namespaces, kube-proxy rules, pods, a client).
     Lab(observer_lab::cli::LabArgs),
     /// (benchmark internals) Accept and drop connections.
@@ -65,6 +68,7 @@ fn main() -> ExitCode {
         Task::Test { args } => test::test(&args),
         Task::Demo(args) => demo::demo(args),
         Task::Bench(args) => bench::bench(args),
+        Task::Kernels(args) => kernels::kernels(args),
         Task::Lab(args) => observer_lab::cli::run(args),
         Task::BenchSink { port } => load::sink(port, 2),
         Task::BenchClient {

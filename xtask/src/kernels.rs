@@ -40,7 +40,7 @@ const GUEST_SCRIPT: &str = include_str!("kernels/guest.sh");
 const OFFSETS_C: &str = include_str!("kernels/offsets.c");
 const MUSL: &str = "x86_64-unknown-linux-musl";
 
-#[derive(Debug, clap::Args)]
+#[derive(Debug, Default, clap::Args)]
 pub struct KernelsArgs {
     /// Only these kernel series (e.g. `--only 6.1`); all by default.
     #[arg(long, value_name = "SERIES")]

@@ -23,6 +23,9 @@ enum Task {
     Setup,
     /// Set up, then run every test, root integration tests included.
     Test {
+        /// Leave out `cargo xtask kernels` (Debian's kernels under qemu, 2-4 minutes).
+        #[arg(long)]
+        no_kernels: bool,
         /// Extra arguments for `cargo test` (e.g. a test name filter).
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
@@ -65,7 +68,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Task::Setup => setup::setup(),
-        Task::Test { args } => test::test(&args),
+        Task::Test { args, no_kernels } => test::test(&args, !no_kernels),
         Task::Demo(args) => demo::demo(args),
         Task::Bench(args) => bench::bench(args),
         Task::Kernels(args) => kernels::kernels(args),

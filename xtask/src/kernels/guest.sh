@@ -63,6 +63,7 @@ scenario() { # name
     while ! grep -q attached "/tmp/$1.err" && kill -0 $pid 2>/dev/null && [ $i -lt 1200 ]; do
         sleep 0.1; i=$((i + 1))
     done
+    during=$(progs)
     for i in $(seq 1 "$CONNS"); do
         pad=$(head -c "$i" /dev/zero | tr '\0' x)
         printf 'GET / HTTP/1.0\r\nHost: %s\r\nX-Pad: %s\r\n\r\n' "$VIP" "$pad" > /tmp/req
@@ -75,7 +76,7 @@ scenario() { # name
     say "EXIT $1 $?"
     while read -r line; do say "STDERR $1 $line"; done < "/tmp/$1.err"
     while read -r line; do say "LOG $1 $line"; done < "/tmp/$1.jsonl"
-    say "PROGS $1 $before $(progs) $(ls /sys/fs/bpf | wc -l)"
+    say "PROGS $1 $before $during $(progs) $(ls /sys/fs/bpf | wc -l)"
 }
 
 iptables-restore --noflush < /rules/iptables-setup 2>/tmp/r.err || say "FAIL iptables-restore setup: $(cat /tmp/r.err)"

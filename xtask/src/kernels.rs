@@ -139,7 +139,12 @@ fn prove(
     let initrd = work.join("initramfs.cpio");
     image.write(&initrd)?;
 
+    let booted = Instant::now();
     let report = boot(&vmlinuz, &initrd, &work)?;
+    eprintln!(
+        "kernels: {release}: boot, scenarios and power-off took {:.1} s",
+        booted.elapsed().as_secs_f64()
+    );
     let failures = check::check(&report, &expected);
     if !failures.is_empty() {
         eprintln!(

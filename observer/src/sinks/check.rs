@@ -2,7 +2,9 @@
 //!
 //! Exit status: 0 when every condition holds; 1 with one line per violated condition;
 //! 2 when the file cannot be read (missing, empty, or a line that is not a log line:
-//! the message names the line) or the arguments are wrong.
+//! the message names the line) or the arguments are wrong. A last line cut short
+//! (observer killed, disk full) is not an error: the lines before it are checked, and
+//! the cut is a violation, as a missing summary line is.
 //!
 //! ```text
 //! $ observer check --max-skew 1.5 --min-backends 3 observer/tests/data/logs/keepalive.jsonl
@@ -16,6 +18,8 @@
 //! 0
 //! $ observer check --service shop/cart:http observer/tests/data/logs/mixed.jsonl
 //! recording: 2 lost events > --max-lost 0 (ring buffer or connection table full: counts are incomplete)
+//! $ observer check observer/tests/data/logs/cut.jsonl
+//! recording: the log was cut at line 3 (observer did not exit cleanly): counts are incomplete
 //! $ observer check observer/tests/data/logs/corrupt.jsonl
 //! error: observer/tests/data/logs/corrupt.jsonl:3: not a connection log line: EOF while parsing an object at line 1 column 52
 //! $ echo $?
@@ -65,8 +69,8 @@ pub fn check_recording(
     recording: &Recording,
     args: &Conditions,
 ) -> (Vec<ServiceStats>, Vec<Violation>) {
-    let mut services = Aggregator::from_recording(&recording).services();
-    let found = violations(args, recording.summary.as_ref(), &services);
+    let mut services = Aggregator::from_recording(recording).services();
+    let found = violations(args, recording.cut, recording.summary.as_ref(), &services);
     if !args.service.is_empty() {
         services.retain(|s| args.service.contains(&s.service));
     }
@@ -82,15 +86,27 @@ fn label(service: &ServiceStats) -> String {
 }
 
 /// Every violated condition, whole-file ones first, then per Service in name order.
+/// `cut` is the line where a log that did not end cleanly was cut.
 pub fn violations(
     args: &Conditions,
+    cut: Option<usize>,
     summary: Option<&SummaryRecord>,
     services: &[ServiceStats],
 ) -> Vec<Violation> {
     let mut found = Vec::new();
     let mut violation = |subject: String, text: String| found.push(Violation { subject, text });
     let recording = || "recording".to_owned();
+    if let Some(line) = cut {
+        violation(
+            recording(),
+            format!(
+                "the log was cut at line {line} (observer did not exit cleanly): counts are incomplete"
+            ),
+        );
+    }
     match summary {
+        // A cut log has no summary line: the cut already says so.
+        None if cut.is_some() => {}
         None => violation(
             recording(),
             format!(
@@ -431,6 +447,13 @@ mod tests {
                 "recording: no summary line, so lost events are unknown (the recording did not end cleanly) and --max-lost 0 cannot hold"
             ]
         );
+        // The same lines and half of one more: the cut is the violation.
+        assert_eq!(
+            lines(&args("cut.jsonl")),
+            [
+                "recording: the log was cut at line 3 (observer did not exit cleanly): counts are incomplete"
+            ]
+        );
     }
 
     #[test]
@@ -455,13 +478,16 @@ mod tests {
             min_requests: Some(1),
             ..CheckArgs::default()
         };
-        let found: Vec<String> = violations(&check.conditions(), Some(&summary), &[])
+        let found: Vec<String> = violations(&check.conditions(), None, Some(&summary), &[])
             .iter()
             .map(Violation::to_string)
             .collect();
         assert_eq!(found, ["recording: no Services or connections to check"]);
         // Without per-Service conditions an empty, loss-free recording passes.
-        assert_eq!(violations(&Conditions::default(), Some(&summary), &[]), []);
+        assert_eq!(
+            violations(&Conditions::default(), None, Some(&summary), &[]),
+            []
+        );
     }
 
     #[test]

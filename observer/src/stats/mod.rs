@@ -911,6 +911,7 @@ pub(crate) mod tests {
             ],
             services: vec![three_endpoints()],
             summary: None,
+            cut: None,
         };
         let s = &Aggregator::from_recording(&recording).services()[0];
         // Identical records on different lines are different connections.

@@ -21,9 +21,13 @@ use crate::sinks::log::LogWriter;
 /// How often the ring buffer is drained without a wake-up: the live view's latency.
 const DRAIN_INTERVAL: Duration = Duration::from_millis(50);
 
-/// How long a finished connection may wait for its namespace's rules to be read before
-/// it is written without them.
+/// How long a finished connection may wait for a re-read of its namespace's rules
+/// before it is named from the rules read before.
 const NAME_WAIT: Duration = Duration::from_secs(2);
+
+/// How long it may wait for the first read of its namespace's rules before it is
+/// written without a name. Bounds the memory held: connections closing meanwhile.
+const FIRST_NAME_WAIT: Duration = Duration::from_secs(10);
 
 pub struct SessionOptions {
     /// UDP (and unanswered TCP) connections end after this much silence.
@@ -82,7 +86,7 @@ pub async fn run(
         namer: options.namer,
         warn: options.warn,
         netns_seen: Default::default(),
-        held: Hold::new(NAME_WAIT),
+        held: Hold::new(NAME_WAIT, FIRST_NAME_WAIT),
         pending: Default::default(),
         malformed: 0,
         events: 0,

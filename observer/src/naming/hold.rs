@@ -4,8 +4,11 @@
 //! moment's wait gives a name where writing at once would give `service: null`.
 //!
 //! The queue keeps the order in which connections finished: one that needs no wait
-//! but ends behind a held one waits its turn. Nothing is held longer than the limit
-//! given, whatever the worker does; the drain loop never blocks on it.
+//! but ends behind a held one waits its turn. Nothing is held longer than the limits
+//! given, whatever the worker does; the drain loop never blocks on it. A re-read gets a
+//! short limit (the rules read before still give a name); the first read of a
+//! namespace a longer one, since without it the name is null (on a loaded node,
+//! `iptables-save` of thousands of Services takes seconds).
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -24,14 +27,18 @@ struct Held<T> {
 pub struct Hold<T> {
     queue: VecDeque<Held<T>>,
     limit: Duration,
+    first_read_limit: Duration,
 }
 
 impl<T> Hold<T> {
-    /// Holds each connection at most `limit`.
-    pub fn new(limit: Duration) -> Self {
+    /// Holds a connection at most `limit` for a re-read (after which the rules read
+    /// before name it), or `first_read_limit` for the first read of its namespace's rules
+    /// (after which it has no name).
+    pub fn new(limit: Duration, first_read_limit: Duration) -> Self {
         Hold {
             queue: VecDeque::new(),
             limit,
+            first_read_limit,
         }
     }
 
@@ -55,11 +62,16 @@ impl<T> Hold<T> {
         if wait_for.is_none() && self.queue.is_empty() {
             return Some((item, record));
         }
+        let limit = if wait_for == Some(1) {
+            self.first_read_limit
+        } else {
+            self.limit
+        };
         self.queue.push_back(Held {
             item,
             record,
             wait_for,
-            until: now + self.limit,
+            until: now + limit,
         });
         None
     }

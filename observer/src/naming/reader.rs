@@ -110,7 +110,10 @@ pub fn spawn(reader: RuleReader) -> Result<Worker, RuleReader> {
                 return;
             };
             for netns in requested {
-                if publish.send(reader.read(netns, Instant::now())).is_err() {
+                let started = Instant::now();
+                let snapshot = reader.read(netns, started);
+                log::debug!("read the rules of netns {netns} in {:?}", started.elapsed());
+                if publish.send(snapshot).is_err() {
                     return;
                 }
             }

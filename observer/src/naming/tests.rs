@@ -406,7 +406,7 @@ fn with_a_worker_lookups_never_wait_and_finished_connections_wait_for_their_rule
         t0,
     );
     assert_eq!(again.wait_for, Some(1));
-    let mut hold = hold::Hold::new(Duration::from_secs(2));
+    let mut hold = hold::Hold::new(Duration::from_secs(2), Duration::from_secs(10));
     let record = finished(NS, "10.96.35.226:80", "10.244.1.14:3000");
     assert!(hold.push(1, record, first.wait_for, t0).is_none());
     // A connection with nothing to wait for keeps its place behind it.
@@ -456,15 +456,17 @@ fn a_held_connection_is_written_unnamed_once_its_wait_is_over() {
         sa("10.244.1.14:3000"),
         t0,
     );
-    let mut hold = hold::Hold::new(Duration::from_secs(2));
+    let mut hold = hold::Hold::new(Duration::from_secs(2), Duration::from_secs(10));
     let record = finished(NS, "10.96.35.226:80", "10.244.1.14:3000");
+    // The first read of a namespace: the longer limit.
+    assert_eq!(lookup.wait_for, Some(1));
     assert!(hold.push("a", record, lookup.wait_for, t0).is_none());
-    assert_eq!(hold.next_deadline(), Some(t0 + Duration::from_secs(2)));
+    assert_eq!(hold.next_deadline(), Some(t0 + Duration::from_secs(10)));
     assert!(
-        hold.release(&namer, t0 + Duration::from_millis(1999))
+        hold.release(&namer, t0 + Duration::from_millis(9999))
             .is_empty()
     );
-    let released = hold.release(&namer, t0 + Duration::from_secs(2));
+    let released = hold.release(&namer, t0 + Duration::from_secs(10));
     assert_eq!(released.len(), 1);
     assert_eq!(released[0].1.service, None);
     // Nothing held and a final name: handed straight back.

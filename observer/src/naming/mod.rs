@@ -108,10 +108,15 @@ impl Default for NamerConfig {
 struct Space {
     map: ServiceMap,
     read_at: Instant,
+    /// How long the last read took.
+    took: Duration,
     /// How many snapshots of this namespace were taken in: a name that waits for a
     /// re-read waits for the next one.
     generation: u64,
 }
+
+/// Rules are re-read no sooner than this many times the last read's duration.
+const READ_SHARE: u32 = 4;
 
 /// Where reads happen: inline (tests, and when no thread can be started) or on a worker.
 enum Reads {
@@ -204,10 +209,14 @@ impl Namer {
     }
 
     /// Whether the rules of `netns` are missing or too old (for a miss, `min_interval`).
+    /// Rules that take long to read are re-read less often: reading keeps the worker
+    /// busy at most a quarter of the time (a node with thousands of Services).
     fn outdated(&self, netns: u32, missed: bool, now: Instant) -> bool {
         self.spaces.get(&netns).is_none_or(|space| {
             let age = now.saturating_duration_since(space.read_at);
-            age >= self.config.max_age || (missed && age >= self.config.min_interval)
+            let floor = space.took * READ_SHARE;
+            age >= self.config.max_age.max(floor)
+                || (missed && age >= self.config.min_interval.max(floor))
         })
     }
 
@@ -300,6 +309,7 @@ impl Namer {
             Space {
                 map,
                 read_at: snapshot.read_at,
+                took: snapshot.took,
                 generation,
             },
         );
@@ -329,3 +339,5 @@ impl DumpSource for NoSource {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod worker_tests;

@@ -5,7 +5,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::mpsc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use chrono::Utc;
 
@@ -20,6 +20,8 @@ pub struct Snapshot {
     pub map: Option<ServiceMap>,
     /// When the read started: the rules are at least this fresh.
     pub read_at: Instant,
+    /// How long the read took (a node with thousands of Services takes seconds).
+    pub took: Duration,
     /// Services first seen, or whose frontends or endpoints changed.
     pub updates: Vec<ServiceRecord>,
     pub warnings: Vec<String>,
@@ -44,6 +46,7 @@ impl RuleReader {
 
     /// Reads and parses the rules of `netns`; `read_at` stamps the snapshot.
     pub fn read(&mut self, netns: u32, read_at: Instant) -> Snapshot {
+        let started = Instant::now();
         let mut warnings = Vec::new();
         let map = match self.source.dump(netns) {
             Ok(dumps) => {
@@ -84,6 +87,7 @@ impl RuleReader {
             netns,
             map,
             read_at,
+            took: started.elapsed(),
             updates,
             warnings,
         }
@@ -110,9 +114,8 @@ pub fn spawn(reader: RuleReader) -> Result<Worker, RuleReader> {
                 return;
             };
             for netns in requested {
-                let started = Instant::now();
-                let snapshot = reader.read(netns, started);
-                log::debug!("read the rules of netns {netns} in {:?}", started.elapsed());
+                let snapshot = reader.read(netns, Instant::now());
+                log::debug!("read the rules of netns {netns} in {:?}", snapshot.took);
                 if publish.send(snapshot).is_err() {
                     return;
                 }

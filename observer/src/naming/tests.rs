@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use super::*;
 
-const V4: &str = include_str!(concat!(
+pub(super) const V4: &str = include_str!(concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/tests/data/rules/iptables/mixed-v4-nat.saved"
 ));
@@ -16,16 +16,16 @@ const NFT_V6: &str = include_str!(concat!(
 
 /// Fixture text per namespace, swappable mid-test; counts reads.
 #[derive(Clone, Default)]
-struct Fake {
-    answers: Arc<Mutex<HashMap<u32, Result<Dumps, String>>>>,
-    reads: Arc<Mutex<Vec<u32>>>,
+pub(super) struct Fake {
+    pub(super) answers: Arc<Mutex<HashMap<u32, Result<Dumps, String>>>>,
+    pub(super) reads: Arc<Mutex<Vec<u32>>>,
 }
 
 impl Fake {
-    fn set(&self, netns: u32, answer: Result<Dumps, String>) {
+    pub(super) fn set(&self, netns: u32, answer: Result<Dumps, String>) {
         self.answers.lock().unwrap().insert(netns, answer);
     }
-    fn reads(&self) -> usize {
+    pub(super) fn reads(&self) -> usize {
         self.reads.lock().unwrap().len()
     }
 }
@@ -42,7 +42,7 @@ impl DumpSource for Fake {
     }
 }
 
-fn iptables(text: &str) -> Result<Dumps, String> {
+pub(super) fn iptables(text: &str) -> Result<Dumps, String> {
     Ok(Dumps {
         dumps: vec![Dump {
             command: "iptables-save".to_owned(),
@@ -53,18 +53,18 @@ fn iptables(text: &str) -> Result<Dumps, String> {
     })
 }
 
-fn sa(text: &str) -> SocketAddr {
+pub(super) fn sa(text: &str) -> SocketAddr {
     text.parse().unwrap()
 }
 
-fn named(service: &str, current: bool) -> Naming {
+pub(super) fn named(service: &str, current: bool) -> Naming {
     Naming {
         service: Some(service.to_owned()),
         endpoint_in_rules: Some(current),
     }
 }
 
-const NS: u32 = 4026532301;
+pub(super) const NS: u32 = 4026532301;
 
 fn namer(fake: &Fake) -> Namer {
     Namer::new(NamerConfig::default(), Box::new(fake.clone()))
@@ -331,145 +331,4 @@ fn missing_tools_warn_only_when_nothing_was_found() {
 fn own_namespace_is_listed() {
     let own = netns_inode(Path::new("/proc/self/ns/net")).unwrap();
     assert!(list_namespaces().iter().any(|info| info.inode == own));
-}
-
-/// A source whose every read waits for a token: a stuck `nsenter`, under the test's
-/// control. Counts reads as they start.
-struct Gated {
-    fake: Fake,
-    tokens: std::sync::mpsc::Receiver<()>,
-}
-
-impl DumpSource for Gated {
-    fn dump(&mut self, netns: u32) -> Result<Dumps, String> {
-        self.fake.reads.lock().unwrap().push(netns);
-        self.tokens.recv().map_err(|_| "closed".to_owned())?;
-        self.fake.answers.lock().unwrap()[&netns].clone()
-    }
-}
-
-fn gated(fake: &Fake) -> (Namer, std::sync::mpsc::Sender<()>) {
-    let (open, tokens) = std::sync::mpsc::channel();
-    let source = Gated {
-        fake: fake.clone(),
-        tokens,
-    };
-    (Namer::spawn(NamerConfig::default(), Box::new(source)), open)
-}
-
-fn finished(netns: u32, original_dst: &str, backend: &str) -> crate::model::record::ConnRecord {
-    crate::model::record::ConnRecord {
-        proto: Proto::Tcp,
-        client: sa("10.244.1.9:40000"),
-        original_dst: sa(original_dst),
-        backend: sa(backend),
-        service: None,
-        endpoint_in_rules: None,
-        netns,
-        start: chrono::Utc::now(),
-        end: Some(chrono::Utc::now()),
-        duration_ms: 1.0,
-        requests: 1,
-        bytes_to_backend: 1,
-        bytes_from_backend: 1,
-        close: crate::model::record::Close::Fin,
-        start_seen: true,
-    }
-}
-
-#[test]
-fn with_a_worker_lookups_never_wait_and_finished_connections_wait_for_their_rules() {
-    let fake = Fake::default();
-    fake.set(NS, iptables(V4));
-    let (mut namer, open) = gated(&fake);
-    let t0 = Instant::now();
-    // The read is stuck: the lookup answers at once, unnamed, and says what it waits for.
-    let first = namer.lookup(
-        NS,
-        Proto::Tcp,
-        sa("10.96.35.226:80"),
-        sa("10.244.1.14:3000"),
-        t0,
-    );
-    assert_eq!(
-        first,
-        Lookup {
-            naming: Naming::default(),
-            wait_for: Some(1)
-        }
-    );
-    let again = namer.lookup(
-        NS,
-        Proto::Tcp,
-        sa("10.96.35.226:80"),
-        sa("10.244.1.12:3000"),
-        t0,
-    );
-    assert_eq!(again.wait_for, Some(1));
-    let mut hold = hold::Hold::new(Duration::from_secs(2), Duration::from_secs(10));
-    let record = finished(NS, "10.96.35.226:80", "10.244.1.14:3000");
-    assert!(hold.push(1, record, first.wait_for, t0).is_none());
-    // A connection with nothing to wait for keeps its place behind it.
-    let other = finished(9, "10.96.0.1:443", "10.244.1.1:6443");
-    assert!(hold.push(2, other, None, t0).is_none());
-    assert!(hold.release(&namer, t0).is_empty());
-    // One read for both lookups, however many ask while it runs.
-    std::thread::sleep(Duration::from_millis(50));
-    assert_eq!(fake.reads(), 1);
-
-    open.send(()).unwrap();
-    assert!(namer.wait(Instant::now() + Duration::from_secs(10)));
-    assert_eq!(namer.generation(NS), 1);
-    let released = hold.release(&namer, t0);
-    let named: Vec<(i32, Option<&str>, Option<bool>)> = released
-        .iter()
-        .map(|(id, r)| (*id, r.service.as_deref(), r.endpoint_in_rules))
-        .collect();
-    assert_eq!(
-        named,
-        [(1, Some("shop/checkout:http"), Some(true)), (2, None, None)]
-    );
-    assert!(hold.is_empty());
-    assert_eq!(namer.take_service_updates().len(), 5);
-    // Fresh rules that name it: nothing to wait for, no read.
-    let hit = namer.lookup(
-        NS,
-        Proto::Tcp,
-        sa("10.96.35.226:80"),
-        sa("10.244.1.14:3000"),
-        t0 + Duration::from_secs(1),
-    );
-    assert_eq!(hit.wait_for, None);
-    assert_eq!(fake.reads(), 1);
-}
-
-#[test]
-fn a_held_connection_is_written_unnamed_once_its_wait_is_over() {
-    let fake = Fake::default();
-    fake.set(NS, iptables(V4));
-    let (mut namer, _open) = gated(&fake);
-    let t0 = Instant::now();
-    let lookup = namer.lookup(
-        NS,
-        Proto::Tcp,
-        sa("10.96.35.226:80"),
-        sa("10.244.1.14:3000"),
-        t0,
-    );
-    let mut hold = hold::Hold::new(Duration::from_secs(2), Duration::from_secs(10));
-    let record = finished(NS, "10.96.35.226:80", "10.244.1.14:3000");
-    // The first read of a namespace: the longer limit.
-    assert_eq!(lookup.wait_for, Some(1));
-    assert!(hold.push("a", record, lookup.wait_for, t0).is_none());
-    assert_eq!(hold.next_deadline(), Some(t0 + Duration::from_secs(10)));
-    assert!(
-        hold.release(&namer, t0 + Duration::from_millis(9999))
-            .is_empty()
-    );
-    let released = hold.release(&namer, t0 + Duration::from_secs(10));
-    assert_eq!(released.len(), 1);
-    assert_eq!(released[0].1.service, None);
-    // Nothing held and a final name: handed straight back.
-    let record = finished(NS, "10.96.35.226:80", "10.244.1.14:3000");
-    assert!(hold.push("b", record, None, t0).is_some());
 }

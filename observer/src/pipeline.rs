@@ -15,7 +15,7 @@ use crate::kernel::capture::Capture;
 use crate::model::record::{ConnRecord, SummaryRecord};
 use crate::model::tracker::{Clock, Tracker};
 use crate::model::update::{CaptureStats, ConnId, Update};
-use crate::naming::{Namer, hold::Hold};
+use crate::naming::{FIRST_READ, Namer, hold::Hold};
 use crate::sinks::log::LogWriter;
 
 /// How often the ring buffer is drained without a wake-up: the live view's latency.
@@ -196,8 +196,12 @@ impl Session {
             self.netns_seen.insert(record.netns);
             return;
         }
-        if let Err(err) = self.name(&mut record) {
-            (self.warn)(format!("{err:#}"));
+        match self.name(&mut record) {
+            // Its namespace's rules are being read for the first time: rather than a row
+            // without a name, the view gets it named from a later sweep.
+            Ok(Some(FIRST_READ)) => return,
+            Ok(_) => {}
+            Err(err) => (self.warn)(format!("{err:#}")),
         }
         // A full channel means the view is behind: it gets this connection's counters
         // from the next sweep.

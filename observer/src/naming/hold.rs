@@ -13,7 +13,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use super::Namer;
+use super::{FIRST_READ, Namer};
 use crate::model::record::ConnRecord;
 
 struct Held<T> {
@@ -62,7 +62,7 @@ impl<T> Hold<T> {
         if wait_for.is_none() && self.queue.is_empty() {
             return Some((item, record));
         }
-        let limit = if wait_for == Some(1) {
+        let limit = if wait_for == Some(FIRST_READ) {
             self.first_read_limit
         } else {
             self.limit

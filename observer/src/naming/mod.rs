@@ -124,6 +124,9 @@ enum Reads {
     Worker(reader::Worker),
 }
 
+/// The generation a name waits for when its namespace's rules were never read.
+pub const FIRST_READ: u64 = 1;
+
 /// A connection's name, and whether it should wait for a re-read of its rules.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Lookup {

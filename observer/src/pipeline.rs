@@ -250,6 +250,18 @@ impl Session {
     /// At the end of a session: waits for the rules held connections wait for (each at
     /// most its own deadline), then writes them all.
     fn release_held_at_end(&mut self) -> anyhow::Result<()> {
+        // A re-read is a moment; a first read of a big rule set may take seconds: say so.
+        if let Some(deadline) = self.held.next_deadline()
+            && deadline.saturating_duration_since(Instant::now()) > NAME_WAIT
+        {
+            let seconds = deadline
+                .saturating_duration_since(Instant::now())
+                .as_secs_f64();
+            (self.warn)(format!(
+                "waiting up to {seconds:.0} s for kube-proxy's rules to name the last {} connection(s)",
+                self.held.len()
+            ));
+        }
         while let Some(deadline) = self.held.next_deadline() {
             let Some(namer) = self.namer.as_mut() else {
                 break;

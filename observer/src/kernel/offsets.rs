@@ -106,46 +106,38 @@ mod tests {
     use super::*;
     use crate::kernel::btf::tests::Builder;
 
-    /// A kernel whose `sk_buff._nfct` were 4 bytes wide: the programs read 8 there, so
-    /// the offsets are refused, naming the member.
-    #[test]
-    fn a_member_of_another_width_is_an_error_naming_it() {
+    /// BTF with just `struct sk_buff`, its `_nfct` `nfct_bytes` wide.
+    fn skb_only(nfct_bytes: u32) -> Btf {
         let mut b = Builder::new();
-        let int = b.int("unsigned int", 4);
-        let short = b.int("__u16", 2);
-        let pointer = b.pointer();
-        let members = |nfct| {
-            [
-                ("_nfct", nfct, 0),
-                ("head", pointer, 64),
-                ("data", pointer, 128),
-                ("len", int, 192),
-                ("network_header", short, 224),
-            ]
-        };
-        b.structure("sk_buff", 32, &members(int));
-        let err = kernel_offsets(&Btf::parse(&b.finish()).unwrap()).unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "BTF member `sk_buff._nfct` is 4 bytes; observer's kernel programs read 8"
-        );
-        let mut b = Builder::new();
-        let long = b.int("unsigned long", 8);
+        let nfct = b.int("nfct_t", nfct_bytes);
         let (int, short, pointer) = (b.int("u32", 4), b.int("__u16", 2), b.pointer());
         b.structure(
             "sk_buff",
             32,
             &[
-                ("_nfct", long, 0),
+                ("_nfct", nfct, 0),
                 ("head", pointer, 64),
                 ("data", pointer, 128),
                 ("len", int, 192),
                 ("network_header", short, 224),
             ],
         );
-        // The skb passes; the next struct is missing.
-        let err = kernel_offsets(&Btf::parse(&b.finish()).unwrap()).unwrap_err();
-        assert_eq!(err, BtfError::NoStruct("nf_conntrack_tuple".into()));
+        Btf::parse(&b.finish()).unwrap()
+    }
+
+    /// A kernel whose `sk_buff._nfct` were 4 bytes wide: the programs read 8 there, so
+    /// the offsets are refused, naming the member.
+    #[test]
+    fn a_member_of_another_width_is_an_error_naming_it() {
+        assert_eq!(
+            kernel_offsets(&skb_only(4)).unwrap_err().to_string(),
+            "BTF member `sk_buff._nfct` is 4 bytes; observer's kernel programs read 8"
+        );
+        // With the right width the skb passes; the next struct is missing.
+        assert_eq!(
+            kernel_offsets(&skb_only(8)),
+            Err(BtfError::NoStruct("nf_conntrack_tuple".into()))
+        );
     }
 
     /// On the running kernel (BTF is world-readable): the offsets FACTS.md measured on

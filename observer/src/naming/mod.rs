@@ -150,25 +150,27 @@ pub struct Namer {
 impl Namer {
     /// A namer that reads rules inline, on the caller's thread.
     pub fn new(config: NamerConfig, source: Box<dyn DumpSource>) -> Self {
-        Namer {
-            config,
-            reads: Reads::Inline(RuleReader::new(source)),
-            spaces: HashMap::new(),
-            in_flight: HashSet::new(),
-            updates: Vec::new(),
-            warnings: Vec::new(),
-        }
+        Namer::with_reads(config, Reads::Inline(RuleReader::new(source)))
     }
 
-    /// A namer whose reads run on a worker thread: lookups never wait for them.
+    /// A namer whose reads run on a worker thread: lookups never wait for them. (If
+    /// no thread can be started, it reads inline.)
     pub fn spawn(config: NamerConfig, source: Box<dyn DumpSource>) -> Self {
         let reads = match reader::spawn(RuleReader::new(source)) {
             Ok(worker) => Reads::Worker(worker),
             Err(reader) => Reads::Inline(reader),
         };
+        Namer::with_reads(config, reads)
+    }
+
+    fn with_reads(config: NamerConfig, reads: Reads) -> Self {
         Namer {
+            config,
             reads,
-            ..Namer::new(config, Box::new(NoSource))
+            spaces: HashMap::new(),
+            in_flight: HashSet::new(),
+            updates: Vec::new(),
+            warnings: Vec::new(),
         }
     }
 
@@ -328,15 +330,6 @@ impl Namer {
     /// New warnings since the last call; each namespace and cause is reported once.
     pub fn take_warnings(&mut self) -> Vec<String> {
         std::mem::take(&mut self.warnings)
-    }
-}
-
-/// The source of a namer whose reader lives on the worker: never asked.
-struct NoSource;
-
-impl DumpSource for NoSource {
-    fn dump(&mut self, _netns: u32) -> Result<Dumps, String> {
-        Err("no source".to_owned())
     }
 }
 

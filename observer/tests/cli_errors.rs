@@ -112,7 +112,7 @@ fn not_privileged() {
     ]);
     assert_one_sentence(
         &out,
-        "needs root (CAP_BPF and CAP_PERFMON, or CAP_SYS_ADMIN); run observer with sudo",
+        "loading kernel programs needs root: this process lacks CAP_SYS_ADMIN (or CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN); run observer with sudo",
     );
     assert!(
         !log.exists(),
@@ -122,7 +122,7 @@ fn not_privileged() {
     let out = as_nobody(&[]);
     assert_one_sentence(
         &out,
-        "needs root (CAP_BPF and CAP_PERFMON, or CAP_SYS_ADMIN)",
+        "loading kernel programs needs root: this process lacks CAP_SYS_ADMIN (or CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN)",
     );
 }
 
@@ -150,4 +150,25 @@ fn live_view_without_a_terminal_suggests_record() {
 fn missing_replay_file() {
     let out = observer(&["--replay", "/nonexistent/conns.jsonl"]);
     assert_one_sentence(&out, "/nonexistent/conns.jsonl: cannot read");
+}
+
+#[test]
+fn kernel_too_old() {
+    // Runs as root (CI does) so that only the kernel release stands in the way; the
+    // UNAME26 personality makes uname(2) report a 2.6 release.
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test needs root; run the suite with `sudo -E cargo xtask test`"
+    );
+    let out = Command::new("setarch")
+        .args([std::env::consts::ARCH, "--uname-2.6"])
+        .arg(env!("CARGO_BIN_EXE_observer"))
+        .args(["record", "--output", "-", "--duration", "1"])
+        .output()
+        .expect("setarch (util-linux)");
+    assert_eq!(out.status.code(), Some(2));
+    assert_one_sentence(
+        &out,
+        "observer needs Linux 5.8 or newer (it reports through a BPF ring buffer); this kernel is 2.6.",
+    );
 }

@@ -7,7 +7,7 @@ use anyhow::Context as _;
 
 use super::Outcome;
 use super::session::{CaptureArgs, runtime};
-use crate::kernel::capture::check_privileges;
+use crate::kernel::capture::check_host;
 use crate::model::record::{Recording, SummaryRecord};
 use crate::pipeline;
 use crate::sinks::log::LogWriter;
@@ -53,7 +53,7 @@ fn replay(path: &std::path::Path) -> anyhow::Result<Outcome> {
 }
 
 fn live(args: LiveArgs) -> anyhow::Result<Outcome> {
-    check_privileges()?;
+    check_host()?;
     tui::check_terminal()?;
     let log = args.record.as_deref().map(LogWriter::create).transpose()?;
     let warnings = Arc::new(Mutex::new(Vec::<String>::new()));

@@ -5,7 +5,7 @@ use std::time::Duration;
 use super::Outcome;
 use super::args::duration_seconds;
 use super::session::{CaptureArgs, runtime, stderr_warnings, stop_signal};
-use crate::kernel::capture::check_privileges;
+use crate::kernel::capture::check_host;
 use crate::pipeline;
 use crate::sinks::log::LogWriter;
 
@@ -22,7 +22,7 @@ pub struct RecordArgs {
 }
 
 pub fn run(args: RecordArgs) -> anyhow::Result<Outcome> {
-    check_privileges()?;
+    check_host()?;
     let log = LogWriter::create(&args.output)?;
     runtime()?.block_on(async {
         let capture = args.capture.start_capture()?;

@@ -11,6 +11,7 @@ use observer_common::{
     counters,
 };
 
+use crate::kernel::host::{Caps, kernel_release, raise_memlock, too_old};
 use crate::kernel::{btf::Btf, decode};
 
 /// The compiled kernel programs, built by `build.rs` and embedded in the binary.
@@ -23,9 +24,11 @@ const HOOKS: [(&str, &str); 1] = [("net_dev_queue", "net_dev_queue")];
 #[derive(Debug, thiserror::Error)]
 pub enum CaptureError {
     #[error(
-        "loading kernel programs needs root (CAP_BPF and CAP_PERFMON, or CAP_SYS_ADMIN); run observer with sudo"
+        "loading kernel programs needs root: this process lacks {missing}; run observer with sudo"
     )]
-    NotPrivileged,
+    NotPrivileged { missing: String },
+    #[error("{0}")]
+    KernelTooOld(String),
     #[error(
         "cannot read kernel BTF at {path} ({error}); observer needs a kernel built with CONFIG_DEBUG_INFO_BTF=y (or --btf FILE) to find conntrack's structure offsets"
     )]
@@ -97,37 +100,23 @@ fn cgroup2_mount() -> Option<std::path::PathBuf> {
     })
 }
 
-/// Fails unless the process may load tracing programs; checked before anything else
-/// so that an unprivileged run changes nothing.
-pub fn check_privileges() -> Result<(), CaptureError> {
-    if privileged() {
-        Ok(())
-    } else {
-        Err(CaptureError::NotPrivileged)
+/// Fails unless the kernel is new enough and the process may load and attach the
+/// programs; checked before anything else so that a run that cannot work changes nothing.
+pub fn check_host() -> Result<(), CaptureError> {
+    if let Some(sentence) = kernel_release().as_deref().and_then(too_old) {
+        return Err(CaptureError::KernelTooOld(sentence));
     }
-}
-
-/// Whether the process holds the capabilities needed to load tracing programs.
-fn privileged() -> bool {
-    const CAP_SYS_ADMIN: u32 = 21;
-    const CAP_PERFMON: u32 = 38;
-    const CAP_BPF: u32 = 39;
-    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
-        return false;
-    };
-    let effective = status
-        .lines()
-        .find_map(|line| line.strip_prefix("CapEff:"))
-        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
-        .unwrap_or(0);
-    let has = |cap: u32| effective & (1 << cap) != 0;
-    has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON))
+    match Caps::effective().missing_for_capture() {
+        Some(missing) => Err(CaptureError::NotPrivileged { missing }),
+        None => Ok(()),
+    }
 }
 
 impl Capture {
     /// Checks privileges and BTF, then loads and attaches every program.
     pub fn start(options: &CaptureOptions) -> Result<Capture, CaptureError> {
-        check_privileges()?;
+        check_host()?;
+        raise_memlock();
         let btf_bytes = std::fs::read(&options.btf_path).map_err(|error| CaptureError::NoBtf {
             path: options.btf_path.display().to_string(),
             error,

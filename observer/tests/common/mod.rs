@@ -14,6 +14,8 @@ use std::{
 
 use observer::model::record::Recording;
 
+pub mod empty_root;
+
 /// Root tests fail, never skip, without root: CI runs as root and must run them.
 pub fn require_root() {
     assert!(
@@ -39,11 +41,19 @@ impl Recorder {
     /// waits for its `attached` line.
     pub fn start(dir: &Path, extra: &[&str]) -> Recorder {
         let output = dir.join("conns.jsonl");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_observer"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_observer"));
+        command
             .arg("record")
             .arg("--output")
             .arg(&output)
-            .args(extra)
+            .args(extra);
+        Recorder::spawn(command, output)
+    }
+
+    /// Starts `command` (an `observer record` writing to `output`) and waits for its
+    /// `attached` line.
+    pub fn spawn(mut command: Command, output: PathBuf) -> Recorder {
+        let mut child = command
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()

@@ -1,0 +1,248 @@
+//! The release artifacts of `cargo xtask dist` (OBSERVER_DIST): static binaries that
+//! match their checksums, OCI image archives that skopeo and umoci read and whose
+//! binary runs, and the static binary run alone in an empty root against the lab with
+//! exactly the DaemonSet's capabilities: every Service named; without each capability
+//! that matters, one sentence naming it. Root: builds a lab, mounts, chroots.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::process::{Command, Output};
+
+use common::empty_root::{EmptyRoot, dist_dir};
+use common::{Recorder, only_node, prefix, require_root};
+use observer_lab::{Lab, LabConfig, RuleMode, Topology, http_fresh, udp_queries};
+
+const DAEMONSET: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/daemonset.yaml");
+
+fn run(command: &mut Command) -> Output {
+    let out = command
+        .output()
+        .unwrap_or_else(|e| panic!("{command:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{command:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn binaries_are_static_and_match_their_checksums() {
+    let dist = dist_dir();
+    for (arch, file_says) in [("x86_64", "x86-64"), ("aarch64", "ARM aarch64")] {
+        let binary = dist.join(format!("observer-linux-{arch}"));
+        let described = stdout(&run(Command::new("file").arg("-b").arg(&binary)));
+        assert!(described.contains(file_says), "{arch}: {described}");
+        assert!(described.contains("static"), "{arch}: {described}");
+        assert!(!described.contains("interpreter"), "{arch}: {described}");
+    }
+    let sums = std::fs::read_to_string(dist.join("SHA256SUMS")).unwrap();
+    let listed: BTreeSet<&str> = sums
+        .lines()
+        .map(|line| line.split_once("  ").unwrap().1)
+        .collect();
+    assert_eq!(
+        listed,
+        BTreeSet::from([
+            "observer-linux-x86_64",
+            "observer-linux-aarch64",
+            "observer-image-linux-amd64.tar",
+            "observer-image-linux-arm64.tar",
+        ])
+    );
+    run(Command::new("sha256sum")
+        .args(["--check", "--strict", "SHA256SUMS"])
+        .current_dir(&dist));
+}
+
+#[test]
+fn image_archives_are_read_by_skopeo_and_umoci_and_their_binary_runs() {
+    let dist = dist_dir();
+    for (arch, runs_here) in [("amd64", cfg!(target_arch = "x86_64")), ("arm64", false)] {
+        let archive = dist.join(format!("observer-image-linux-{arch}.tar"));
+        let source = format!("oci-archive:{}", archive.display());
+        let inspected: serde_json::Value = serde_json::from_slice(
+            &run(Command::new("skopeo").args(["inspect", "--override-arch", arch, &source])).stdout,
+        )
+        .unwrap();
+        assert_eq!(inspected["Architecture"], arch, "{inspected}");
+        assert_eq!(inspected["Os"], "linux", "{inspected}");
+        assert_eq!(inspected["Layers"].as_array().unwrap().len(), 1);
+        let config: serde_json::Value = serde_json::from_slice(
+            &run(Command::new("skopeo").args(["inspect", "--config", &source])).stdout,
+        )
+        .unwrap();
+        assert_eq!(
+            config["config"]["Entrypoint"],
+            serde_json::json!(["/observer"])
+        );
+
+        // skopeo copies it to an OCI layout; umoci unpacks that to a runtime bundle.
+        let work = tempfile::tempdir().unwrap();
+        let layout = work.path().join("layout");
+        let bundle = work.path().join("bundle");
+        run(Command::new("skopeo")
+            .args(["copy", "--quiet", &source])
+            .arg(format!("oci:{}:observer", layout.display())));
+        run(Command::new("umoci")
+            .arg("unpack")
+            .arg("--image")
+            .arg(format!("{}:observer", layout.display()))
+            .arg(&bundle));
+        let entries: Vec<String> = std::fs::read_dir(bundle.join("rootfs"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(entries, ["observer"], "a scratch image: the binary alone");
+        let unpacked = bundle.join("rootfs/observer");
+        let version = if runs_here {
+            stdout(&run(Command::new(&unpacked).arg("--version")))
+        } else {
+            stdout(&run(Command::new("qemu-aarch64-static")
+                .arg(&unpacked)
+                .arg("--version")))
+        };
+        assert_eq!(version, format!("observer {}\n", env!("CARGO_PKG_VERSION")));
+    }
+}
+
+/// The DaemonSet's capabilities (`add: [...]` in deploy/daemonset.yaml) as numbers.
+fn daemonset_capabilities() -> Vec<(String, u32)> {
+    let manifest = std::fs::read_to_string(DAEMONSET).unwrap();
+    let line = manifest
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("add: ["))
+        .expect("the DaemonSet adds capabilities");
+    let number = |name: &str| match name {
+        "NET_ADMIN" => 12,
+        "SYS_CHROOT" => 18,
+        "SYS_PTRACE" => 19,
+        "SYS_ADMIN" => 21,
+        "SYS_RESOURCE" => 24,
+        "PERFMON" => 38,
+        "BPF" => 39,
+        other => panic!("unexpected capability {other}"),
+    };
+    line.trim_end_matches(']')
+        .split(',')
+        .map(|name| name.trim().trim_matches('"').to_owned())
+        .map(|name| {
+            let cap = number(&name);
+            (name, cap)
+        })
+        .collect()
+}
+
+/// `observer rules --netns NODE` in the empty root with `caps`: exit 2 and one sentence.
+fn refused(root: &EmptyRoot, caps: &[u32], node: &str) -> String {
+    let out = root
+        .command(Some(caps))
+        .args(["rules", "-o", "json", "--netns"])
+        .arg(format!("/run/netns/{node}"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    stderr
+}
+
+#[test]
+fn alone_in_an_empty_root_with_the_daemonsets_capabilities_it_names_every_service() {
+    require_root();
+    let lab = Lab::up(LabConfig {
+        topology: Topology::Bridged,
+        rules: RuleMode::Iptables,
+        prefix: prefix("static"),
+    })
+    .expect("lab up");
+    let caps = daemonset_capabilities();
+    let numbers: Vec<u32> = caps.iter().map(|(_, cap)| *cap).collect();
+    let root = EmptyRoot::new();
+
+    // `rules`: the node's own iptables-save, run in PID 1's mount namespace.
+    let out = run(root
+        .command(Some(&numbers))
+        .args(["rules", "-o", "json", "--netns"])
+        .arg(format!("/run/netns/{}", lab.node_ns())));
+    let services: BTreeSet<String> = stdout(&out)
+        .lines()
+        .map(|line| {
+            let line: serde_json::Value = serde_json::from_str(line).unwrap();
+            line["service"].as_str().unwrap().to_owned()
+        })
+        .collect();
+    let expected: BTreeSet<String> = lab
+        .services()
+        .iter()
+        .map(|s| s.port_name_string())
+        .collect();
+    assert_eq!(services, expected);
+    assert!(
+        expected.contains("shop/checkout:http") && expected.contains("kube-system/kube-dns:dns")
+    );
+
+    // `record`: traffic to both Services, every connection named.
+    let mut command = root.command(Some(&numbers));
+    command.args(["record", "--output", "/conns.jsonl", "--idle-timeout", "1"]);
+    let recorder = Recorder::spawn(command, root.path().join("conns.jsonl"));
+    let checkout = lab.service("checkout").unwrap().cluster_addr();
+    let dns = lab.service("kube-dns").unwrap().cluster_addr();
+    let fresh = http_fresh(&lab, checkout, 6).unwrap();
+    let udp = udp_queries(&lab, dns, 4).unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    let mut recording = recorder.stop();
+    only_node(&mut recording, lab.node_ns());
+    assert_eq!(recording.conns.len(), fresh.len() + udp.len());
+    let named: BTreeSet<Option<String>> =
+        recording.conns.iter().map(|c| c.service.clone()).collect();
+    assert_eq!(
+        named,
+        BTreeSet::from([
+            Some("shop/checkout:http".to_owned()),
+            Some("kube-system/kube-dns:dns".to_owned())
+        ])
+    );
+
+    // Without each capability that matters: one sentence that names it.
+    for (name, wanted) in [
+        ("SYS_ADMIN", "lacks CAP_SYS_ADMIN"),
+        (
+            "NET_ADMIN",
+            "lacks CAP_NET_ADMIN, which observer needs to read kube-proxy's rules",
+        ),
+        ("SYS_PTRACE", "lacks CAP_SYS_PTRACE"),
+        (
+            "SYS_CHROOT",
+            "lacks CAP_SYS_CHROOT, which observer needs to run the node's own iptables-save and nft in PID 1's mount namespace",
+        ),
+    ] {
+        let fewer: Vec<u32> = caps
+            .iter()
+            .filter(|(cap, _)| cap != name)
+            .map(|(_, cap)| *cap)
+            .collect();
+        assert_eq!(fewer.len(), caps.len() - 1, "{name} is in the DaemonSet");
+        let stderr = refused(&root, &fewer, lab.node_ns());
+        assert!(stderr.contains(wanted), "without {name}: {stderr}");
+    }
+    // Without CAP_SYS_ADMIN, `record` cannot even load its programs.
+    let without_admin: Vec<u32> = numbers.iter().copied().filter(|&cap| cap != 21).collect();
+    let out = root
+        .command(Some(&without_admin))
+        .args(["record", "--output", "/refused.jsonl", "--duration", "1"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("loading kernel programs needs root: this process lacks CAP_SYS_ADMIN"),
+        "{stderr}"
+    );
+}

@@ -242,7 +242,9 @@ fn alone_in_an_empty_root_with_the_daemonsets_capabilities_it_names_every_servic
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(
-        stderr.contains("loading kernel programs needs root: this process lacks CAP_SYS_ADMIN"),
+        stderr.contains(
+            "loading kernel programs needs root: this process lacks CAP_BPF and CAP_PERFMON (or CAP_SYS_ADMIN)"
+        ),
         "{stderr}"
     );
 }

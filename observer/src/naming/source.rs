@@ -62,9 +62,16 @@ pub fn list_namespaces() -> Vec<NetnsInfo> {
 /// Where the sbin directories are, which root's PATH may lack.
 const TOOL_DIRS: [&str; 5] = ["/usr/local/sbin", "/usr/sbin", "/sbin", "/usr/bin", "/bin"];
 
-/// PID 1's mount namespace: the node's own file system, seen from a scratch container
-/// (hostPID) or from a binary copied alone into a kind node.
-const HOST_MNT_NS: &str = "/proc/1/ns/mnt";
+/// The process whose root and mount namespace hold the node's own tools: PID 1, the
+/// node's init, seen from a scratch container (hostPID) or from a binary copied alone
+/// into a kind node. `OBSERVER_HOST_PID` names another one (tests do: a sandbox's PID 1
+/// may be a supervisor no process may look into).
+fn host_pid() -> u32 {
+    std::env::var("OBSERVER_HOST_PID")
+        .ok()
+        .and_then(|pid| pid.parse().ok())
+        .unwrap_or(1)
+}
 
 /// Finds a program on PATH or in the sbin directories, in this process's own root.
 fn find_program(name: &str) -> Option<PathBuf> {
@@ -75,16 +82,18 @@ fn find_program(name: &str) -> Option<PathBuf> {
         .find(|candidate| candidate.is_file())
 }
 
-/// Finds a program in PID 1's root (`/proc/1/root`); the path it returns is the path
-/// inside PID 1's mount namespace.
+/// Finds a program in the host process's root (`/proc/1/root`); the path it returns is
+/// the path inside that process's mount namespace.
 fn find_host_program(name: &str) -> Option<PathBuf> {
     TOOL_DIRS
         .iter()
         .map(|dir| Path::new(dir).join(name))
         .find(|path| {
-            Path::new("/proc/1/root")
-                .join(path.strip_prefix("/").unwrap_or(path))
-                .is_file()
+            // Not `is_file`: tools are often absolute symlinks (/etc/alternatives/...),
+            // which resolve against this root from here, against the node's after setns.
+            let seen = Path::new(&format!("/proc/{}/root", host_pid()))
+                .join(path.strip_prefix("/").unwrap_or(path));
+            std::fs::symlink_metadata(seen).is_ok_and(|meta| !meta.is_dir())
         })
 }
 
@@ -114,7 +123,10 @@ impl Tool {
         let net = netns.map(open).transpose()?;
         let (program, mnt) = match self {
             Tool::Own(program) => (program, None),
-            Tool::Host(program) => (program, Some(open(Path::new(HOST_MNT_NS))?)),
+            Tool::Host(program) => (
+                program,
+                Some(open(Path::new(&format!("/proc/{}/ns/mnt", host_pid())))?),
+            ),
         };
         let mut command = Command::new(program);
         if net.is_some() || mnt.is_some() {
@@ -261,9 +273,10 @@ impl SystemSource {
 /// No tool anywhere: in this root, nor in PID 1's (which needs CAP_SYS_PTRACE to read).
 fn not_found(missing: &[&str]) -> String {
     let names = missing.join(", ");
-    match std::fs::read_dir("/proc/1/root") {
+    let pid = host_pid();
+    match std::fs::read_dir(format!("/proc/{pid}/root")) {
         Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => format!(
-            "{names} not found in this root, and PID 1's root (/proc/1/root), where the node's tools are, is unreadable: this process lacks CAP_SYS_PTRACE"
+            "{names} not found in this root, and PID {pid}'s root (/proc/{pid}/root), where the node's tools are, is unreadable: this process lacks CAP_SYS_PTRACE"
         ),
         _ => format!("{names} not found"),
     }

@@ -172,3 +172,31 @@ fn kernel_too_old() {
         "observer needs Linux 5.8 or newer (it reports through a BPF ring buffer); this kernel is 2.6.",
     );
 }
+
+#[test]
+fn without_cgroup_v2_it_says_what_goes_uncounted() {
+    // A mount namespace of its own without the cgroup hierarchy: observer still records
+    // (forwarded traffic needs no cgroup), and says in one sentence what it cannot count.
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test needs root; run the suite with `sudo -E cargo xtask test`"
+    );
+    let script = format!(
+        "umount -l /sys/fs/cgroup && exec {} record --output /dev/null --duration 1",
+        env!("CARGO_BIN_EXE_observer")
+    );
+    let out = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", &script])
+        .output()
+        .expect("unshare (util-linux)");
+    let text = stderr(&out);
+    assert!(out.status.success(), "{text}");
+    let warnings: Vec<&str> = text.lines().filter(|l| l.contains("warning")).collect();
+    assert_eq!(
+        warnings,
+        [
+            "observer: warning: no cgroup v2 hierarchy is mounted: replies to clients on the node itself (host network) are not counted"
+        ]
+    );
+    assert!(text.contains("attached 1 kernel program(s)"), "{text}");
+}

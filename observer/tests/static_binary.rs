@@ -1,6 +1,7 @@
 //! The release artifacts of `cargo xtask dist` (OBSERVER_DIST): static binaries that
 //! match their checksums, OCI image archives that skopeo and umoci read and whose
-//! binary runs, and the static binary run alone in an empty root against the lab with
+//! binary runs, that containerd imports under the DaemonSet's image name (as `kind load
+//! image-archive` does), and the static binary run alone in an empty root against the lab with
 //! exactly the DaemonSet's capabilities: every Service named; without each capability
 //! that matters, one sentence naming it. Root: builds a lab, mounts, chroots.
 
@@ -246,5 +247,100 @@ fn alone_in_an_empty_root_with_the_daemonsets_capabilities_it_names_every_servic
             "loading kernel programs needs root: this process lacks CAP_BPF and CAP_PERFMON (or CAP_SYS_ADMIN)"
         ),
         "{stderr}"
+    );
+}
+
+/// A containerd of the test's own (own socket, root and state; no CRI plugin), killed
+/// on drop.
+struct Containerd {
+    child: std::process::Child,
+    dir: tempfile::TempDir,
+}
+
+impl Containerd {
+    fn start() -> Containerd {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().display();
+        let config = dir.path().join("config.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "version = 2\nroot = \"{path}/root\"\nstate = \"{path}/state\"\n\
+                 disabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n\
+                 [grpc]\n  address = \"{path}/containerd.sock\"\n"
+            ),
+        )
+        .unwrap();
+        let child = Command::new("containerd")
+            .arg("--config")
+            .arg(&config)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("containerd (Debian package containerd; `cargo xtask setup` installs it)");
+        let containerd = Containerd { child, dir };
+        for _ in 0..100 {
+            if containerd.ctr(&["version"]).status.success() {
+                return containerd;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        panic!("containerd did not answer on its socket");
+    }
+
+    fn ctr(&self, args: &[&str]) -> Output {
+        Command::new("ctr")
+            .arg("--address")
+            .arg(self.dir.path().join("containerd.sock"))
+            .args(["--namespace", "k8s.io"])
+            .args(args)
+            .output()
+            .unwrap()
+    }
+}
+
+impl Drop for Containerd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        // Snapshots may be mounts; lazily unmount whatever is left under the root.
+        let _ = Command::new("umount")
+            .arg("-R")
+            .arg("-l")
+            .arg(self.dir.path().join("root"))
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
+}
+
+#[test]
+fn containerd_imports_the_image_as_kind_load_does() {
+    require_root();
+    let containerd = Containerd::start();
+    let archive = dist_dir().join("observer-image-linux-amd64.tar");
+    // What `kind load image-archive` runs on every node.
+    let out = containerd.ctr(&[
+        "images",
+        "import",
+        "--all-platforms",
+        "--digests",
+        "--snapshotter=native",
+        archive.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let listed = containerd.ctr(&["images", "ls", "--quiet"]);
+    let names = stdout(&listed);
+    let image = std::fs::read_to_string(DAEMONSET)
+        .unwrap()
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("image: ").map(str::to_owned))
+        .expect("the DaemonSet's image");
+    assert!(
+        names.lines().any(|name| name == image),
+        "{image} (deploy/daemonset.yaml) not among the imported images:\n{names}"
     );
 }

@@ -7,7 +7,7 @@
 //!   matching rustc's), as ../shared/FACTS.md describes.
 //! - For `cargo xtask dist` and its tests: the musl targets (rust-lld, which rustup ships,
 //!   links them: see .cargo/config.toml), qemu user emulation for the aarch64 binary,
-//!   skopeo and umoci (OCI images), promtool, and kubernetes-validate (Kubernetes
+//!   skopeo, umoci and containerd (OCI images), promtool, and kubernetes-validate (Kubernetes
 //!   schemas, from PyPI) in a virtual environment of its own.
 
 use std::{
@@ -18,7 +18,7 @@ use std::{
 use anyhow::{Context as _, bail};
 
 /// Command a package provides, and the Debian package.
-const PACKAGES: [(&str, &str); 12] = [
+const PACKAGES: [(&str, &str); 13] = [
     ("ip", "iproute2"),
     ("iptables", "iptables"),
     ("nft", "nftables"),
@@ -31,6 +31,7 @@ const PACKAGES: [(&str, &str); 12] = [
     ("umoci", "umoci"),
     ("promtool", "prometheus"),
     ("unshare", "util-linux"),
+    ("containerd", "containerd"),
 ];
 
 const MUSL_TARGETS: [&str; 2] = ["x86_64-unknown-linux-musl", "aarch64-unknown-linux-musl"];

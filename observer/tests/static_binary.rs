@@ -211,14 +211,25 @@ fn alone_in_an_empty_root_with_the_daemonsets_capabilities_it_names_every_servic
         ])
     );
 
-    // Without each capability that matters: one sentence that names it.
+    each_missing_capability_is_named(&root, &caps, lab.node_ns());
+}
+
+/// Without each capability that matters: exit 2 and one sentence that names it.
+fn each_missing_capability_is_named(root: &EmptyRoot, caps: &[(String, u32)], node: &str) {
+    let numbers: Vec<u32> = caps.iter().map(|(_, cap)| *cap).collect();
     for (name, wanted) in [
-        ("SYS_ADMIN", "lacks CAP_SYS_ADMIN"),
+        (
+            "SYS_ADMIN",
+            "lacks CAP_SYS_ADMIN, which observer needs to enter the node's network namespace",
+        ),
         (
             "NET_ADMIN",
             "lacks CAP_NET_ADMIN, which observer needs to read kube-proxy's rules",
         ),
-        ("SYS_PTRACE", "lacks CAP_SYS_PTRACE"),
+        (
+            "SYS_PTRACE",
+            "where the node's tools are, is unreadable: this process lacks CAP_SYS_PTRACE",
+        ),
         (
             "SYS_CHROOT",
             "lacks CAP_SYS_CHROOT, which observer needs to run the node's own iptables-save and nft in PID 1's mount namespace",
@@ -230,7 +241,7 @@ fn alone_in_an_empty_root_with_the_daemonsets_capabilities_it_names_every_servic
             .map(|(_, cap)| *cap)
             .collect();
         assert_eq!(fewer.len(), caps.len() - 1, "{name} is in the DaemonSet");
-        let stderr = refused(&root, &fewer, lab.node_ns());
+        let stderr = refused(root, &fewer, node);
         assert!(stderr.contains(wanted), "without {name}: {stderr}");
     }
     // Without CAP_SYS_ADMIN, `record` cannot even load its programs.

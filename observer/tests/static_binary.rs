@@ -1,6 +1,6 @@
 //! The release artifacts of `cargo xtask dist` (OBSERVER_DIST): static binaries that
-//! match their checksums, OCI image archives that skopeo and umoci read and whose
-//! binary runs, that containerd imports under the DaemonSet's image name (as `kind load
+//! match their checksums, an OCI image archive for both architectures that skopeo and
+//! umoci read and whose binaries run, that containerd imports under the DaemonSet's image name (as `kind load
 //! image-archive` does), and the static binary run alone in an empty root against the lab with
 //! exactly the DaemonSet's capabilities: every Service named; without each capability
 //! that matters, one sentence naming it. Root: builds a lab, mounts, chroots.
@@ -53,8 +53,7 @@ fn binaries_are_static_and_match_their_checksums() {
         BTreeSet::from([
             "observer-linux-x86_64",
             "observer-linux-aarch64",
-            "observer-image-linux-amd64.tar",
-            "observer-image-linux-arm64.tar",
+            "observer-image.tar",
         ])
     );
     run(Command::new("sha256sum")
@@ -63,34 +62,45 @@ fn binaries_are_static_and_match_their_checksums() {
 }
 
 #[test]
-fn image_archives_are_read_by_skopeo_and_umoci_and_their_binary_runs() {
-    let dist = dist_dir();
+fn the_image_archive_is_read_by_skopeo_and_umoci_and_its_binaries_run() {
+    let archive = dist_dir().join("observer-image.tar");
+    let source = format!("oci-archive:{}", archive.display());
+    let raw: serde_json::Value = serde_json::from_slice(
+        &run(Command::new("skopeo").args(["inspect", "--raw", &source])).stdout,
+    )
+    .unwrap();
+    let platforms: Vec<&str> = raw["manifests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["platform"]["architecture"].as_str().unwrap())
+        .collect();
+    assert_eq!(platforms, ["amd64", "arm64"], "one image for both: {raw}");
     for (arch, runs_here) in [("amd64", cfg!(target_arch = "x86_64")), ("arm64", false)] {
-        let archive = dist.join(format!("observer-image-linux-{arch}.tar"));
-        let source = format!("oci-archive:{}", archive.display());
-        let inspected: serde_json::Value = serde_json::from_slice(
-            &run(Command::new("skopeo").args(["inspect", "--override-arch", arch, &source])).stdout,
-        )
-        .unwrap();
+        let skopeo = |args: &[&str]| {
+            let mut command = Command::new("skopeo");
+            command.args(["--override-arch", arch]).args(args);
+            command
+        };
+        let inspected: serde_json::Value =
+            serde_json::from_slice(&run(&mut skopeo(&["inspect", &source])).stdout).unwrap();
         assert_eq!(inspected["Architecture"], arch, "{inspected}");
         assert_eq!(inspected["Os"], "linux", "{inspected}");
         assert_eq!(inspected["Layers"].as_array().unwrap().len(), 1);
-        let config: serde_json::Value = serde_json::from_slice(
-            &run(Command::new("skopeo").args(["inspect", "--config", &source])).stdout,
-        )
-        .unwrap();
+        let config: serde_json::Value =
+            serde_json::from_slice(&run(&mut skopeo(&["inspect", "--config", &source])).stdout)
+                .unwrap();
         assert_eq!(
             config["config"]["Entrypoint"],
             serde_json::json!(["/observer"])
         );
 
-        // skopeo copies it to an OCI layout; umoci unpacks that to a runtime bundle.
+        // skopeo copies one platform to an OCI layout; umoci unpacks that to a bundle.
         let work = tempfile::tempdir().unwrap();
         let layout = work.path().join("layout");
         let bundle = work.path().join("bundle");
-        run(Command::new("skopeo")
-            .args(["copy", "--quiet", &source])
-            .arg(format!("oci:{}:observer", layout.display())));
+        let destination = format!("oci:{}:observer", layout.display());
+        run(&mut skopeo(&["copy", "--quiet", &source, &destination]));
         run(Command::new("umoci")
             .arg("unpack")
             .arg("--image")
@@ -328,7 +338,7 @@ impl Drop for Containerd {
 fn containerd_imports_the_image_as_kind_load_does() {
     require_root();
     let containerd = Containerd::start();
-    let archive = dist_dir().join("observer-image-linux-amd64.tar");
+    let archive = dist_dir().join("observer-image.tar");
     // What `kind load image-archive` runs on every node.
     let out = containerd.ctr(&[
         "images",
@@ -343,8 +353,7 @@ fn containerd_imports_the_image_as_kind_load_does() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let listed = containerd.ctr(&["images", "ls", "--quiet"]);
-    let names = stdout(&listed);
+    let names = stdout(&containerd.ctr(&["images", "ls", "--quiet"]));
     let image = std::fs::read_to_string(DAEMONSET)
         .unwrap()
         .lines()
@@ -354,4 +363,11 @@ fn containerd_imports_the_image_as_kind_load_does() {
         names.lines().any(|name| name == image),
         "{image} (deploy/daemonset.yaml) not among the imported images:\n{names}"
     );
+    // Both platforms' content came in: the name resolves on either kind of node.
+    let listing = stdout(&containerd.ctr(&["images", "ls"]));
+    let line = listing
+        .lines()
+        .find(|line| line.starts_with(&format!("{image} ")))
+        .unwrap();
+    assert!(line.contains("linux/amd64,linux/arm64/v8"), "{line}");
 }

@@ -1,6 +1,6 @@
 //! `cargo xtask dist`: static (musl) `observer` binaries for x86_64 and aarch64, each
-//! embedding the eBPF object, a scratch OCI image archive per architecture, and
-//! SHA256SUMS, in `target/dist/`.
+//! embedding the eBPF object, a scratch OCI image for both architectures (one archive),
+//! and SHA256SUMS, in `target/dist/`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -37,6 +37,9 @@ pub const ARCHES: [Arch; 2] = [
 /// The image reference the DaemonSet in deploy/ runs.
 pub const IMAGE_NAME: &str = "docker.io/library/observer";
 
+/// The OCI archive of the image, for every architecture at once.
+pub const IMAGE_ARCHIVE: &str = "observer-image.tar";
+
 /// Cargo's target directory (CARGO_TARGET_DIR, or `target/` in the workspace).
 pub fn target_dir() -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR")
@@ -71,8 +74,8 @@ pub fn dist() -> anyhow::Result<PathBuf> {
         std::fs::remove_dir_all(&dir).with_context(|| format!("cannot clear {}", dir.display()))?;
     }
     std::fs::create_dir_all(&dir)?;
-    let version = version()?;
     let mut files = Vec::new();
+    let mut binaries = Vec::new();
     for arch in &ARCHES {
         let built = target_dir().join(arch.target).join("release/observer");
         let binary =
@@ -82,14 +85,18 @@ pub fn dist() -> anyhow::Result<PathBuf> {
         let name = format!("observer-linux-{}", arch.name);
         write_executable(&dir.join(&name), &binary)?;
         files.push(name);
-        let image = format!("observer-image-linux-{}.tar", arch.oci);
-        let reference = format!("{IMAGE_NAME}:{version}");
-        std::fs::write(
-            dir.join(&image),
-            oci::image_archive(&binary, arch.oci, &reference),
-        )?;
-        files.push(image);
+        binaries.push((arch.oci, binary));
     }
+    let platforms: Vec<(&str, &[u8])> = binaries
+        .iter()
+        .map(|(arch, binary)| (*arch, binary.as_slice()))
+        .collect();
+    let reference = format!("{IMAGE_NAME}:{}", version()?);
+    std::fs::write(
+        dir.join(IMAGE_ARCHIVE),
+        oci::image_archive(&platforms, &reference),
+    )?;
+    files.push(IMAGE_ARCHIVE.to_owned());
     let sums: String = files
         .iter()
         .map(|name| {

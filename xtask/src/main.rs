@@ -28,8 +28,8 @@ enum Task {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
-    /// Static (musl) binaries for x86_64 and aarch64, a scratch OCI image archive per
-    /// architecture and SHA256SUMS, in target/dist/.
+    /// Static (musl) binaries for x86_64 and aarch64, a scratch OCI image archive for
+    /// both, and SHA256SUMS, in target/dist/.
     Dist,
     /// A simulated kind node with pinning traffic, and observer's live view on it.
     Demo(demo::DemoArgs),

@@ -52,10 +52,14 @@ fn descriptor(media_type: &str, bytes: &[u8]) -> serde_json::Value {
     json!({ "mediaType": media_type, "digest": digest(bytes), "size": bytes.len() })
 }
 
-/// An `oci-archive` whose one image runs `binary` as `/observer`; `reference` (e.g.
-/// `docker.io/library/observer:0.1.0`) is the name containerd (`kind load
-/// image-archive`) gives it, its tag the layout's `ref.name` (for skopeo and umoci).
-pub fn image_archive(binary: &[u8], architecture: &str, reference: &str) -> Vec<u8> {
+/// One platform's image: its manifest and the blobs it refers to.
+struct PlatformImage {
+    descriptor: serde_json::Value,
+    blobs: Vec<Vec<u8>>,
+}
+
+/// A scratch image that runs `binary` as `/observer` on `architecture` (OCI's names).
+fn platform_image(binary: &[u8], architecture: &str) -> PlatformImage {
     let layer = tar(&[Entry {
         path: "observer",
         mode: 0o755,
@@ -80,42 +84,79 @@ pub fn image_archive(binary: &[u8], architecture: &str, reference: &str) -> Vec<
     })
     .to_string()
     .into_bytes();
+    let mut descriptor = descriptor("application/vnd.oci.image.manifest.v1+json", &manifest);
+    descriptor["platform"] = platform;
+    PlatformImage {
+        descriptor,
+        blobs: vec![layer, config, manifest],
+    }
+}
+
+/// An `oci-archive` holding one multi-platform image: `binaries` are (OCI architecture,
+/// static binary). `reference` (e.g. `docker.io/library/observer:0.1.0`) is the name
+/// containerd (`kind load image-archive`) gives it, its tag the layout's `ref.name`
+/// (for skopeo and umoci).
+pub fn image_archive(binaries: &[(&str, &[u8])], reference: &str) -> Vec<u8> {
+    let images: Vec<PlatformImage> = binaries
+        .iter()
+        .map(|(architecture, binary)| platform_image(binary, architecture))
+        .collect();
+    let image_index = json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.index.v1+json",
+        "manifests": images.iter().map(|image| image.descriptor.clone()).collect::<Vec<_>>(),
+    })
+    .to_string()
+    .into_bytes();
     let tag = reference.rsplit_once(':').map_or("latest", |(_, tag)| tag);
-    let mut entry = descriptor("application/vnd.oci.image.manifest.v1+json", &manifest);
-    entry["platform"] = platform;
+    let mut entry = descriptor("application/vnd.oci.image.index.v1+json", &image_index);
     entry["annotations"] = json!({
         "io.containerd.image.name": reference,
         "org.opencontainers.image.ref.name": tag,
     });
-    let index = json!({
+    let layout_index = json!({
         "schemaVersion": 2,
         "mediaType": "application/vnd.oci.image.index.v1+json",
         "manifests": [entry],
     })
     .to_string()
     .into_bytes();
-    let blob_path = |bytes: &[u8]| format!("blobs/sha256/{}", hex(&Sha256::digest(bytes)));
-    let (layer_path, config_path, manifest_path) =
-        (blob_path(&layer), blob_path(&config), blob_path(&manifest));
-    let file = |path, bytes| Entry {
+    let mut blobs: Vec<(String, &[u8])> = images
+        .iter()
+        .flat_map(|image| image.blobs.iter())
+        .chain([&image_index])
+        .map(|blob| {
+            let path = format!("blobs/sha256/{}", hex(&Sha256::digest(blob)));
+            (path, blob.as_slice())
+        })
+        .collect();
+    blobs.sort();
+    blobs.dedup();
+    let mut entries = vec![
+        Entry {
+            path: "oci-layout",
+            mode: 0o644,
+            bytes: Some(br#"{"imageLayoutVersion":"1.0.0"}"#),
+        },
+        Entry {
+            path: "index.json",
+            mode: 0o644,
+            bytes: Some(&layout_index),
+        },
+    ];
+    for path in ["blobs/", "blobs/sha256/"] {
+        entries.push(Entry {
+            path,
+            mode: 0o755,
+            bytes: None,
+        });
+    }
+    entries.extend(blobs.iter().map(|(path, bytes)| Entry {
         path,
         mode: 0o644,
         bytes: Some(bytes),
-    };
-    let dir = |path| Entry {
-        path,
-        mode: 0o755,
-        bytes: None,
-    };
-    tar(&[
-        file("oci-layout", br#"{"imageLayoutVersion":"1.0.0"}"#),
-        file("index.json", &index),
-        dir("blobs/"),
-        dir("blobs/sha256/"),
-        file(&layer_path, &layer),
-        file(&config_path, &config),
-        file(&manifest_path, &manifest),
-    ])
+    }));
+    tar(&entries)
 }
 
 #[cfg(test)]
@@ -155,12 +196,14 @@ mod tests {
 
     #[test]
     fn the_same_binary_gives_the_same_archive() {
-        let a = image_archive(b"binary", "amd64", "docker.io/library/observer:0.1.0");
-        let b = image_archive(b"binary", "amd64", "docker.io/library/observer:0.1.0");
-        assert_eq!(a, b);
+        let reference = "docker.io/library/observer:0.1.0";
+        let both: [(&str, &[u8]); 2] = [("amd64", b"x86"), ("arm64", b"arm")];
+        let a = image_archive(&both, reference);
+        assert_eq!(a, image_archive(&both, reference));
+        assert_ne!(a, image_archive(&both[..1], reference));
         assert_ne!(
             a,
-            image_archive(b"binary", "arm64", "docker.io/library/observer:0.1.0")
+            image_archive(&[("amd64", b"x86"), ("arm64", b"ARM")], reference)
         );
     }
 }

@@ -15,6 +15,7 @@
 //! `pipeline`, `sinks::serve`, `naming::source`, `tui::run`, `cli`.
 
 pub mod cli;
+pub mod conntrack;
 pub mod kernel;
 pub mod model;
 pub mod naming;

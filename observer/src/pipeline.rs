@@ -11,7 +11,12 @@ use chrono::Utc;
 use observer_common::conn::ConnEvent;
 use tokio::sync::mpsc;
 
+mod follow;
+
+use crate::conntrack::listener::Note;
 use crate::kernel::capture::Capture;
+use crate::model::ctview::{CtKey, Destroyed};
+use crate::model::record::Close;
 use crate::model::record::{ConnRecord, SummaryRecord};
 use crate::model::tracker::{Clock, Tracker};
 use crate::model::update::{CaptureStats, ConnId, Update};
@@ -32,6 +37,8 @@ pub struct SessionOptions {
     pub namer: Option<Namer>,
     /// Where warnings go (e.g. rules that cannot be read): once each.
     pub warn: Box<dyn FnMut(String) + Send>,
+    /// Read conntrack's own entries (at start) and destroy events (while running).
+    pub follow_conntrack: bool,
 }
 
 /// The kernel's monotonic clock (what `bpf_ktime_get_ns` reads), in nanoseconds.
@@ -49,6 +56,7 @@ struct Session {
     namer: Option<Namer>,
     warn: Box<dyn FnMut(String) + Send>,
     netns_seen: std::collections::HashSet<u32>,
+    follower: Option<follow::Follower>,
     /// Final records and Service definitions the live view has not taken yet: they are
     /// never dropped (progress updates are, the next sweep repeats them).
     pending: std::collections::VecDeque<Update>,
@@ -76,6 +84,7 @@ pub async fn run(
         namer: options.namer,
         warn: options.warn,
         netns_seen: Default::default(),
+        follower: None,
         pending: Default::default(),
         malformed: 0,
         events: 0,
@@ -86,10 +95,14 @@ pub async fn run(
     drain.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut sweep = tokio::time::interval(options.sweep_interval);
     sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    if options.follow_conntrack {
+        session.start_following(started);
+    }
     tokio::pin!(stop);
     loop {
         tokio::select! {
             () = &mut stop => break,
+            note = next_note(&mut session.follower) => session.on_conntrack(note)?,
             ready = session.capture.wait_for_events() => {
                 ready.context("cannot poll the kernel's ring buffer")?;
                 session.drain()?;
@@ -107,6 +120,10 @@ pub async fn run(
         .into_iter()
         .flatten()
     {
+        session.finished(id, record)?;
+    }
+    let found = session.follower.as_mut().map(|f| f.view.finish(Utc::now()));
+    for (id, record) in found.into_iter().flatten() {
         session.finished(id, record)?;
     }
     let counters = session.capture.counters();
@@ -131,6 +148,10 @@ impl Session {
         self.malformed += self.capture.drain_events(&mut events);
         self.events += events.len() as u64;
         for event in &events {
+            if let Some(follower) = self.follower.as_mut() {
+                follower.view.on_kernel_event(event);
+                follower.watch(event.state.netns);
+            }
             match self.tracker.on_event(event) {
                 Ok((id, record)) if record.end.is_some() => self.finished(id, record)?,
                 Ok((id, record)) => self.progress(id, record),
@@ -143,6 +164,13 @@ impl Session {
     fn sweep(&mut self) -> anyhow::Result<()> {
         let entries = self.capture.connections();
         let sweep = self.tracker.sweep(&entries, monotonic_ns());
+        let checked = self.follower.as_mut().map(|follower| {
+            follower.view.on_sweep(&entries);
+            follower.check(Utc::now())
+        });
+        for (id, record) in checked.into_iter().flatten() {
+            self.finished(id, record)?;
+        }
         for (id, record) in sweep.progress {
             self.progress(id, record);
         }
@@ -177,7 +205,11 @@ impl Session {
         }
     }
 
-    fn progress(&mut self, id: ConnId, mut record: ConnRecord) {
+    fn progress(&mut self, id: ConnId, record: ConnRecord) {
+        let (id, mut record) = match self.follower.as_mut() {
+            Some(follower) => follower.view.rewrite(id, record),
+            None => (id, record),
+        };
         // Only the live view shows connections before they end.
         if self.updates.is_none() {
             self.netns_seen.insert(record.netns);
@@ -196,7 +228,11 @@ impl Session {
         }
     }
 
-    fn finished(&mut self, id: ConnId, mut record: ConnRecord) -> anyhow::Result<()> {
+    fn finished(&mut self, id: ConnId, record: ConnRecord) -> anyhow::Result<()> {
+        let (id, mut record) = match self.follower.as_mut() {
+            Some(follower) => follower.view.rewrite(id, record),
+            None => (id, record),
+        };
         self.name(&mut record)?;
         if let Some(log) = self.log.as_mut() {
             log.conn(&record)
@@ -265,5 +301,86 @@ impl Session {
                 }
             }
         }
+    }
+}
+
+/// The next note of the conntrack follower; pending forever without one.
+async fn next_note(follower: &mut Option<follow::Follower>) -> Note {
+    match follower {
+        Some(follower) => follower.next().await,
+        None => std::future::pending().await,
+    }
+}
+
+impl Session {
+    /// Connections that began before observer, and conntrack's destroy events from now on.
+    fn start_following(&mut self, now: chrono::DateTime<Utc>) {
+        let (mut follower, found) = follow::Follower::start(now);
+        for warning in follower.take_warnings() {
+            (self.warn)(warning);
+        }
+        self.follower = Some(follower);
+        for (id, record) in found {
+            self.progress(id, record);
+        }
+    }
+
+    /// conntrack's notes: the first and any already waiting, after the ring buffer (an
+    /// open event still in it must be known before a destroy is matched).
+    fn on_conntrack(&mut self, first: Note) -> anyhow::Result<()> {
+        let mut notes = vec![first];
+        if let Some(follower) = self.follower.as_mut() {
+            notes.extend(follower.ready());
+        }
+        self.drain()?;
+        for note in notes {
+            self.conntrack_note(note)?;
+        }
+        Ok(())
+    }
+
+    fn conntrack_note(&mut self, note: Note) -> anyhow::Result<()> {
+        let Some(follower) = self.follower.as_mut() else {
+            return Ok(());
+        };
+        let key = match &note {
+            Note::Overrun { netns } => {
+                follower.overruns += 1;
+                let overruns = follower.overruns;
+                (self.warn)(format!(
+                    "conntrack's destroy events in netns {netns} overflowed observer's buffer ({overruns} time(s) so far): connections conntrack removed meanwhile end at exit or their idle timeout"
+                ));
+                return Ok(());
+            }
+            Note::Failed { netns, error } => {
+                let warning = format!("stopped following conntrack in netns {netns}: {error}");
+                (self.warn)(warning);
+                return Ok(());
+            }
+            _ => match follow::destroyed_key(&note) {
+                Some(key) => key,
+                None => return Ok(()),
+            },
+        };
+        if !follower.view.follows(&key) || follower.still_there(&key) {
+            return Ok(());
+        }
+        match follower.view.destroyed(&key, Utc::now()) {
+            Destroyed::Found(id, record) => self.finished(id, record)?,
+            Destroyed::Kernel(conntrack) => {
+                // Unless the kernel programs ended it first (FIN/RST wins).
+                if let Some(state) = self.capture.connection(conntrack)
+                    && CtKey::of_state(&state) == key
+                    && self.capture.remove(conntrack, &state)
+                    && let Ok((id, record)) =
+                        self.tracker
+                            .ended(conntrack, &state, Close::Expired, monotonic_ns())
+                {
+                    self.finished(id, record)?;
+                }
+            }
+            Destroyed::Unknown => {}
+        }
+        Ok(())
     }
 }

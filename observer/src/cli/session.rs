@@ -43,6 +43,7 @@ impl CaptureArgs {
             updates: None,
             namer: self.namer(),
             warn,
+            follow_conntrack: true,
         }
     }
 

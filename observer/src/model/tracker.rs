@@ -132,6 +132,23 @@ impl Tracker {
         Ok((id, self.record(state, Close::Timeout, state.last_ns)?))
     }
 
+    /// A connection that ended outside the kernel programs' sight (conntrack destroyed
+    /// its entry) at `until_ns`, after it was removed from the kernel table.
+    pub fn ended(
+        &mut self,
+        conntrack: u64,
+        state: &ConnState,
+        close: Close,
+        until_ns: u64,
+    ) -> Result<(ConnId, ConnRecord), DecodeError> {
+        let id = ConnId {
+            conntrack,
+            start_ns: state.start_ns,
+        };
+        self.open.remove(&id);
+        Ok((id, self.record(state, close, until_ns)?))
+    }
+
     /// At the end of a recording: every connection still in the kernel table, as open.
     pub fn finish(
         &mut self,

@@ -520,6 +520,7 @@ pub fn close_text(close: Close) -> &'static str {
         Close::Fin => "fin",
         Close::Rst => "rst",
         Close::Timeout => "timeout",
+        Close::Expired => "expired",
     }
 }
 

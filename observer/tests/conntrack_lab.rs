@@ -50,7 +50,15 @@ impl Client {
     fn start(lab: &Lab) -> Client {
         let target = lab.service("checkout").unwrap().cluster_addr();
         let mut child = Command::new("ip")
-            .args(["netns", "exec", lab.client_ns(), "python3", "-u", "-c", CLIENT])
+            .args([
+                "netns",
+                "exec",
+                lab.client_ns(),
+                "python3",
+                "-u",
+                "-c",
+                CLIENT,
+            ])
             .arg(target.ip().to_string())
             .arg(target.port().to_string())
             .stdin(Stdio::piped())
@@ -176,8 +184,11 @@ fn connections_older_than_observer_are_recorded() {
         .unwrap();
     assert!(out.status.success(), "{out:?}");
     let dir = tempfile::tempdir().unwrap();
-    let (mut idle, mut closing, mut active) =
-        (Client::start(&lab), Client::start(&lab), Client::start(&lab));
+    let (mut idle, mut closing, mut active) = (
+        Client::start(&lab),
+        Client::start(&lab),
+        Client::start(&lab),
+    );
     let before = chrono::Utc::now();
     let idle_port = idle.send("req 5");
     let closing_port = closing.send("req 5");
@@ -204,8 +215,14 @@ fn connections_older_than_observer_are_recorded() {
         "{idle:?}"
     );
     // conntrack's own start: when the client connected, before observer started.
-    assert!(idle.start >= before - chrono::Duration::milliseconds(5), "{idle:?}");
-    assert!(idle.start < started - chrono::Duration::milliseconds(900), "{idle:?}");
+    assert!(
+        idle.start >= before - chrono::Duration::milliseconds(5),
+        "{idle:?}"
+    );
+    assert!(
+        idle.start < started - chrono::Duration::milliseconds(900),
+        "{idle:?}"
+    );
     let closing = one(closing_port);
     assert_eq!(
         (closing.close, closing.start_seen),
@@ -220,7 +237,10 @@ fn connections_older_than_observer_are_recorded() {
         (Close::Open, false, 2),
         "{active:?}"
     );
-    assert!(active.start < started - chrono::Duration::milliseconds(900), "{active:?}");
+    assert!(
+        active.start < started - chrono::Duration::milliseconds(900),
+        "{active:?}"
+    );
     assert!(active.duration_ms > 4000.0, "{active:?}");
 }
 
@@ -304,6 +324,9 @@ fn verify_reports_connections_a_full_table_lost() {
     });
     assert_eq!(code, 1, "{out}");
     let first = out.lines().next().unwrap();
-    assert!(first.starts_with("conntrack saw 6 DNAT decisions; observer recorded "), "{first}");
+    assert!(
+        first.starts_with("conntrack saw 6 DNAT decisions; observer recorded "),
+        "{first}"
+    );
     assert!(!first.contains("(100.000%)"), "{first}");
 }

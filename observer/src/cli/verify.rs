@@ -95,8 +95,8 @@ pub fn run(args: VerifyArgs) -> anyhow::Result<Outcome> {
         summary?;
         anyhow::Ok(notes)
     })?;
-    let text = String::from_utf8_lossy(&memory.0.lock().unwrap_or_else(|e| e.into_inner()))
-        .into_owned();
+    let text =
+        String::from_utf8_lossy(&memory.0.lock().unwrap_or_else(|e| e.into_inner())).into_owned();
     let recording = Recording::parse("memory", &text)?;
     let decisions = decisions(notes)?;
     if decisions.is_empty() {
@@ -105,7 +105,14 @@ pub fn run(args: VerifyArgs) -> anyhow::Result<Outcome> {
             args.duration
         );
     }
-    let coverage = coverage(&decisions, &recording.conns);
+    // Only the namespaces verified: observer records every namespace on the host.
+    let inodes: Vec<u32> = namespaces.iter().map(|n| n.inode).collect();
+    let conns: Vec<_> = recording
+        .conns
+        .into_iter()
+        .filter(|c| inodes.contains(&c.netns))
+        .collect();
+    let coverage = coverage(&decisions, &conns);
     emit(&render(&coverage))?;
     Ok(if coverage.total.complete() {
         Outcome::Success
@@ -140,7 +147,9 @@ fn decisions(notes: Vec<Note>) -> anyhow::Result<Vec<Decision>> {
             Note::Overrun { .. } => overruns += 1,
             Note::Malformed { .. } => malformed += 1,
             Note::Failed { netns, error } => {
-                bail!("cannot verify: conntrack's events in netns {netns} could not be read: {error}")
+                bail!(
+                    "cannot verify: conntrack's events in netns {netns} could not be read: {error}"
+                )
             }
         }
     }

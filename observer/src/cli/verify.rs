@@ -187,3 +187,49 @@ fn namespaces(given: &[String]) -> anyhow::Result<Vec<NetnsInfo>> {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conntrack::{CtEntry, CtTuple, IPS_DST_NAT};
+
+    fn new_event(protocol: u8) -> Note {
+        let tuple = |src: &str, dst: &str| CtTuple {
+            protocol,
+            src: src.parse().unwrap(),
+            dst: dst.parse().unwrap(),
+        };
+        Note::Event {
+            netns: 7,
+            kind: CtKind::New,
+            entry: CtEntry {
+                original: tuple("10.244.1.9:4000", "10.96.35.226:80"),
+                reply: tuple("10.244.1.13:8080", "10.244.1.9:4000"),
+                status: IPS_DST_NAT,
+                id: None,
+                start_ns: None,
+                tcp_state: None,
+            },
+        }
+    }
+
+    #[test]
+    fn decisions_are_new_tcp_and_udp_events() {
+        let notes = vec![new_event(6), new_event(1), new_event(17)];
+        let decisions = decisions(notes).unwrap();
+        assert_eq!(decisions.len(), 2);
+        assert_eq!(decisions[0].backend.to_string(), "10.244.1.13:8080");
+    }
+
+    #[test]
+    fn a_listener_that_lost_events_cannot_verify() {
+        let err = decisions(vec![new_event(6), Note::Overrun { netns: 7 }]).unwrap_err();
+        assert!(err.to_string().contains("ENOBUFS"), "{err}");
+        let err = decisions(vec![Note::Failed {
+            netns: 7,
+            error: "gone".into(),
+        }])
+        .unwrap_err();
+        assert!(err.to_string().starts_with("cannot verify"), "{err}");
+    }
+}

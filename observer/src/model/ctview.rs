@@ -279,3 +279,6 @@ fn record(netns: u32, found: &Found, close: Close, now: DateTime<Utc>) -> ConnRe
         start_seen: false,
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -37,8 +37,8 @@ pub struct SessionOptions {
     pub namer: Option<Namer>,
     /// Where warnings go (e.g. rules that cannot be read): once each.
     pub warn: Box<dyn FnMut(String) + Send>,
-    /// Read conntrack's own entries (at start) and destroy events (while running).
-    pub follow_conntrack: bool,
+    /// conntrack's own entries (found at start) and destroy events (while running).
+    pub conntrack: Option<ConntrackStart>,
 }
 
 /// The kernel's monotonic clock (what `bpf_ktime_get_ns` reads), in nanoseconds.
@@ -95,8 +95,8 @@ pub async fn run(
     drain.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut sweep = tokio::time::interval(options.sweep_interval);
     sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    if options.follow_conntrack {
-        session.start_following(started);
+    if let Some(conntrack) = options.conntrack {
+        session.start_following(conntrack);
     }
     tokio::pin!(stop);
     loop {
@@ -166,9 +166,13 @@ impl Session {
         let sweep = self.tracker.sweep(&entries, monotonic_ns());
         let checked = self.follower.as_mut().map(|follower| {
             follower.view.on_sweep(&entries);
-            follower.check(Utc::now())
+            (follower.check(Utc::now()), follower.take_warnings())
         });
-        for (id, record) in checked.into_iter().flatten() {
+        let (checked, warnings) = checked.unwrap_or_default();
+        for warning in warnings {
+            (self.warn)(warning);
+        }
+        for (id, record) in checked {
             self.finished(id, record)?;
         }
         for (id, record) in sweep.progress {
@@ -312,10 +316,27 @@ async fn next_note(follower: &mut Option<follow::Follower>) -> Note {
     }
 }
 
+/// conntrack followed from before a session starts: its destroy events are subscribed
+/// to and its DNATed entries read.
+pub struct ConntrackStart {
+    follower: follow::Follower,
+    found: Vec<(ConnId, ConnRecord)>,
+}
+
+/// Subscribes to conntrack's destroy events and reads its DNATed entries in every
+/// namespace: call it before saying that recording has started.
+pub fn follow_conntrack() -> ConntrackStart {
+    let (follower, found) = follow::Follower::start(Utc::now());
+    ConntrackStart { follower, found }
+}
+
 impl Session {
     /// Connections that began before observer, and conntrack's destroy events from now on.
-    fn start_following(&mut self, now: chrono::DateTime<Utc>) {
-        let (mut follower, found) = follow::Follower::start(now);
+    fn start_following(&mut self, start: ConntrackStart) {
+        let ConntrackStart {
+            mut follower,
+            found,
+        } = start;
         for warning in follower.take_warnings() {
             (self.warn)(warning);
         }

@@ -123,6 +123,7 @@ fn flushed_and_deleted_connections_end_expired() {
     let mut deleted = Client::start(&lab);
     let flushed_port = flushed.send("req 3");
     let deleted_port = deleted.send("req 4");
+    let requested = chrono::Utc::now();
     std::thread::sleep(Duration::from_secs(1));
     // One entry deleted, then the whole table flushed.
     let delete_time = chrono::Utc::now();
@@ -155,10 +156,13 @@ fn flushed_and_deleted_connections_end_expired() {
             (Close::Expired, requests, true),
             "{record:?}"
         );
-        // Ended when conntrack removed it, well within the idle timeout.
+        // Ended when conntrack removed it (its destroy event), or at its last packet
+        // (when the kernel programs saw the freed entry reused first): never later.
         let end = record.end.expect("an end");
+        let quiet = requested + chrono::Duration::milliseconds(100);
+        assert!(end < quiet || end >= removed, "{record:?}");
         let late = (end - removed).num_milliseconds();
-        assert!((-5..400).contains(&late), "ended {late} ms after removal");
+        assert!(late < 400, "ended {late} ms after removal");
     }
     for (port, requests) in [(flushed_next, 2), (deleted_next, 1)] {
         let records = by_port(&recording.conns, port);

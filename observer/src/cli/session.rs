@@ -43,7 +43,7 @@ impl CaptureArgs {
             updates: None,
             namer: self.namer(),
             warn,
-            follow_conntrack: true,
+            conntrack: Some(crate::pipeline::follow_conntrack()),
         }
     }
 

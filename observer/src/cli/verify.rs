@@ -72,14 +72,14 @@ pub fn run(args: VerifyArgs) -> anyhow::Result<Outcome> {
                 )
             })?;
         }
+        let log = LogWriter::new(Box::new(memory.clone()), "memory");
+        let options = args.capture.session_options(Some(log), stderr_warnings());
         eprintln!(
             "observer: attached {} kernel program(s); verifying against conntrack in {} namespace(s) for {:?}",
             capture.hooks_attached(),
             namespaces.len(),
             args.duration
         );
-        let log = LogWriter::new(Box::new(memory.clone()), "memory");
-        let options = args.capture.session_options(Some(log), stderr_warnings());
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let listen = async move {
             stop_signal(Some(args.duration)).await;

@@ -81,8 +81,9 @@ impl Tracker {
         let close = match event.close {
             CLOSE_FIN => Close::Fin,
             CLOSE_RST => Close::Rst,
-            // The kernel reused the entry's memory: the connection idled out unseen.
-            _ => Close::Timeout,
+            // The kernel reused the entry's memory: conntrack destroyed the entry (its
+            // timeout, a flush or a delete) without a FIN or RST seen.
+            _ => Close::Expired,
         };
         Ok((id, self.record(&event.state, close, event.state.last_ns)?))
     }

@@ -3,7 +3,7 @@
 //! questions about entries found at start that no packet has reached yet.
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
@@ -17,15 +17,20 @@ use crate::naming::source::list_namespaces;
 
 /// Entries found at start asked about per sweep (each question is one netlink round trip).
 const CHECKS_PER_SWEEP: usize = 256;
-/// An unknown namespace (seen in a kernel event) is looked up at most this often.
-const RESCAN: Duration = Duration::from_secs(5);
+/// Namespaces are listed again (for one seen in a kernel event that was not there at the
+/// last listing) at most this often.
+const RESCAN: Duration = Duration::from_secs(1);
 
 pub struct Follower {
     listener: Listener,
     /// A request socket per followed namespace, for single-entry questions.
     requests: HashMap<u32, CtSocket>,
     pub view: ConntrackView,
-    last_scan: Option<Instant>,
+    /// Every namespace at the last listing: inode -> a path that opens it.
+    paths: HashMap<u32, PathBuf>,
+    last_scan: Instant,
+    /// Namespaces that could not be followed (warned about once).
+    failed: std::collections::HashSet<u32>,
     warnings: Vec<String>,
     /// Times the kernel dropped destroy events for lack of buffer (`ENOBUFS`).
     pub overruns: u64,
@@ -39,29 +44,35 @@ impl Follower {
             listener: Listener::start(&[GROUP_DESTROY]),
             requests: HashMap::new(),
             view: ConntrackView::default(),
-            last_scan: None,
+            paths: HashMap::new(),
+            last_scan: Instant::now(),
+            failed: Default::default(),
             warnings: Vec::new(),
             overruns: 0,
         };
         let mut found = Vec::new();
         for netns in list_namespaces() {
             found.extend(follower.follow(netns.inode, &netns.path, Some(now)));
+            follower.paths.insert(netns.inode, netns.path);
         }
         (follower, found)
     }
 
     /// Follows `netns` (inode), seen in a kernel event, from now on.
     pub fn watch(&mut self, netns: u32) {
-        if self.listener.watches(netns) {
+        if self.listener.watches(netns) || self.failed.contains(&netns) {
             return;
         }
-        if self.last_scan.is_some_and(|last| last.elapsed() < RESCAN) {
-            return;
+        if !self.paths.contains_key(&netns) && self.last_scan.elapsed() >= RESCAN {
+            self.last_scan = Instant::now();
+            self.paths = list_namespaces()
+                .into_iter()
+                .map(|info| (info.inode, info.path))
+                .collect();
         }
-        self.last_scan = Some(Instant::now());
-        if let Some(info) = list_namespaces().into_iter().find(|n| n.inode == netns) {
+        if let Some(path) = self.paths.get(&netns).cloned() {
             // Followed only from now on: its entries are the kernel programs' to report.
-            self.follow(netns, &info.path, None);
+            self.follow(netns, &path, None);
         }
     }
 
@@ -77,6 +88,7 @@ impl Follower {
         let mut socket = match CtSocket::open_in(path, &[]) {
             Ok(socket) => socket,
             Err(err) => {
+                self.failed.insert(netns);
                 let path = path.display();
                 self.warnings
                     .push(format!("cannot read conntrack in {path}: {err}"));
@@ -85,6 +97,7 @@ impl Follower {
         };
         // Subscribed before the dump: an entry destroyed in between is reported.
         if let Err(err) = self.listener.watch(netns, path) {
+            self.failed.insert(netns);
             let path = path.display();
             self.warnings.push(format!(
                 "cannot follow conntrack's destroy events in {path}: {err}"

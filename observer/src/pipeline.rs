@@ -15,8 +15,7 @@ mod follow;
 
 use crate::conntrack::listener::Note;
 use crate::kernel::capture::Capture;
-use crate::model::ctview::{CtKey, Destroyed};
-use crate::model::record::Close;
+use crate::model::ctview::{CtKey, Destroyed, destroyed_close};
 use crate::model::record::{ConnRecord, SummaryRecord};
 use crate::model::tracker::{Clock, Tracker};
 use crate::model::update::{CaptureStats, ConnId, Update};
@@ -57,6 +56,7 @@ struct Session {
     warn: Box<dyn FnMut(String) + Send>,
     netns_seen: std::collections::HashSet<u32>,
     follower: Option<follow::Follower>,
+    idle_timeout_ns: u64,
     /// Final records and Service definitions the live view has not taken yet: they are
     /// never dropped (progress updates are, the next sweep repeats them).
     pending: std::collections::VecDeque<Update>,
@@ -85,6 +85,7 @@ pub async fn run(
         warn: options.warn,
         netns_seen: Default::default(),
         follower: None,
+        idle_timeout_ns: options.idle_timeout.as_nanos() as u64,
         pending: Default::default(),
         malformed: 0,
         events: 0,
@@ -393,11 +394,13 @@ impl Session {
                 if let Some(state) = self.capture.connection(conntrack)
                     && CtKey::of_state(&state) == key
                     && self.capture.remove(conntrack, &state)
-                    && let Ok((id, record)) =
-                        self.tracker
-                            .ended(conntrack, &state, Close::Expired, monotonic_ns())
                 {
-                    self.finished(id, record)?;
+                    let (close, until) =
+                        destroyed_close(&state, monotonic_ns(), self.idle_timeout_ns);
+                    match self.tracker.ended(conntrack, &state, close, until) {
+                        Ok((id, record)) => self.finished(id, record)?,
+                        Err(_) => self.malformed += 1,
+                    }
                 }
             }
             Destroyed::Unknown => {}

@@ -258,6 +258,21 @@ impl ConntrackView {
     }
 }
 
+/// How a connection the kernel programs follow ends when conntrack destroys its entry at
+/// `now_ns`: one observer would already end for silence (UDP, or TCP never answered,
+/// silent for the idle timeout) is a `timeout` at its last packet, as if the sweep had
+/// come first; any other is `expired`, now.
+pub fn destroyed_close(state: &ConnState, now_ns: u64, idle_timeout_ns: u64) -> (Close, u64) {
+    let silent = now_ns.saturating_sub(state.last_ns) >= idle_timeout_ns;
+    let answered = state.flags & flags::SEQ_KNOWN_REPLY != 0;
+    let idles = state.original.protocol == observer_common::conn::PROTO_UDP || !answered;
+    if silent && idles {
+        (Close::Timeout, state.last_ns)
+    } else {
+        (Close::Expired, now_ns)
+    }
+}
+
 /// The record of an entry found at start that no packet reached since.
 fn record(netns: u32, found: &Found, close: Close, now: DateTime<Utc>) -> ConnRecord {
     let end = now.max(found.start);

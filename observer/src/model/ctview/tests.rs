@@ -212,3 +212,33 @@ fn found_tcp_entries_are_asked_about_in_turn_and_end_by_state() {
     }
     assert_eq!(view.finish(now()).len(), 1, "the UDP one, still open");
 }
+
+#[test]
+fn a_destroyed_connection_that_idled_out_is_a_timeout() {
+    const SECOND: u64 = 1_000_000_000;
+    let mut state = event(
+        EVENT_OPEN,
+        1,
+        40,
+        flags::START_SEEN | flags::SEQ_KNOWN_REPLY,
+    )
+    .state;
+    state.last_ns = 100 * SECOND;
+    let idle = 30 * SECOND;
+    // Answered TCP never idles: conntrack removing it is the news.
+    assert_eq!(
+        destroyed_close(&state, 131 * SECOND, idle),
+        (Close::Expired, 131 * SECOND)
+    );
+    // UDP silent for the idle timeout: observer's own sweep would end it so.
+    state.original.protocol = PROTO_UDP;
+    assert_eq!(
+        destroyed_close(&state, 131 * SECOND, idle),
+        (Close::Timeout, 100 * SECOND)
+    );
+    // UDP flushed while still talking.
+    assert_eq!(
+        destroyed_close(&state, 110 * SECOND, idle),
+        (Close::Expired, 110 * SECOND)
+    );
+}

@@ -248,9 +248,15 @@ fn connections_older_than_observer_are_recorded() {
     assert!(active.duration_ms > 4000.0, "{active:?}");
 }
 
-/// Runs `observer verify` on the lab's node while `load` drives traffic; returns its
-/// exit code and stdout.
-fn verify(lab: &Lab, extra: &[&str], load: impl FnOnce() + Send) -> (i32, String) {
+/// Runs `observer verify` on the lab's node while `load` drives traffic (stopping the
+/// verifier for a second meanwhile when `pause`); returns its exit code, stdout and
+/// stderr.
+fn run_verify(
+    lab: &Lab,
+    extra: &[&str],
+    pause: bool,
+    load: impl FnOnce() + Send,
+) -> (i32, String, String) {
     let node = format!("/run/netns/{}", lab.node_ns());
     let mut child = Command::new(env!("CARGO_BIN_EXE_observer"))
         .args(["verify", "--netns", &node])
@@ -275,13 +281,26 @@ fn verify(lab: &Lab, extra: &[&str], load: impl FnOnce() + Send) -> (i32, String
             break;
         }
     }
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
     std::thread::scope(|scope| {
         scope.spawn(load);
+        if pause {
+            std::thread::sleep(Duration::from_millis(500));
+            nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+            std::thread::sleep(Duration::from_secs(1));
+            nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+        }
     });
     let out = child.wait_with_output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     eprintln!("{text}");
-    (out.status.code().unwrap_or(-1), text)
+    let stderr: Vec<String> = lines.try_iter().collect();
+    (out.status.code().unwrap_or(-1), text, stderr.join("\n"))
+}
+
+fn verify(lab: &Lab, extra: &[&str], load: impl FnOnce() + Send) -> (i32, String) {
+    let (code, out, _) = run_verify(lab, extra, false, load);
+    (code, out)
 }
 
 #[test]
@@ -333,4 +352,24 @@ fn verify_reports_connections_a_full_table_lost() {
         "{first}"
     );
     assert!(!first.contains("(100.000%)"), "{first}");
+}
+
+#[test]
+fn verify_cannot_tell_when_its_own_listener_drops_events() {
+    let lab = lab("cte");
+    let checkout = lab.service("checkout").unwrap().cluster_addr();
+    let args = ["--duration", "6", "--conntrack-buffer", "1024"];
+    let until = std::time::Instant::now() + Duration::from_secs(3);
+    let (code, out, stderr) = run_verify(&lab, &args, true, || {
+        while std::time::Instant::now() < until {
+            http_fresh(&lab, checkout, 50).unwrap();
+        }
+    });
+    assert_eq!((code, out.as_str()), (2, ""));
+    assert!(
+        stderr.contains(
+            "observer: cannot verify: the conntrack event listener itself dropped events (ENOBUFS"
+        ),
+        "{stderr}"
+    );
 }

@@ -1,5 +1,5 @@
 //! `observer verify`: records for a while and, side by side, listens to conntrack's own
-//! NEW events for DNATed entries; then says how many of conntrack's decisions observer
+//! NEW events for DNATed entries (its destroy events are the recording's concern); then says how many of conntrack's decisions observer
 //! recorded. Exit 0 at 100%, 1 below, 2 when it could not tell.
 
 use std::io::Write;
@@ -13,7 +13,7 @@ use super::session::{CaptureArgs, runtime, stderr_warnings, stop_signal};
 use super::{Outcome, emit};
 use crate::conntrack::CtKind;
 use crate::conntrack::listener::{Listener, Note};
-use crate::conntrack::socket::{GROUP_DESTROY, GROUP_NEW};
+use crate::conntrack::socket::{EVENT_BUFFER, GROUP_NEW};
 use crate::kernel::capture::check_privileges;
 use crate::kernel::decode;
 use crate::model::record::Recording;
@@ -35,6 +35,10 @@ pub struct VerifyArgs {
     /// inode; repeatable. Default: every namespace on this host.
     #[arg(long, value_name = "PATH|INODE")]
     pub netns: Vec<String>,
+    /// Receive buffer of each conntrack event socket, in bytes (tests make it tiny to
+    /// see a listener that cannot keep up).
+    #[arg(long, value_name = "BYTES", default_value_t = EVENT_BUFFER, hide = true)]
+    pub conntrack_buffer: i32,
     #[command(flatten)]
     pub capture: CaptureArgs,
 }
@@ -63,7 +67,7 @@ pub fn run(args: VerifyArgs) -> anyhow::Result<Outcome> {
     let memory = Memory::default();
     let notes = runtime()?.block_on(async {
         let capture = args.capture.start_capture()?;
-        let mut listener = Listener::start(&[GROUP_NEW, GROUP_DESTROY]);
+        let mut listener = Listener::start(&[GROUP_NEW], args.conntrack_buffer);
         for netns in &namespaces {
             listener.watch(netns.inode, &netns.path).with_context(|| {
                 format!(

@@ -46,12 +46,14 @@ pub struct Listener {
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
     groups: Vec<u32>,
+    buffer: i32,
     watched: std::collections::HashSet<u32>,
 }
 
 impl Listener {
-    /// Starts a thread that reads events of `groups` (`socket::GROUP_*`).
-    pub fn start(groups: &[u32]) -> Listener {
+    /// Starts a thread that reads events of `groups` (`socket::GROUP_*`) from sockets
+    /// with `buffer` bytes of receive buffer each (`socket::EVENT_BUFFER`).
+    pub fn start(groups: &[u32], buffer: i32) -> Listener {
         let (send, notes) = mpsc::unbounded_channel();
         let (control, controls) = std::sync::mpsc::channel();
         let stop = Arc::new(AtomicBool::new(false));
@@ -66,6 +68,7 @@ impl Listener {
             stop,
             thread,
             groups: groups.to_vec(),
+            buffer,
             watched: Default::default(),
         }
     }
@@ -76,7 +79,7 @@ impl Listener {
         if self.watched.contains(&netns) {
             return Ok(());
         }
-        let socket = CtSocket::open_in(path, &self.groups)?;
+        let socket = CtSocket::open_in(path, &self.groups, self.buffer)?;
         self.watched.insert(netns);
         self.control
             .send(Control::Add(netns, socket))

@@ -17,7 +17,7 @@ pub const GROUP_NEW: u32 = 1;
 pub const GROUP_DESTROY: u32 = 3;
 /// Receive buffer of an event socket: conntrack sends events whether or not anyone
 /// reads, so a burst must fit while the reader is busy.
-const EVENT_BUFFER: i32 = 32 << 20;
+pub const EVENT_BUFFER: i32 = 32 << 20;
 /// Largest datagram ctnetlink sends (dumps fill up to a page or a few).
 pub const DATAGRAM: usize = 64 << 10;
 /// A request that gets no answer in this time failed.
@@ -41,9 +41,10 @@ pub enum Received {
 
 impl CtSocket {
     /// Opens a socket in the namespace `netns` refers to (`/run/netns/X`,
-    /// `/proc/PID/ns/net`), joined to the multicast `groups`. The namespace is entered on a
+    /// `/proc/PID/ns/net`), joined to the multicast `groups` with a receive buffer of
+    /// `buffer` bytes (the kernel doubles it). The namespace is entered on a
     /// thread of its own, so no other thread's namespace ever changes.
-    pub fn open_in(netns: &Path, groups: &[u32]) -> io::Result<CtSocket> {
+    pub fn open_in(netns: &Path, groups: &[u32], buffer: i32) -> io::Result<CtSocket> {
         let file = std::fs::File::open(netns)?;
         let groups = groups.to_vec();
         let fd = std::thread::scope(|scope| {
@@ -51,7 +52,7 @@ impl CtSocket {
                 .spawn(move || -> io::Result<OwnedFd> {
                     nix::sched::setns(file.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)
                         .map_err(io::Error::from)?;
-                    open_socket(&groups)
+                    open_socket(&groups, buffer)
                 })
                 .join()
                 .unwrap_or_else(|_| Err(io::Error::other("namespace thread panicked")))
@@ -165,7 +166,7 @@ impl CtSocket {
 }
 
 /// A bound `NETLINK_NETFILTER` socket in the calling thread's namespace.
-fn open_socket(groups: &[u32]) -> io::Result<OwnedFd> {
+fn open_socket(groups: &[u32], buffer: i32) -> io::Result<OwnedFd> {
     // SAFETY: plain socket(2); the descriptor is owned right below.
     let raw = unsafe {
         libc::socket(
@@ -201,8 +202,8 @@ fn open_socket(groups: &[u32]) -> io::Result<OwnedFd> {
     set_option(raw, libc::SOL_SOCKET, libc::SO_RCVTIMEO, &timeout)?;
     if !groups.is_empty() {
         // Needs CAP_NET_ADMIN; without it, the default limit is what we get.
-        if set_option(raw, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, &EVENT_BUFFER).is_err() {
-            set_option(raw, libc::SOL_SOCKET, libc::SO_RCVBUF, &EVENT_BUFFER)?;
+        if set_option(raw, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, &buffer).is_err() {
+            set_option(raw, libc::SOL_SOCKET, libc::SO_RCVBUF, &buffer)?;
         }
     }
     for group in groups {

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 
 use crate::conntrack::listener::{Listener, Note};
-use crate::conntrack::socket::{CtSocket, GROUP_DESTROY};
+use crate::conntrack::socket::{CtSocket, EVENT_BUFFER, GROUP_DESTROY};
 use crate::model::ctview::{ConntrackView, CtKey};
 use crate::model::record::ConnRecord;
 use crate::model::update::ConnId;
@@ -41,7 +41,7 @@ impl Follower {
     /// returns those entries as open records (connections that began before observer).
     pub fn start(now: DateTime<Utc>) -> (Follower, Vec<(ConnId, ConnRecord)>) {
         let mut follower = Follower {
-            listener: Listener::start(&[GROUP_DESTROY]),
+            listener: Listener::start(&[GROUP_DESTROY], EVENT_BUFFER),
             requests: HashMap::new(),
             view: ConntrackView::default(),
             paths: HashMap::new(),
@@ -85,7 +85,7 @@ impl Follower {
         path: &Path,
         found_at: Option<DateTime<Utc>>,
     ) -> Vec<(ConnId, ConnRecord)> {
-        let mut socket = match CtSocket::open_in(path, &[]) {
+        let mut socket = match CtSocket::open_in(path, &[], 0) {
             Ok(socket) => socket,
             Err(err) => {
                 self.failed.insert(netns);

@@ -8,7 +8,7 @@ use std::{
 
 use anyhow::Context as _;
 use chrono::Utc;
-use observer_common::conn::ConnEvent;
+use observer_common::conn::{ConnEvent, ConnState};
 use tokio::sync::mpsc;
 
 mod follow;
@@ -16,6 +16,7 @@ mod follow;
 use crate::conntrack::listener::Note;
 use crate::kernel::capture::Capture;
 use crate::model::ctview::{CtKey, Destroyed, destroyed_close};
+use crate::model::record::Close;
 use crate::model::record::{ConnRecord, SummaryRecord};
 use crate::model::tracker::{Clock, Tracker};
 use crate::model::update::{CaptureStats, ConnId, Update};
@@ -159,7 +160,7 @@ impl Session {
                 Err(_) => self.malformed += 1,
             }
         }
-        Ok(())
+        self.end_superseded()
     }
 
     fn sweep(&mut self) -> anyhow::Result<()> {
@@ -176,6 +177,7 @@ impl Session {
         for (id, record) in checked {
             self.finished(id, record)?;
         }
+        self.end_superseded()?;
         for (id, record) in sweep.progress {
             self.progress(id, record);
         }
@@ -361,6 +363,39 @@ impl Session {
         Ok(())
     }
 
+    /// Ends kernel connections a newer entry with the same tuple replaced (their close
+    /// was missed): `expired` at their last packet.
+    fn end_superseded(&mut self) -> anyhow::Result<()> {
+        let Some(follower) = self.follower.as_mut() else {
+            return Ok(());
+        };
+        for (conntrack, key) in follower.view.take_superseded() {
+            self.end_kernel(conntrack, &key, |state| (Close::Expired, state.last_ns))?;
+        }
+        Ok(())
+    }
+
+    /// Removes the kernel connection at `conntrack` if it still is `key`'s, and records
+    /// it with the close and end `how` gives; nothing when the kernel ended it first.
+    fn end_kernel(
+        &mut self,
+        conntrack: u64,
+        key: &CtKey,
+        how: impl FnOnce(&ConnState) -> (Close, u64),
+    ) -> anyhow::Result<()> {
+        if let Some(state) = self.capture.connection(conntrack)
+            && CtKey::of_state(&state) == *key
+            && self.capture.remove(conntrack, &state)
+        {
+            let (close, until) = how(&state);
+            match self.tracker.ended(conntrack, &state, close, until) {
+                Ok((id, record)) => self.finished(id, record)?,
+                Err(_) => self.malformed += 1,
+            }
+        }
+        Ok(())
+    }
+
     fn conntrack_note(&mut self, note: Note) -> anyhow::Result<()> {
         let Some(follower) = self.follower.as_mut() else {
             return Ok(());
@@ -391,17 +426,8 @@ impl Session {
             Destroyed::Found(id, record) => self.finished(id, record)?,
             Destroyed::Kernel(conntrack) => {
                 // Unless the kernel programs ended it first (FIN/RST wins).
-                if let Some(state) = self.capture.connection(conntrack)
-                    && CtKey::of_state(&state) == key
-                    && self.capture.remove(conntrack, &state)
-                {
-                    let (close, until) =
-                        destroyed_close(&state, monotonic_ns(), self.idle_timeout_ns);
-                    match self.tracker.ended(conntrack, &state, close, until) {
-                        Ok((id, record)) => self.finished(id, record)?,
-                        Err(_) => self.malformed += 1,
-                    }
-                }
+                let (now, idle) = (monotonic_ns(), self.idle_timeout_ns);
+                self.end_kernel(conntrack, &key, |state| destroyed_close(state, now, idle))?;
             }
             Destroyed::Unknown => {}
         }

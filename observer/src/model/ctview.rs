@@ -83,6 +83,7 @@ pub struct ConntrackView {
     found: HashMap<CtKey, Found>,
     /// Kernel connections that continue an entry found at start: its id and start.
     adopted: HashMap<ConnId, (ConnId, DateTime<Utc>)>,
+    superseded: Vec<(u64, CtKey)>,
     next_id: u64,
 }
 
@@ -144,7 +145,7 @@ impl ConntrackView {
             }
             return;
         }
-        self.kernel.insert(key, event.conntrack);
+        self.kernel_follows(key, event.conntrack);
         if let Some(found) = self.found.remove(&key)
             && event.state.flags & flags::START_SEEN == 0
         {
@@ -160,10 +161,13 @@ impl ConntrackView {
 
     /// The kernel table as a sweep read it: the truth about which connections it has.
     pub fn on_sweep(&mut self, entries: &[(u64, ConnState)]) {
-        self.kernel = entries
-            .iter()
-            .map(|(conntrack, state)| (CtKey::of_state(state), *conntrack))
-            .collect();
+        let mut newest_last: Vec<&(u64, ConnState)> = entries.iter().collect();
+        newest_last.sort_by_key(|(_, state)| state.start_ns);
+        self.kernel.clear();
+        for (conntrack, state) in newest_last {
+            let key = CtKey::of_state(state);
+            self.kernel_follows(key, *conntrack);
+        }
         for (conntrack, state) in entries {
             // An open event lost in the ring buffer: adopt from the table.
             if let Some(found) = self.found.remove(&CtKey::of_state(state))
@@ -176,6 +180,23 @@ impl ConntrackView {
                 self.adopted.insert(id, (found.id, found.start));
             }
         }
+    }
+
+    /// The kernel programs follow `key` at `current`. conntrack holds one entry per
+    /// original tuple (in zone 0): the one they followed before is gone, its end unseen.
+    fn kernel_follows(&mut self, key: CtKey, current: u64) {
+        if let Some(previous) = self.kernel.insert(key, current)
+            && previous != current
+        {
+            self.superseded.push((previous, key));
+        }
+    }
+
+    /// Kernel connections (`nf_conn` address, key) that a newer entry with the same
+    /// tuple replaced: remove each from the kernel table if it is still that connection,
+    /// and end it as expired at its last packet.
+    pub fn take_superseded(&mut self) -> Vec<(u64, CtKey)> {
+        std::mem::take(&mut self.superseded)
     }
 
     /// Whether `key` is a connection observer follows (a destroy event for it matters).

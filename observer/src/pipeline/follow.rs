@@ -87,6 +87,11 @@ impl Follower {
     ) -> Vec<(ConnId, ConnRecord)> {
         let mut socket = match CtSocket::open_in(path, &[], 0) {
             Ok(socket) => socket,
+            // A namespace deleted since it was listed has nothing left to follow.
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+                self.failed.insert(netns);
+                return Vec::new();
+            }
             Err(err) => {
                 self.failed.insert(netns);
                 let path = path.display();

@@ -242,3 +242,23 @@ fn a_destroyed_connection_that_idled_out_is_a_timeout() {
         (Close::Expired, 110 * SECOND)
     );
 }
+
+#[test]
+fn a_newer_entry_for_the_same_tuple_supersedes_the_followed_one() {
+    let mut view = ConntrackView::default();
+    view.on_kernel_event(&event(EVENT_OPEN, 0xa000, 50, flags::START_SEEN));
+    view.on_kernel_event(&event(EVENT_OPEN, 0xa000, 50, flags::START_SEEN));
+    assert!(view.take_superseded().is_empty(), "the same entry again");
+    // Its close was missed; the client's port is reused for a new entry.
+    view.on_kernel_event(&event(EVENT_OPEN, 0xb000, 50, flags::START_SEEN));
+    assert_eq!(view.take_superseded(), vec![(0xa000, key(50))]);
+    assert!(view.take_superseded().is_empty());
+    // A sweep that finds both in the table keeps the newer.
+    let mut old = event(EVENT_OPEN, 0xa000, 50, 0).state;
+    old.start_ns = 1;
+    let mut new = old;
+    new.start_ns = 9;
+    view.on_sweep(&[(0xb000, new), (0xa000, old)]);
+    assert_eq!(view.take_superseded(), vec![(0xa000, key(50))]);
+    assert_eq!(view.destroyed(&key(50), now()), Destroyed::Kernel(0xb000));
+}

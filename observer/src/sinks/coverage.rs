@@ -62,7 +62,12 @@ pub struct Coverage {
     /// Records with `start_seen: true` that match no decision conntrack reported (begun
     /// just before the listener subscribed, or in a namespace it did not follow).
     pub unmatched_records: u64,
+    /// The first decisions without a record, to look for.
+    pub lost: Vec<Decision>,
 }
+
+/// How many lost decisions the report names.
+const LOST_SHOWN: usize = 5;
 
 /// Matches each decision to at most one record with `start_seen: true`.
 pub fn coverage(decisions: &[Decision], records: &[ConnRecord]) -> Coverage {
@@ -90,6 +95,8 @@ pub fn coverage(decisions: &[Decision], records: &[ConnRecord]) -> Coverage {
             *left -= 1;
             service.recorded += 1;
             coverage.total.recorded += 1;
+        } else if coverage.lost.len() < LOST_SHOWN {
+            coverage.lost.push(*decision);
         }
     }
     coverage.unmatched_records = available.values().sum();
@@ -127,6 +134,12 @@ pub fn render(coverage: &Coverage) -> String {
             thousands(counts.recorded),
             counts.percent(),
             thousands(counts.lost())
+        ));
+    }
+    for lost in &coverage.lost {
+        out.push_str(&format!(
+            "  lost: {} {} -> {} -> {} (netns {})\n",
+            lost.proto, lost.client, lost.dialed, lost.backend, lost.netns
         ));
     }
     if coverage.unmatched_records > 0 {
@@ -201,6 +214,9 @@ mod tests {
             "conntrack saw 4 DNAT decisions; observer recorded 1 (25.000%); 3 lost\n\
              \x20 10.96.0.9:53 (tcp)          1 decisions          0 recorded (0.000%)  1 lost\n\
              \x20 shop/checkout:http          3 decisions          1 recorded (33.333%)  2 lost\n\
+             \x20 lost: tcp 10.0.0.1:1000 -> 10.96.35.226:80 -> 10.244.1.13:8080 (netns 7)\n\
+             \x20 lost: tcp 10.0.0.1:1001 -> 10.96.35.226:80 -> 10.244.1.13:8080 (netns 7)\n\
+             \x20 lost: tcp 10.0.0.1:1002 -> 10.96.0.9:53 -> 10.244.1.13:8080 (netns 7)\n\
              \x20 (1 recorded connections match no decision conntrack reported while verifying)\n"
         );
     }

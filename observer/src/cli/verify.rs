@@ -35,6 +35,9 @@ pub struct VerifyArgs {
     /// inode; repeatable. Default: every namespace on this host.
     #[arg(long, value_name = "PATH|INODE")]
     pub netns: Vec<String>,
+    /// Also write the connection log that was compared (JSON Lines) to this file.
+    #[arg(short, long, value_name = "PATH")]
+    pub output: Option<std::path::PathBuf>,
     /// Receive buffer of each conntrack event socket, in bytes (tests make it tiny to
     /// see a listener that cannot keep up).
     #[arg(long, value_name = "BYTES", default_value_t = EVENT_BUFFER, hide = true)]
@@ -101,6 +104,10 @@ pub fn run(args: VerifyArgs) -> anyhow::Result<Outcome> {
     })?;
     let text =
         String::from_utf8_lossy(&memory.0.lock().unwrap_or_else(|e| e.into_inner())).into_owned();
+    if let Some(path) = &args.output {
+        std::fs::write(path, &text)
+            .with_context(|| format!("cannot write the connection log to {}", path.display()))?;
+    }
     let recording = Recording::parse("memory", &text)?;
     let decisions = decisions(notes)?;
     if decisions.is_empty() {

@@ -93,10 +93,14 @@ impl Drop for Client {
 }
 
 fn lab(tag: &str) -> Lab {
+    lab_of(tag, Topology::Bridged, RuleMode::Iptables)
+}
+
+fn lab_of(tag: &str, topology: Topology, rules: RuleMode) -> Lab {
     require_root();
     Lab::up(LabConfig {
-        topology: Topology::Bridged,
-        rules: RuleMode::Iptables,
+        topology,
+        rules,
         prefix: prefix(tag),
     })
     .expect("lab up")
@@ -115,12 +119,20 @@ fn by_port(conns: &[ConnRecord], port: u16) -> Vec<&ConnRecord> {
 }
 
 #[test]
-fn flushed_and_deleted_connections_end_expired() {
-    let lab = lab("ctx");
+fn flushed_and_deleted_connections_end_expired_iptables_bridged() {
+    flushed_and_deleted(&lab("ctx"));
+}
+
+#[test]
+fn flushed_and_deleted_connections_end_expired_nftables_routed() {
+    flushed_and_deleted(&lab_of("ctn", Topology::Routed, RuleMode::Nftables));
+}
+
+fn flushed_and_deleted(lab: &Lab) {
     let dir = tempfile::tempdir().unwrap();
     let recorder = Recorder::start(dir.path(), &["--idle-timeout", "30"]);
-    let mut flushed = Client::start(&lab);
-    let mut deleted = Client::start(&lab);
+    let mut flushed = Client::start(lab);
+    let mut deleted = Client::start(lab);
     let flushed_port = flushed.send("req 3");
     let deleted_port = deleted.send("req 4");
     let requested = chrono::Utc::now();
@@ -128,10 +140,10 @@ fn flushed_and_deleted_connections_end_expired() {
     // One entry deleted, then the whole table flushed.
     let delete_time = chrono::Utc::now();
     let port = deleted_port.to_string();
-    conntrack(&lab, &["-D", "-p", "tcp", "--orig-port-src", &port]);
+    conntrack(lab, &["-D", "-p", "tcp", "--orig-port-src", &port]);
     std::thread::sleep(Duration::from_millis(500));
     let flush_time = chrono::Utc::now();
-    conntrack(&lab, &["-F"]);
+    conntrack(lab, &["-F"]);
     std::thread::sleep(Duration::from_millis(500));
     // Each client's next connection is a connection of its own.
     flushed.send("hold");

@@ -396,6 +396,25 @@ impl Session {
         Ok(())
     }
 
+    /// After destroy events were lost: ends the kernel connections of `netns` whose
+    /// conntrack entry is gone, as if their destroy event had come now.
+    fn revalidate(&mut self, netns: u32) -> anyhow::Result<()> {
+        let Some(follower) = self.follower.as_mut() else {
+            return Ok(());
+        };
+        let gone: Vec<(u64, CtKey)> = follower
+            .view
+            .kernel_connections(netns)
+            .into_iter()
+            .filter(|(_, key)| !follower.still_there(key))
+            .collect();
+        let (now, idle) = (monotonic_ns(), self.idle_timeout_ns);
+        for (conntrack, key) in gone {
+            self.end_kernel(conntrack, &key, |state| destroyed_close(state, now, idle))?;
+        }
+        Ok(())
+    }
+
     fn conntrack_note(&mut self, note: Note) -> anyhow::Result<()> {
         let Some(follower) = self.follower.as_mut() else {
             return Ok(());
@@ -405,9 +424,10 @@ impl Session {
                 follower.overruns += 1;
                 let overruns = follower.overruns;
                 (self.warn)(format!(
-                    "conntrack's destroy events in netns {netns} overflowed observer's buffer ({overruns} time(s) so far): connections conntrack removed meanwhile end at exit or their idle timeout"
+                    "conntrack's destroy events in netns {netns} overflowed observer's buffer ({overruns} time(s) so far): asking conntrack about each connection there instead"
                 ));
-                return Ok(());
+                let netns = *netns;
+                return self.revalidate(netns);
             }
             Note::Failed { netns, error } => {
                 let warning = format!("stopped following conntrack in netns {netns}: {error}");

@@ -199,6 +199,15 @@ impl ConntrackView {
         std::mem::take(&mut self.superseded)
     }
 
+    /// The kernel programs' connections in `netns`: (`nf_conn` address, key).
+    pub fn kernel_connections(&self, netns: u32) -> Vec<(u64, CtKey)> {
+        self.kernel
+            .iter()
+            .filter(|(key, _)| key.netns == netns)
+            .map(|(key, conntrack)| (*conntrack, *key))
+            .collect()
+    }
+
     /// Whether `key` is a connection observer follows (a destroy event for it matters).
     pub fn follows(&self, key: &CtKey) -> bool {
         self.found.contains_key(key) || self.kernel.contains_key(key)

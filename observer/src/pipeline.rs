@@ -8,10 +8,15 @@ use std::{
 
 use anyhow::Context as _;
 use chrono::Utc;
-use observer_common::conn::ConnEvent;
+use observer_common::conn::{ConnEvent, ConnState};
 use tokio::sync::mpsc;
 
+mod follow;
+
+use crate::conntrack::listener::Note;
 use crate::kernel::capture::Capture;
+use crate::model::ctview::{CtKey, Destroyed, destroyed_close};
+use crate::model::record::Close;
 use crate::model::record::{ConnRecord, SummaryRecord};
 use crate::model::tracker::{Clock, Tracker};
 use crate::model::update::{CaptureStats, ConnId, Update};
@@ -41,6 +46,8 @@ pub struct SessionOptions {
     pub namer: Option<Namer>,
     /// Where warnings go (e.g. rules that cannot be read): once each.
     pub warn: Box<dyn FnMut(String) + Send>,
+    /// conntrack's own entries (found at start) and destroy events (while running).
+    pub conntrack: Option<ConntrackStart>,
 }
 
 /// The kernel's monotonic clock (what `bpf_ktime_get_ns` reads), in nanoseconds.
@@ -60,6 +67,8 @@ struct Session {
     netns_seen: std::collections::HashSet<u32>,
     /// Finished connections waiting (briefly) for their rules to be read.
     held: Hold<ConnId>,
+    follower: Option<follow::Follower>,
+    idle_timeout_ns: u64,
     /// Final records and Service definitions the live view has not taken yet: they are
     /// never dropped (progress updates are, the next sweep repeats them).
     pending: std::collections::VecDeque<Update>,
@@ -88,6 +97,8 @@ pub async fn run(
         warn: options.warn,
         netns_seen: Default::default(),
         held: Hold::new(NAME_WAIT, FIRST_NAME_WAIT),
+        follower: None,
+        idle_timeout_ns: options.idle_timeout.as_nanos() as u64,
         pending: Default::default(),
         malformed: 0,
         events: 0,
@@ -98,10 +109,14 @@ pub async fn run(
     drain.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut sweep = tokio::time::interval(options.sweep_interval);
     sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    if let Some(conntrack) = options.conntrack {
+        session.start_following(conntrack);
+    }
     tokio::pin!(stop);
     loop {
         tokio::select! {
             () = &mut stop => break,
+            note = next_note(&mut session.follower) => session.on_conntrack(note)?,
             ready = session.capture.wait_for_events() => {
                 ready.context("cannot poll the kernel's ring buffer")?;
                 session.drain()?;
@@ -119,6 +134,10 @@ pub async fn run(
         .into_iter()
         .flatten()
     {
+        session.finished(id, record)?;
+    }
+    let found = session.follower.as_mut().map(|f| f.view.finish(Utc::now()));
+    for (id, record) in found.into_iter().flatten() {
         session.finished(id, record)?;
     }
     session.release_held_at_end()?;
@@ -144,18 +163,35 @@ impl Session {
         self.malformed += self.capture.drain_events(&mut events);
         self.events += events.len() as u64;
         for event in &events {
+            if let Some(follower) = self.follower.as_mut() {
+                follower.view.on_kernel_event(event);
+                follower.watch(event.state.netns);
+            }
             match self.tracker.on_event(event) {
                 Ok((id, record)) if record.end.is_some() => self.finished(id, record)?,
                 Ok((id, record)) => self.progress(id, record),
                 Err(_) => self.malformed += 1,
             }
         }
+        self.end_superseded()?;
         self.release_held()
     }
 
     fn sweep(&mut self) -> anyhow::Result<()> {
         let entries = self.capture.connections();
         let sweep = self.tracker.sweep(&entries, monotonic_ns());
+        let checked = self.follower.as_mut().map(|follower| {
+            follower.view.on_sweep(&entries);
+            (follower.check(Utc::now()), follower.take_warnings())
+        });
+        let (checked, warnings) = checked.unwrap_or_default();
+        for warning in warnings {
+            (self.warn)(warning);
+        }
+        for (id, record) in checked {
+            self.finished(id, record)?;
+        }
+        self.end_superseded()?;
         for (id, record) in sweep.progress {
             self.progress(id, record);
         }
@@ -191,7 +227,11 @@ impl Session {
         }
     }
 
-    fn progress(&mut self, id: ConnId, mut record: ConnRecord) {
+    fn progress(&mut self, id: ConnId, record: ConnRecord) {
+        let (id, mut record) = match self.follower.as_mut() {
+            Some(follower) => follower.view.rewrite(id, record),
+            None => (id, record),
+        };
         // Only the live view shows connections before they end.
         if self.updates.is_none() {
             self.netns_seen.insert(record.netns);
@@ -216,7 +256,11 @@ impl Session {
 
     /// Names a finished connection and writes it, or holds it while the rules its name
     /// depends on are being read.
-    fn finished(&mut self, id: ConnId, mut record: ConnRecord) -> anyhow::Result<()> {
+    fn finished(&mut self, id: ConnId, record: ConnRecord) -> anyhow::Result<()> {
+        let (id, mut record) = match self.follower.as_mut() {
+            Some(follower) => follower.view.rewrite(id, record),
+            None => (id, record),
+        };
         let wait_for = self.name(&mut record)?;
         match self.held.push(id, record, wait_for, Instant::now()) {
             Some((id, record)) => self.write(id, record),
@@ -348,5 +392,149 @@ impl Session {
                 }
             }
         }
+    }
+}
+
+/// The next note of the conntrack follower; pending forever without one.
+async fn next_note(follower: &mut Option<follow::Follower>) -> Note {
+    match follower {
+        Some(follower) => follower.next().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// conntrack followed from before a session starts: its destroy events are subscribed
+/// to and its DNATed entries read.
+pub struct ConntrackStart {
+    follower: follow::Follower,
+    found: Vec<(ConnId, ConnRecord)>,
+}
+
+/// Subscribes to conntrack's destroy events and reads its DNATed entries in every
+/// namespace: call it before saying that recording has started.
+pub fn follow_conntrack() -> ConntrackStart {
+    let (follower, found) = follow::Follower::start(Utc::now());
+    ConntrackStart { follower, found }
+}
+
+impl Session {
+    /// Connections that began before observer, and conntrack's destroy events from now on.
+    fn start_following(&mut self, start: ConntrackStart) {
+        let ConntrackStart {
+            mut follower,
+            found,
+        } = start;
+        for warning in follower.take_warnings() {
+            (self.warn)(warning);
+        }
+        self.follower = Some(follower);
+        for (id, record) in found {
+            self.progress(id, record);
+        }
+    }
+
+    /// conntrack's notes: the first and any already waiting, after the ring buffer (an
+    /// open event still in it must be known before a destroy is matched).
+    fn on_conntrack(&mut self, first: Note) -> anyhow::Result<()> {
+        let mut notes = vec![first];
+        if let Some(follower) = self.follower.as_mut() {
+            notes.extend(follower.ready());
+        }
+        self.drain()?;
+        for note in notes {
+            self.conntrack_note(note)?;
+        }
+        Ok(())
+    }
+
+    /// Ends kernel connections a newer entry with the same tuple replaced (their close
+    /// was missed): `expired` at their last packet.
+    fn end_superseded(&mut self) -> anyhow::Result<()> {
+        let Some(follower) = self.follower.as_mut() else {
+            return Ok(());
+        };
+        for (conntrack, key) in follower.view.take_superseded() {
+            self.end_kernel(conntrack, &key, |state| (Close::Expired, state.last_ns))?;
+        }
+        Ok(())
+    }
+
+    /// Removes the kernel connection at `conntrack` if it still is `key`'s, and records
+    /// it with the close and end `how` gives; nothing when the kernel ended it first.
+    fn end_kernel(
+        &mut self,
+        conntrack: u64,
+        key: &CtKey,
+        how: impl FnOnce(&ConnState) -> (Close, u64),
+    ) -> anyhow::Result<()> {
+        if let Some(state) = self.capture.connection(conntrack)
+            && CtKey::of_state(&state) == *key
+            && self.capture.remove(conntrack, &state)
+        {
+            let (close, until) = how(&state);
+            match self.tracker.ended(conntrack, &state, close, until) {
+                Ok((id, record)) => self.finished(id, record)?,
+                Err(_) => self.malformed += 1,
+            }
+        }
+        Ok(())
+    }
+
+    /// After destroy events were lost: ends the kernel connections of `netns` whose
+    /// conntrack entry is gone, as if their destroy event had come now.
+    fn revalidate(&mut self, netns: u32) -> anyhow::Result<()> {
+        let Some(follower) = self.follower.as_mut() else {
+            return Ok(());
+        };
+        let gone: Vec<(u64, CtKey)> = follower
+            .view
+            .kernel_connections(netns)
+            .into_iter()
+            .filter(|(_, key)| !follower.still_there(key))
+            .collect();
+        let (now, idle) = (monotonic_ns(), self.idle_timeout_ns);
+        for (conntrack, key) in gone {
+            self.end_kernel(conntrack, &key, |state| destroyed_close(state, now, idle))?;
+        }
+        Ok(())
+    }
+
+    fn conntrack_note(&mut self, note: Note) -> anyhow::Result<()> {
+        let Some(follower) = self.follower.as_mut() else {
+            return Ok(());
+        };
+        let key = match &note {
+            Note::Overrun { netns } => {
+                follower.overruns += 1;
+                let overruns = follower.overruns;
+                (self.warn)(format!(
+                    "conntrack's destroy events in netns {netns} overflowed observer's buffer ({overruns} time(s) so far): asking conntrack about each connection there instead"
+                ));
+                let netns = *netns;
+                return self.revalidate(netns);
+            }
+            Note::Failed { netns, error } => {
+                let warning = format!("stopped following conntrack in netns {netns}: {error}");
+                (self.warn)(warning);
+                return Ok(());
+            }
+            _ => match follow::destroyed_key(&note) {
+                Some(key) => key,
+                None => return Ok(()),
+            },
+        };
+        if !follower.view.follows(&key) || follower.still_there(&key) {
+            return Ok(());
+        }
+        match follower.view.destroyed(&key, Utc::now()) {
+            Destroyed::Found(id, record) => self.finished(id, record)?,
+            Destroyed::Kernel(conntrack) => {
+                // Unless the kernel programs ended it first (FIN/RST wins).
+                let (now, idle) = (monotonic_ns(), self.idle_timeout_ns);
+                self.end_kernel(conntrack, &key, |state| destroyed_close(state, now, idle))?;
+            }
+            Destroyed::Unknown => {}
+        }
+        Ok(())
     }
 }

@@ -43,6 +43,7 @@ impl CaptureArgs {
             updates: None,
             namer: self.namer(),
             warn,
+            conntrack: Some(crate::pipeline::follow_conntrack()),
         }
     }
 

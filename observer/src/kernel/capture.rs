@@ -257,6 +257,11 @@ impl Capture {
         self.conns.iter().filter_map(Result::ok).collect()
     }
 
+    /// One connection of the kernel's table, if it is there.
+    pub fn connection(&self, conntrack: u64) -> Option<ConnState> {
+        self.conns.get(&conntrack, 0).ok()
+    }
+
     /// Removes a connection from the kernel tables; false when the kernel removed it
     /// first (then its close event is on the way).
     pub fn remove(&mut self, conntrack: u64, state: &ConnState) -> bool {

@@ -44,6 +44,9 @@ pub enum Close {
     Timeout,
     /// Still open when the recording ended.
     Open,
+    /// conntrack removed the entry (flush, delete, its own timeout) before any FIN or
+    /// RST was seen: the connection can carry no more packets on this pin.
+    Expired,
 }
 
 /// One connection that the node's NAT rules DNATed: what the client dialed, which

@@ -81,8 +81,9 @@ impl Tracker {
         let close = match event.close {
             CLOSE_FIN => Close::Fin,
             CLOSE_RST => Close::Rst,
-            // The kernel reused the entry's memory: the connection idled out unseen.
-            _ => Close::Timeout,
+            // The kernel reused the entry's memory: conntrack destroyed the entry (its
+            // timeout, a flush or a delete) without a FIN or RST seen.
+            _ => Close::Expired,
         };
         Ok((id, self.record(&event.state, close, event.state.last_ns)?))
     }
@@ -130,6 +131,23 @@ impl Tracker {
         };
         self.open.remove(&id);
         Ok((id, self.record(state, Close::Timeout, state.last_ns)?))
+    }
+
+    /// A connection that ended outside the kernel programs' sight (conntrack destroyed
+    /// its entry) at `until_ns`, after it was removed from the kernel table.
+    pub fn ended(
+        &mut self,
+        conntrack: u64,
+        state: &ConnState,
+        close: Close,
+        until_ns: u64,
+    ) -> Result<(ConnId, ConnRecord), DecodeError> {
+        let id = ConnId {
+            conntrack,
+            start_ns: state.start_ns,
+        };
+        self.open.remove(&id);
+        Ok((id, self.record(state, close, until_ns)?))
     }
 
     /// At the end of a recording: every connection still in the kernel table, as open.

@@ -72,9 +72,9 @@ pub fn netns_inode(name: &str) -> u32 {
         .ino() as u32
 }
 
-/// Keeps only the connections the lab's node decided, and the Services its rules
-/// define: observer sees every namespace on the host, and other labs or demos may be
-/// running beside the test (with the same Service names).
+/// Keeps only the connections the lab's node decided and the Services its rules define:
+/// observer sees every namespace on the host, and other labs or demos may be running
+/// beside the test (with the same Service names and addresses).
 pub fn only_node(recording: &mut Recording, node_ns: &str) {
     let inode = netns_inode(node_ns);
     recording.conns.retain(|conn| conn.netns == inode);

@@ -2,7 +2,7 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{HashMap, PerCpuArray, RingBuf},
+    maps::{HashMap, LruHashMap, PerCpuArray, RingBuf},
 };
 use observer_common::{
     conn::{ConnState, DialedKey},
@@ -19,6 +19,7 @@ static OFFSETS: KernelOffsets = KernelOffsets {
     skb_head: 0,
     skb_data: 0,
     skb_len: 0,
+    skb_dev: 0,
     skb_network_header: 0,
     ct_tuple_original: 0,
     ct_tuple_reply: 0,
@@ -53,6 +54,12 @@ pub static CONNS: HashMap<u64, ConnState> = HashMap::with_max_entries(65536, 0);
 #[map]
 pub static DIALED: HashMap<DialedKey, u64> = HashMap::with_max_entries(65536, 0);
 
+/// Connections lost because `CONNS` was full, by `nf_conn` address, with the identity
+/// of the connection (`conn::lost_identity`): every packet of a connection that does
+/// not fit finds the table full, but the connection is counted lost once.
+#[map]
+pub static LOST: LruHashMap<u64, u64> = LruHashMap::with_max_entries(16384, 0);
+
 /// Open and close events for user space.
 #[map]
 pub static EVENTS: RingBuf = RingBuf::with_byte_size(4 * 1024 * 1024, 0);
@@ -66,7 +73,7 @@ pub static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counters::
 #[map]
 pub static SCRATCH: PerCpuArray<ConnState> = PerCpuArray::with_max_entries(1, 0);
 
-/// Adds one to a per-CPU counter.
+/// Adds one to a per-CPU counter (once per connection or failure, never per packet).
 #[inline(always)]
 pub fn count(index: u32) {
     if let Some(counter) = COUNTERS.get_ptr_mut(index) {

@@ -47,23 +47,21 @@ pub struct CaptureOptions {
     pub max_connections: u32,
     /// Where the kernel's BTF is (normally `/sys/kernel/btf/vmlinux`).
     pub btf_path: std::path::PathBuf,
+    /// Ring-buffer size in bytes (a power of two, at least a page); `None` keeps the
+    /// programs' default (4 MiB).
+    pub ring_buffer_bytes: Option<u32>,
 }
 
-/// Summed per-CPU counters.
+/// Summed per-CPU counters (see `observer_common::counters`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Counters {
-    pub packets: u64,
-    pub events_emitted: u64,
-    pub ringbuf_drops: u64,
+    /// Connections entered in the kernel's table.
+    pub tracked: u64,
+    /// Ring-buffer records not written (ring buffer full); no record missing.
+    pub events_dropped: u64,
     pub read_errors: u64,
-    pub table_full: u64,
-}
-
-impl Counters {
-    /// Events lost for any reason.
-    pub fn lost(&self) -> u64 {
-        self.ringbuf_drops + self.table_full
-    }
+    /// DNAT decisions that will have no record.
+    pub lost_connections: u64,
 }
 
 /// Attached programs and their maps. Dropping it detaches everything.
@@ -135,10 +133,15 @@ impl Capture {
         let btf = Btf::parse(&btf_bytes).map_err(CaptureError::BadBtf)?;
         let offsets = crate::kernel::offsets::kernel_offsets(&btf).map_err(CaptureError::BadBtf)?;
 
-        let mut ebpf = EbpfLoader::new()
+        let mut loader = EbpfLoader::new();
+        loader
             .override_global("OFFSETS", &offsets, true)
             .map_max_entries("CONNS", options.max_connections)
-            .map_max_entries("DIALED", options.max_connections)
+            .map_max_entries("DIALED", options.max_connections);
+        if let Some(bytes) = options.ring_buffer_bytes {
+            loader.map_max_entries("EVENTS", bytes);
+        }
+        let mut ebpf = loader
             .load(PROGRAMS)
             .map_err(|err| CaptureError::Load(error_chain(&err)))?;
         let mut hooks_attached = 0;
@@ -279,11 +282,10 @@ impl Capture {
                 .unwrap_or(0)
         };
         Counters {
-            packets: sum(counters::PACKETS),
-            events_emitted: sum(counters::EVENTS_EMITTED),
-            ringbuf_drops: sum(counters::RINGBUF_DROPS),
+            tracked: sum(counters::TRACKED),
+            events_dropped: sum(counters::EVENTS_DROPPED),
             read_errors: sum(counters::READ_ERRORS),
-            table_full: sum(counters::TABLE_FULL),
+            lost_connections: sum(counters::LOST_CONNECTIONS),
         }
     }
 }

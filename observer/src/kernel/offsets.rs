@@ -12,6 +12,7 @@ pub fn kernel_offsets(btf: &Btf) -> Result<KernelOffsets, BtfError> {
         skb_head: btf.offset_of("sk_buff", "head")?,
         skb_data: btf.offset_of("sk_buff", "data")?,
         skb_len: btf.offset_of("sk_buff", "len")?,
+        skb_dev: btf.offset_of("sk_buff", "dev")?,
         skb_network_header: btf.offset_of("sk_buff", "network_header")?,
         ct_tuple_original: btf.offset_of("nf_conn", "tuplehash[0].tuple")?,
         ct_tuple_reply: btf.offset_of("nf_conn", "tuplehash[1].tuple")?,

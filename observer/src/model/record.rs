@@ -7,7 +7,7 @@
 //!  "netns":4026532301,"start":"2026-08-06T13:46:36.412345Z","end":"2026-08-06T13:46:40.500000Z",
 //!  "duration_ms":4087.655,"requests":30,"bytes_to_backend":2790,"bytes_from_backend":5400,
 //!  "close":"fin","start_seen":true}
-//! {"type":"summary","connections":22,"dnat_events":22,"lost_events":0,"read_errors":0,...}
+//! {"type":"summary","connections":22,"dnat_events":22,"lost_connections":0,"lost_events":0,"read_errors":0,...}
 //! ```
 
 use std::net::SocketAddr;
@@ -42,6 +42,9 @@ pub enum Close {
     Rst,
     /// No packet for the idle timeout (UDP; TCP that never got a reply).
     Timeout,
+    /// Conntrack's entry is gone without FIN or RST (flushed, deleted, timed out): the
+    /// kernel reused it, or a new entry took its tuple.
+    Expired,
     /// Still open when the recording ended.
     Open,
 }
@@ -93,9 +96,18 @@ fn yes() -> bool {
 pub struct SummaryRecord {
     /// Connection records written.
     pub connections: u64,
-    /// DNAT decisions reported by the kernel (open events).
+    /// DNAT decisions observer learned of: connections it tracked (including ones
+    /// adopted mid-connection, `start_seen: false`) plus `lost_connections`.
     pub dnat_events: u64,
-    /// Events lost: ring buffer full, or connection table full.
+    /// DNAT decisions that have no record (connection table full at the connection's
+    /// first packet, or a connection that ended when it could neither be reported nor
+    /// kept). Records with `start_seen: true` + this == DNAT decisions made while
+    /// attached. Absent in logs written before it existed.
+    #[serde(default)]
+    pub lost_connections: u64,
+    /// Kernel events not delivered at once because the ring buffer was full. No record
+    /// is missing because of them (the connection table still holds each connection and
+    /// its record is written from there); a high value means observer fell behind.
     pub lost_events: u64,
     /// Kernel memory reads that failed.
     pub read_errors: u64,

@@ -15,7 +15,7 @@
 //! $ echo $?
 //! 0
 //! $ observer check --service shop/cart:http observer/tests/data/logs/mixed.jsonl
-//! recording: 2 lost events > --max-lost 0 (ring buffer or connection table full: counts are incomplete)
+//! recording: 2 lost connections > --max-lost 0 (DNAT decisions without a record: counts are incomplete)
 //! $ observer check observer/tests/data/logs/corrupt.jsonl
 //! error: observer/tests/data/logs/corrupt.jsonl:3: not a connection log line: EOF while parsing an object at line 1 column 52
 //! $ echo $?
@@ -94,15 +94,15 @@ pub fn violations(
         None => violation(
             recording(),
             format!(
-                "no summary line, so lost events are unknown (the recording did not end cleanly) and --max-lost {} cannot hold",
+                "no summary line, so lost connections are unknown (the recording did not end cleanly) and --max-lost {} cannot hold",
                 args.max_lost
             ),
         ),
-        Some(s) if s.lost_events > args.max_lost => violation(
+        Some(s) if s.lost_connections > args.max_lost => violation(
             recording(),
             format!(
-                "{} > --max-lost {} (ring buffer or connection table full: counts are incomplete)",
-                plural(s.lost_events, "lost event"),
+                "{} > --max-lost {} (DNAT decisions without a record: counts are incomplete)",
+                plural(s.lost_connections, "lost connection"),
                 args.max_lost
             ),
         ),
@@ -308,7 +308,7 @@ mod tests {
         assert_eq!(
             lines(&mixed),
             [
-                "recording: 2 lost events > --max-lost 0 (ring buffer or connection table full: counts are incomplete)"
+                "recording: 2 lost connections > --max-lost 0 (DNAT decisions without a record: counts are incomplete)"
             ]
         );
     }
@@ -428,7 +428,7 @@ mod tests {
         assert_eq!(
             lines(&args("nosummary.jsonl")),
             [
-                "recording: no summary line, so lost events are unknown (the recording did not end cleanly) and --max-lost 0 cannot hold"
+                "recording: no summary line, so lost connections are unknown (the recording did not end cleanly) and --max-lost 0 cannot hold"
             ]
         );
     }

@@ -10,9 +10,11 @@ pub const TRACKED: u32 = 0;
 pub const EVENTS_DROPPED: u32 = 1;
 /// Kernel memory reads (`bpf_probe_read_kernel`) that failed.
 pub const READ_ERRORS: u32 = 2;
-/// DNAT decisions that will have no record: the connection table was full at the
-/// connection's first packet (counted once per connection), or a connection ended
-/// that could neither be reported nor kept for user space.
-pub const LOST_CONNECTIONS: u32 = 3;
+/// DNAT decisions that will have no record because the connection table was full at
+/// the connection's first packet (counted once per connection; never in `TRACKED`).
+pub const LOST_TABLE_FULL: u32 = 3;
+/// Tracked connections that will have no record: they ended when they could neither
+/// be reported (ring buffer full) nor kept (their key was needed for a new connection).
+pub const LOST_UNREPORTED: u32 = 4;
 /// Number of counters.
-pub const COUNT: u32 = 4;
+pub const COUNT: u32 = 5;

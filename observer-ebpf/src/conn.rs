@@ -256,7 +256,7 @@ pub fn end_now(conntrack: u64, state: *mut ConnState, reason: u32, now: u64) {
     if CONNS.remove(&conntrack).is_ok() {
         forget_dialed(conntrack, &key);
         count(counters::EVENTS_DROPPED);
-        count(counters::LOST_CONNECTIONS);
+        count(counters::LOST_UNREPORTED);
     }
 }
 

@@ -181,10 +181,11 @@ impl Session {
 
     fn stats(&self) -> CaptureStats {
         let counters = self.capture.counters();
-        let lost_connections = counters.lost_connections + self.unrecordable;
+        let lost_connections =
+            counters.lost_table_full + counters.lost_unreported + self.unrecordable;
         CaptureStats {
             events: self.events,
-            dnat_events: counters.tracked + counters.lost_connections,
+            dnat_events: counters.tracked + counters.lost_table_full,
             lost_connections,
             lost_events: counters.events_dropped + self.malformed,
             read_errors: counters.read_errors,

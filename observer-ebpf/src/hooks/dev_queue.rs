@@ -54,6 +54,9 @@ fn handle(skb: u64) -> Result<(), ReadFailed> {
     }
     let ct_status: u64 = read(conntrack, off.ct_status)?;
     if ct_status & (1 << status::DST_NAT_BIT) == 0 {
+        if info == ctinfo::NEW {
+            forget_reused(conntrack);
+        }
         return Ok(());
     }
     // RELATED (ICMP errors about the connection) carry no payload of it.
@@ -82,6 +85,19 @@ fn handle(skb: u64) -> Result<(), ReadFailed> {
         }
     }
     open(conntrack, info, dir, &packet, now, &off)
+}
+
+/// The first packet of a connection that was not DNATed: if its `nf_conn` is one we
+/// track, the kernel freed our connection's entry and reused the memory, so our
+/// connection ended (one map lookup per new connection, none per packet).
+#[inline(always)]
+fn forget_reused(conntrack: u64) {
+    if let Some(state) = CONNS.get_ptr_mut(&conntrack) {
+        // SAFETY: bpf_ktime_get_ns has no preconditions.
+        let now = unsafe { bpf_ktime_get_ns() };
+        // Its last packet is its end: `now` only stamps the event.
+        end_now(conntrack, state, CLOSE_EXPIRED, now);
+    }
 }
 
 /// A packet of a tracked connection.
@@ -161,7 +177,7 @@ fn open(
             });
             if !counted {
                 let _ = LOST.insert(&conntrack, &identity, 0);
-                count(counters::LOST_CONNECTIONS);
+                count(counters::LOST_TABLE_FULL);
             }
         }
         Err(_) => {}

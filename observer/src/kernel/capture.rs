@@ -60,8 +60,10 @@ pub struct Counters {
     /// Ring-buffer records not written (ring buffer full); no record missing.
     pub events_dropped: u64,
     pub read_errors: u64,
-    /// DNAT decisions that will have no record.
-    pub lost_connections: u64,
+    /// DNAT decisions without a record: the table was full at their first packet.
+    pub lost_table_full: u64,
+    /// Tracked connections without a record (ended when neither reportable nor keepable).
+    pub lost_unreported: u64,
 }
 
 /// Attached programs and their maps. Dropping it detaches everything.
@@ -285,7 +287,8 @@ impl Capture {
             tracked: sum(counters::TRACKED),
             events_dropped: sum(counters::EVENTS_DROPPED),
             read_errors: sum(counters::READ_ERRORS),
-            lost_connections: sum(counters::LOST_CONNECTIONS),
+            lost_table_full: sum(counters::LOST_TABLE_FULL),
+            lost_unreported: sum(counters::LOST_UNREPORTED),
         }
     }
 }

@@ -337,6 +337,48 @@ mod tests {
     }
 
     #[test]
+    fn closes_the_kernel_could_not_report_end_from_the_table() {
+        let mut tracker = tracker();
+        // Closed by FIN while the ring buffer was full: the entry waits in the table.
+        let mut fin = state(PROTO_TCP, 100 * SECOND, 101 * SECOND);
+        fin.closed = CLOSE_FIN as u8;
+        let live = state(PROTO_TCP, 100 * SECOND, 101 * SECOND);
+        let sweep = tracker.sweep(&[(1, fin), (2, live)], 102 * SECOND);
+        assert_eq!(sweep.ended, vec![(1, fin, Close::Fin)]);
+        let (_, record) = tracker.end(1, &fin, Close::Fin).unwrap();
+        assert_eq!(
+            (record.close, record.duration_ms, record.start_seen),
+            (Close::Fin, 1000.0, true)
+        );
+        // Still waiting when the recording ends: written closed, not open.
+        let records = tracker.finish(&[(1, fin), (2, live)], 103 * SECOND);
+        let closes: Vec<Close> = records
+            .iter()
+            .map(|r| r.as_ref().unwrap().1.close)
+            .collect();
+        assert_eq!(closes, [Close::Fin, Close::Open]);
+    }
+
+    #[test]
+    fn an_entry_the_kernel_found_gone_ends_expired() {
+        let mut tracker = tracker();
+        let event = ConnEvent {
+            kind: EVENT_CLOSE,
+            close: CLOSE_EXPIRED,
+            conntrack: 7,
+            time_ns: 150 * SECOND,
+            state: state(PROTO_TCP, 100 * SECOND, 120 * SECOND),
+        };
+        let (_, record) = tracker.on_event(&event).unwrap();
+        assert_eq!(
+            (record.close, record.duration_ms),
+            (Close::Expired, 20_000.0)
+        );
+        let line = serde_json::to_string(&record).unwrap();
+        assert!(line.contains(r#""close":"expired""#), "{line}");
+    }
+
+    #[test]
     fn finish_reports_open_connections() {
         let mut tracker = tracker();
         let records = tracker.finish(

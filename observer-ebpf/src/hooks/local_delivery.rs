@@ -8,7 +8,7 @@
 //! A client on the node itself (host network) gets its replies delivered locally: they
 //! never pass `net_dev_queue`. Delivered after conntrack has undone the DNAT, a reply
 //! reads `dialed address -> client`, which finds the connection in `DIALED`. Replies
-//! the node forwarded (`flags::REPLY_FORWARDED`) were accounted already and are left
+//! the node forwarded (`ConnState::reply_forwarded`) were accounted already and are left
 //! alone. The program never drops anything: it returns 1.
 
 use aya_ebpf::{helpers::bpf_ktime_get_ns, macros::cgroup_skb, programs::SkBuffContext};

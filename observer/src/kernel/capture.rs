@@ -262,8 +262,16 @@ impl Capture {
     }
 
     /// Removes a connection from the kernel tables; false when the kernel removed it
-    /// first (then its close event is on the way).
+    /// first (then its close event is on the way) or its key now holds a newer
+    /// connection (the kernel reused the `nf_conn` since `state` was read).
     pub fn remove(&mut self, conntrack: u64, state: &ConnState) -> bool {
+        if self
+            .conns
+            .get(&conntrack, 0)
+            .map_or(true, |current| current.start_ns != state.start_ns)
+        {
+            return false;
+        }
         let key = DialedKey::of(&state.original);
         if self
             .dialed

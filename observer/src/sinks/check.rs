@@ -65,7 +65,7 @@ pub fn check_recording(
     recording: &Recording,
     args: &Conditions,
 ) -> (Vec<ServiceStats>, Vec<Violation>) {
-    let mut services = Aggregator::from_recording(&recording).services();
+    let mut services = Aggregator::from_recording(recording).services();
     let found = violations(args, recording.summary.as_ref(), &services);
     if !args.service.is_empty() {
         services.retain(|s| args.service.contains(&s.service));

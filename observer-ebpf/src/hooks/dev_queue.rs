@@ -129,13 +129,10 @@ fn open(
     off: &KernelOffsets,
 ) -> Result<(), ReadFailed> {
     let start_seen = info == ctinfo::NEW;
-    if !start_seen && packet.protocol == PROTO_TCP {
+    if !start_seen && packet.protocol == PROTO_TCP && !established(conntrack, off)? {
         // Attached mid-connection: adopt established connections only, not the last
         // ACKs of one that just closed.
-        let state: u8 = read(conntrack, off.ct_tcp_state)?;
-        if state != tcp_state::ESTABLISHED {
-            return Ok(());
-        }
+        return Ok(());
     }
     let Some(fresh) = SCRATCH.get_ptr_mut(0) else {
         return Ok(());
@@ -160,6 +157,16 @@ fn open(
         supersede(conntrack, fresh_ref, now);
     }
     match CONNS.insert(&conntrack, &*fresh_ref, BPF_NOEXIST) {
+        Ok(())
+            if !start_seen
+                && packet.protocol == PROTO_TCP
+                && matches!(established(conntrack, off), Ok(false)) =>
+        {
+            // A late packet of a connection another CPU just closed and removed: its
+            // state left ESTABLISHED before that removal, so checking after the insert
+            // cannot miss it. Not a connection to adopt.
+            let _ = CONNS.remove(&conntrack);
+        }
         Ok(()) => {
             count(counters::TRACKED);
             remember_dialed(conntrack, fresh_ref);
@@ -183,6 +190,13 @@ fn open(
         Err(_) => {}
     }
     Ok(())
+}
+
+/// Whether conntrack's TCP state of the entry is ESTABLISHED now.
+#[inline(always)]
+fn established(conntrack: u64, off: &KernelOffsets) -> Result<bool, ReadFailed> {
+    let state: u8 = read(conntrack, off.ct_tcp_state)?;
+    Ok(state == tcp_state::ESTABLISHED)
 }
 
 /// A new TCP connection whose original tuple a tracked connection in the same

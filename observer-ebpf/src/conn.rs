@@ -6,8 +6,6 @@
 //! are read and written one by one through `load!`/`store!` (volatile, so the compiler
 //! neither merges nor caches them), and the FIN counts are atomic adds.
 
-use core::intrinsics::{AtomicOrdering, atomic_xadd};
-
 use aya_ebpf::maps::ring_buf::RingBufEntry;
 use observer_common::{
     conn::{
@@ -19,7 +17,7 @@ use observer_common::{
 };
 
 use crate::{
-    maps::{CONNS, DIALED, EVENTS, count},
+    maps::{BPF_NOEXIST, CONNS, DIALED, EVENTS, atomic_add, count, count_lost},
     packet::{Packet, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
 };
 
@@ -85,16 +83,10 @@ pub fn account(state: *mut ConnState, dir: usize, packet: &Packet, now: u64) -> 
     } else {
         FIN_REPLY_ADD
     };
-    // `core::sync::atomic` has no read-modify-write on the BPF target, hence the
-    // intrinsic. An add whose result is unused compiles to BPF_XADD (kernel 5.10 has
-    // it; fetching adds need 5.12). Adds to one word are ordered (and a plain load
-    // after this CPU's add sees it or later), so the CPU that adds the second
-    // direction's FIN reads both halves set.
-    // SAFETY: `fins` is an aligned u64 of a live map value or scratch slot, written
-    // only by atomic adds.
-    unsafe {
-        atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(&raw mut (*state).fins, add);
-    }
+    // Adds to one word are ordered (and a plain load after this CPU's add sees it or
+    // later), so the CPU that adds the second direction's FIN reads both halves set.
+    // SAFETY: `fins` is aligned in a live map value or scratch slot.
+    atomic_add(unsafe { &raw mut (*state).fins }, add);
     let seen = load!(state.fins);
     if seen as u32 != 0 && (seen >> 32) != 0 {
         CLOSE_FIN
@@ -228,9 +220,6 @@ fn forget_dialed(conntrack: u64, key: &DialedKey) {
     }
 }
 
-/// `bpf_map_update_elem` flag: fail if the key exists.
-pub const BPF_NOEXIST: u64 = 1;
-
 /// Ends a tracked connection: reports it and removes its entry. Only the CPU whose
 /// removal succeeds reports, so a connection is closed exactly once. With the ring
 /// buffer full the entry stays, marked `closed`: user space's next sweep removes it
@@ -253,10 +242,11 @@ pub fn end_now(conntrack: u64, state: *mut ConnState, reason: u32, now: u64) {
     }
     // SAFETY: a live map value; read before the removal frees it.
     let key = DialedKey::of(unsafe { &(*state).original });
+    let netns = load!(state.netns);
     if CONNS.remove(&conntrack).is_ok() {
         forget_dialed(conntrack, &key);
         count(counters::EVENTS_DROPPED);
-        count(counters::LOST_UNREPORTED);
+        count_lost(counters::LOST_UNREPORTED, netns);
     }
 }
 

@@ -1,5 +1,7 @@
 //! Maps shared with user space, and the offsets global it fills in before load.
 
+use core::intrinsics::{AtomicOrdering, atomic_xadd};
+
 use aya_ebpf::{
     macros::map,
     maps::{HashMap, LruHashMap, PerCpuArray, RingBuf},
@@ -60,6 +62,10 @@ pub static DIALED: HashMap<DialedKey, u64> = HashMap::with_max_entries(65536, 0)
 #[map]
 pub static LOST: LruHashMap<u64, u64> = LruHashMap::with_max_entries(16384, 0);
 
+/// Lost connections (both kinds) per network namespace inode: which node lost them.
+#[map]
+pub static LOST_BY_NETNS: HashMap<u32, u64> = HashMap::with_max_entries(4096, 0);
+
 /// Open and close events for user space.
 #[map]
 pub static EVENTS: RingBuf = RingBuf::with_byte_size(4 * 1024 * 1024, 0);
@@ -72,6 +78,32 @@ pub static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counters::
 /// together with everything else.
 #[map]
 pub static SCRATCH: PerCpuArray<ConnState> = PerCpuArray::with_max_entries(1, 0);
+
+/// Counts a lost connection of namespace `netns` in `counter` and in `LOST_BY_NETNS`.
+#[inline(always)]
+pub fn count_lost(counter: u32, netns: u32) {
+    count(counter);
+    // Whichever CPU creates the slot, every CPU then adds to it.
+    let _ = LOST_BY_NETNS.insert(&netns, &0, BPF_NOEXIST);
+    if let Some(lost) = LOST_BY_NETNS.get_ptr_mut(&netns) {
+        atomic_add(lost, 1);
+    }
+}
+
+/// `bpf_map_update_elem` flag: fail if the key exists.
+pub const BPF_NOEXIST: u64 = 1;
+
+/// Adds to a u64 shared between CPUs. `core::sync::atomic` has no read-modify-write on
+/// the BPF target, hence the intrinsic; its result unused, it compiles to BPF_XADD
+/// (kernel 5.10 has it; fetching adds need 5.12).
+#[inline(always)]
+pub fn atomic_add(target: *mut u64, value: u64) {
+    // SAFETY: `target` is an aligned u64 in a map value or scratch slot, written only by
+    // atomic adds.
+    unsafe {
+        atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(target, value);
+    }
+}
 
 /// Adds one to a per-CPU counter (once per connection or failure, never per packet).
 #[inline(always)]

@@ -23,11 +23,10 @@ use observer_common::{
 
 use crate::{
     conn::{
-        BPF_NOEXIST, account, close, emit, end_now, load, lost_identity, pending_close,
-        remember_dialed, store,
+        account, close, emit, end_now, load, lost_identity, pending_close, remember_dialed, store,
     },
     kernel::{ReadFailed, read, read_netns, read_tuple},
-    maps::{CONNS, DIALED, LOST, SCRATCH, count, offsets},
+    maps::{BPF_NOEXIST, CONNS, DIALED, LOST, SCRATCH, count, count_lost, offsets},
     packet::{Packet, TCP_ACK, TCP_SYN, parse},
 };
 
@@ -184,7 +183,7 @@ fn open(
             });
             if !counted {
                 let _ = LOST.insert(&conntrack, &identity, 0);
-                count(counters::LOST_TABLE_FULL);
+                count_lost(counters::LOST_TABLE_FULL, fresh_ref.netns);
             }
         }
         Err(_) => {}

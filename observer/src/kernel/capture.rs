@@ -74,6 +74,7 @@ pub struct Capture {
     conns: HashMap<MapData, u64, ConnState>,
     dialed: HashMap<MapData, DialedKey, u64>,
     counters: PerCpuArray<MapData, u64>,
+    lost_by_netns: HashMap<MapData, u32, u64>,
     hooks_attached: u32,
     /// What works less well than it could on this machine, one sentence each.
     pub warnings: Vec<String>,
@@ -201,6 +202,8 @@ impl Capture {
             .map_err(|err| CaptureError::Load(error_chain(&err)))?;
         let counters = PerCpuArray::try_from(map(&mut ebpf, "COUNTERS")?)
             .map_err(|err| CaptureError::Load(error_chain(&err)))?;
+        let lost_by_netns = HashMap::try_from(map(&mut ebpf, "LOST_BY_NETNS")?)
+            .map_err(|err| CaptureError::Load(error_chain(&err)))?;
         // SAFETY: the ring buffer owns its descriptor and moves into the AsyncFd, which
         // deregisters it before dropping it, so the descriptor outlives the registration.
         let events = unsafe {
@@ -218,6 +221,7 @@ impl Capture {
             conns,
             dialed,
             counters,
+            lost_by_netns,
             hooks_attached,
             warnings,
         })
@@ -281,6 +285,12 @@ impl Capture {
             let _ = self.dialed.remove(&key);
         }
         self.conns.remove(&conntrack).is_ok()
+    }
+
+    /// Lost connections per network namespace inode (the kernel's part of
+    /// `Counters::lost_table_full + lost_unreported`).
+    pub fn lost_by_netns(&self) -> std::collections::BTreeMap<u32, u64> {
+        self.lost_by_netns.iter().filter_map(Result::ok).collect()
     }
 
     /// The programs' counters, summed over CPUs.

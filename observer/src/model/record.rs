@@ -105,6 +105,10 @@ pub struct SummaryRecord {
     /// attached. Absent in logs written before it existed.
     #[serde(default)]
     pub lost_connections: u64,
+    /// `lost_connections` per network namespace inode (which node lost them), for the
+    /// kernel's losses; absent when nothing was lost.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub lost_by_netns: std::collections::BTreeMap<u32, u64>,
     /// Kernel events not delivered at once because the ring buffer was full. No record
     /// is missing because of them (the connection table still holds each connection and
     /// its record is written from there); a high value means observer fell behind.

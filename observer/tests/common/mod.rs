@@ -104,9 +104,10 @@ pub fn netns_inode(name: &str) -> u32 {
         .ino() as u32
 }
 
-/// Keeps only the connections the lab's node decided: observer sees every namespace on
-/// the host, and other labs or demos may be running beside the test.
+/// Keeps only the connections and Service definitions of the lab's node: observer sees
+/// every namespace on the host, and other labs or demos may be running beside the test.
 pub fn only_node(recording: &mut Recording, node_ns: &str) {
     let inode = netns_inode(node_ns);
     recording.conns.retain(|conn| conn.netns == inode);
+    recording.services.retain(|service| service.netns == inode);
 }

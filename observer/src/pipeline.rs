@@ -117,7 +117,12 @@ pub async fn run(
         connections: session.log.as_ref().map_or(0, LogWriter::connections),
         dnat_events: stats.dnat_events,
         lost_connections: stats.lost_connections,
-        lost_by_netns: session.capture.lost_by_netns(),
+        lost_by_netns: session
+            .capture
+            .lost_by_netns()
+            .into_iter()
+            .map(|(netns, lost)| (netns.to_string(), lost))
+            .collect(),
         lost_events: stats.lost_events,
         read_errors: stats.read_errors,
         started,

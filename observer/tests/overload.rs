@@ -60,7 +60,7 @@ fn stopped_observer_counts_every_lost_connection() {
     // Other labs on the machine may lose connections too: this node's share.
     let lost = summary
         .lost_by_netns
-        .get(&common::netns_inode(lab.node_ns()))
+        .get(&common::netns_inode(lab.node_ns()).to_string())
         .copied()
         .unwrap_or(0);
     eprintln!(

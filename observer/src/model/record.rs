@@ -106,9 +106,10 @@ pub struct SummaryRecord {
     #[serde(default)]
     pub lost_connections: u64,
     /// `lost_connections` per network namespace inode (which node lost them), for the
-    /// kernel's losses; absent when nothing was lost.
+    /// kernel's losses; absent when nothing was lost. Keys are the inodes as strings
+    /// (JSON object keys; serde cannot read integer keys inside a tagged line).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
-    pub lost_by_netns: std::collections::BTreeMap<u32, u64>,
+    pub lost_by_netns: std::collections::BTreeMap<String, u64>,
     /// Kernel events not delivered at once because the ring buffer was full. No record
     /// is missing because of them (the connection table still holds each connection and
     /// its record is written from there); a high value means observer fell behind.
@@ -293,6 +294,29 @@ mod tests {
     fn conn_line_round_trips_byte_for_byte() {
         let line: LogLine = serde_json::from_str(EXAMPLE).unwrap();
         assert_eq!(serde_json::to_string(&line).unwrap(), EXAMPLE);
+    }
+
+    #[test]
+    fn summary_names_the_namespaces_that_lost_connections() {
+        let line = r#"{"type":"summary","connections":5,"dnat_events":8,"lost_connections":3,"lost_by_netns":{"4026532301":3},"lost_events":9,"read_errors":0,"started":"2026-08-06T13:46:30.000000Z","ended":"2026-08-06T13:47:30.000000Z"}"#;
+        let parsed: LogLine = serde_json::from_str(line).unwrap();
+        let LogLine::Summary(summary) = &parsed else {
+            panic!("{parsed:?}")
+        };
+        assert_eq!(summary.lost_by_netns.get("4026532301"), Some(&3));
+        assert_eq!(serde_json::to_string(&parsed).unwrap(), line);
+        // Nothing lost: no map; a log from before the field existed reads as 0 lost.
+        let old = line.replace(
+            r#""lost_connections":3,"lost_by_netns":{"4026532301":3},"#,
+            "",
+        );
+        let LogLine::Summary(summary) = serde_json::from_str(&old).unwrap() else {
+            panic!("{old}")
+        };
+        assert_eq!(
+            (summary.lost_connections, summary.lost_by_netns.len()),
+            (0, 0)
+        );
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::{
 
 use anyhow::Context as _;
 use chrono::Utc;
-use observer_common::conn::{ConnEvent, ConnState};
+use observer_common::conn::{ConnEvent, ConnState, EVENT_CLOSE};
 use tokio::sync::mpsc;
 
 mod follow;
@@ -16,8 +16,7 @@ mod follow;
 use crate::conntrack::listener::Note;
 use crate::kernel::capture::Capture;
 use crate::model::ctview::{CtKey, Destroyed, destroyed_close};
-use crate::model::record::Close;
-use crate::model::record::{ConnRecord, SummaryRecord};
+use crate::model::record::{Close, ConnRecord, SummaryRecord};
 use crate::model::tracker::{Clock, Tracker};
 use crate::model::update::{CaptureStats, ConnId, Update};
 use crate::naming::{FIRST_READ, Namer, hold::Hold};
@@ -72,7 +71,11 @@ struct Session {
     /// Final records and Service definitions the live view has not taken yet: they are
     /// never dropped (progress updates are, the next sweep repeats them).
     pending: std::collections::VecDeque<Update>,
+    /// Ring-buffer records that could not be decoded (never seen: the sizes are
+    /// asserted on both sides).
     malformed: u64,
+    /// Final records that could not be made (an unknown protocol): lost connections.
+    unrecordable: u64,
     events: u64,
 }
 
@@ -101,6 +104,7 @@ pub async fn run(
         idle_timeout_ns: options.idle_timeout.as_nanos() as u64,
         pending: Default::default(),
         malformed: 0,
+        unrecordable: 0,
         events: 0,
     };
     // The kernel wakes user space only when a lot is waiting (see observer-ebpf's
@@ -128,25 +132,30 @@ pub async fn run(
     session.capture.detach();
     session.drain()?;
     let now = monotonic_ns();
-    for (id, record) in session
-        .tracker
-        .finish(&session.capture.connections(), now)
-        .into_iter()
-        .flatten()
-    {
-        session.finished(id, record)?;
+    for result in session.tracker.finish(&session.capture.connections(), now) {
+        match result {
+            Ok((id, record)) => session.finished(id, record)?,
+            Err(_) => session.unrecordable += 1,
+        }
     }
     let found = session.follower.as_mut().map(|f| f.view.finish(Utc::now()));
     for (id, record) in found.into_iter().flatten() {
         session.finished(id, record)?;
     }
     session.release_held_at_end()?;
-    let counters = session.capture.counters();
+    let stats = session.stats();
     let summary = SummaryRecord {
         connections: session.log.as_ref().map_or(0, LogWriter::connections),
-        dnat_events: session.tracker.dnat_events(),
-        lost_events: counters.lost() + session.malformed,
-        read_errors: counters.read_errors,
+        dnat_events: stats.dnat_events,
+        lost_connections: stats.lost_connections,
+        lost_by_netns: session
+            .capture
+            .lost_by_netns()
+            .into_iter()
+            .map(|(netns, lost)| (netns.to_string(), lost))
+            .collect(),
+        lost_events: stats.lost_events,
+        read_errors: stats.read_errors,
         started,
         ended: Utc::now(),
     };
@@ -170,7 +179,8 @@ impl Session {
             match self.tracker.on_event(event) {
                 Ok((id, record)) if record.end.is_some() => self.finished(id, record)?,
                 Ok((id, record)) => self.progress(id, record),
-                Err(_) => self.malformed += 1,
+                Err(_) if event.kind == EVENT_CLOSE => self.unrecordable += 1,
+                Err(_) => {}
             }
         }
         self.end_superseded()?;
@@ -195,13 +205,8 @@ impl Session {
         for (id, record) in sweep.progress {
             self.progress(id, record);
         }
-        for (conntrack, state) in sweep.idle {
-            // When the kernel removed it first, its close event is on the way.
-            if self.capture.remove(conntrack, &state)
-                && let Ok((id, record)) = self.tracker.expired(conntrack, &state)
-            {
-                self.finished(id, record)?;
-            }
+        for (conntrack, state, close) in sweep.ended {
+            self.end(conntrack, &state, close)?;
         }
         self.release_held()?;
         if let Some(log) = self.log.as_mut() {
@@ -213,12 +218,31 @@ impl Session {
         Ok(())
     }
 
+    /// Ends a tracked connection from user space: removes it from the kernel tables and
+    /// writes its final record with `close`. When the kernel removed it first, its
+    /// close event is on the way and nothing is written here (exactly once).
+    pub fn end(&mut self, conntrack: u64, state: &ConnState, close: Close) -> anyhow::Result<()> {
+        if !self.capture.remove(conntrack, state) {
+            return Ok(());
+        }
+        match self.tracker.end(conntrack, state, close) {
+            Ok((id, record)) => self.finished(id, record),
+            Err(_) => {
+                self.unrecordable += 1;
+                Ok(())
+            }
+        }
+    }
+
     fn stats(&self) -> CaptureStats {
         let counters = self.capture.counters();
+        let lost_connections =
+            counters.lost_table_full + counters.lost_unreported + self.unrecordable;
         CaptureStats {
             events: self.events,
-            dnat_events: self.tracker.dnat_events(),
-            lost_events: counters.lost() + self.malformed,
+            dnat_events: counters.tracked + counters.lost_table_full,
+            lost_connections,
+            lost_events: counters.events_dropped + self.malformed,
             read_errors: counters.read_errors,
             hooks_attached: self.capture.hooks_attached(),
             netns_seen: self.netns_seen.len() as u32,

@@ -39,8 +39,12 @@ pub fn run(args: RecordArgs) -> anyhow::Result<Outcome> {
         );
         let summary = pipeline::run(capture, options, stop_signal(args.duration)).await?;
         eprintln!(
-            "observer: wrote {} connections ({} DNAT decisions, {} lost events, {} failed kernel reads)",
-            summary.connections, summary.dnat_events, summary.lost_events, summary.read_errors
+            "observer: wrote {} connections ({} DNAT decisions, {} lost connections, {} lost events, {} failed kernel reads)",
+            summary.connections,
+            summary.dnat_events,
+            summary.lost_connections,
+            summary.lost_events,
+            summary.read_errors
         );
         Ok(Outcome::Success)
     })

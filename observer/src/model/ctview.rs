@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 
 use chrono::{DateTime, Utc};
-use observer_common::conn::{ConnEvent, ConnState, EVENT_OPEN, flags};
+use observer_common::conn::{ConnEvent, ConnState, EVENT_OPEN, REPLY};
 
 use crate::conntrack::{CtEntry, CtTuple, tcp_state};
 use crate::kernel::decode;
@@ -147,7 +147,7 @@ impl ConntrackView {
         }
         self.kernel_follows(key, event.conntrack);
         if let Some(found) = self.found.remove(&key)
-            && event.state.flags & flags::START_SEEN == 0
+            && event.state.start_seen == 0
         {
             let id = ConnId {
                 conntrack: event.conntrack,
@@ -171,7 +171,7 @@ impl ConntrackView {
         for (conntrack, state) in entries {
             // An open event lost in the ring buffer: adopt from the table.
             if let Some(found) = self.found.remove(&CtKey::of_state(state))
-                && state.flags & flags::START_SEEN == 0
+                && state.start_seen == 0
             {
                 let id = ConnId {
                     conntrack: *conntrack,
@@ -294,7 +294,7 @@ impl ConntrackView {
 /// come first; any other is `expired`, now.
 pub fn destroyed_close(state: &ConnState, now_ns: u64, idle_timeout_ns: u64) -> (Close, u64) {
     let silent = now_ns.saturating_sub(state.last_ns) >= idle_timeout_ns;
-    let answered = state.flags & flags::SEQ_KNOWN_REPLY != 0;
+    let answered = state.seq_known[REPLY] != 0;
     let idles = state.original.protocol == observer_common::conn::PROTO_UDP || !answered;
     if silent && idles {
         (Close::Timeout, state.last_ns)

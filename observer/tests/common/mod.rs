@@ -55,6 +55,15 @@ impl Recorder {
         Recorder { observer, output }
     }
 
+    /// Sends `signal` to observer (e.g. SIGSTOP/SIGCONT to make it fall behind).
+    pub fn signal(&self, signal: nix::sys::signal::Signal) {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.observer.pid() as i32),
+            signal,
+        )
+        .unwrap();
+    }
+
     /// SIGTERM, wait for a clean exit, read the log.
     pub fn stop(mut self) -> Recording {
         let status = self.observer.terminate().unwrap();

@@ -42,8 +42,10 @@
 //!   [`Lab::run_in`], [`Lab::remove_endpoint`], [`Lab::rules_dump`]; dropping a [`Lab`]
 //!   tears it down.
 //! - [`ConntrackWatch`]: `conntrack -E -e NEW` in a namespace, parsed into [`CtEvent`]s.
+//! - [`Lab::install_dnat_counters`], [`Lab::dnat_decisions`]: the rules' own count of
+//!   DNAT decisions.
 //! - Clients, each returning its own ground truth: [`http_fresh`], [`http_keepalive`],
-//!   [`node_fetch`], [`udp_queries`].
+//!   [`node_fetch`], [`udp_queries`], [`http_churn`].
 //! - Pure rule generation, unit-tested without root: [`iptables::sync`], [`nftables::sync`].
 //! - [`Observer`]: the observer binary started and `attached` (it is only run: this crate
 //!   does not depend on the observer crate).
@@ -51,6 +53,7 @@
 
 mod clients;
 mod conntrack;
+mod counting;
 mod names;
 mod node_rules;
 mod observer;
@@ -72,7 +75,8 @@ use anyhow::{Context, bail};
 use serde::{Deserialize, Serialize};
 
 pub use clients::{
-    Answer, http_fresh, http_keepalive, http_keepalive_paced, node_fetch, udp_queries,
+    Answer, ChurnReport, http_churn, http_fresh, http_keepalive, http_keepalive_paced, node_fetch,
+    udp_queries,
 };
 pub use conntrack::{ConntrackWatch, CtEvent};
 pub use observer::Observer;

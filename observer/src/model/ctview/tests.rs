@@ -3,6 +3,12 @@
 use observer_common::conn::{EVENT_CLOSE, Endpoint, FAMILY_IPV4, FlowTuple, PROTO_TCP, PROTO_UDP};
 
 use super::*;
+
+/// The state bits these tests set, as arguments of `event`.
+mod flags {
+    pub const START_SEEN: u32 = 1 << 0;
+    pub const SEQ_KNOWN_REPLY: u32 = 1 << 1;
+}
 use crate::conntrack::IPS_DST_NAT;
 
 const NETNS: u32 = 4026532301;
@@ -54,7 +60,8 @@ fn event(kind: u32, conntrack: u64, client_port: u16, flags: u32) -> ConnEvent {
         state: ConnState {
             start_ns: 5,
             netns: NETNS,
-            flags,
+            start_seen: u8::from(flags & flags::START_SEEN != 0),
+            seq_known: [0, u8::from(flags & flags::SEQ_KNOWN_REPLY != 0)],
             original: tuple(
                 endpoint([10, 244, 1, 9], client_port),
                 endpoint([10, 96, 35, 226], 80),

@@ -112,3 +112,42 @@ pub mod tcp_state {
 #[cfg(feature = "user")]
 // SAFETY: plain old data: `#[repr(C)]`, all `u32`, no padding (size asserted above).
 unsafe impl aya::Pod for KernelOffsets {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The layout of every kernel observer was tried on (FACTS: 5.10 to 6.18).
+    fn known() -> KernelOffsets {
+        KernelOffsets {
+            ct_tuple_original: 16,
+            ct_tuple_reply: 72,
+            tuple_src_addr: 0,
+            tuple_src_port: 16,
+            tuple_src_l3num: 18,
+            tuple_dst_addr: 20,
+            tuple_dst_port: 36,
+            tuple_dst_protonum: 38,
+            ..KernelOffsets::default()
+        }
+    }
+
+    #[test]
+    fn the_known_tuple_layout_is_read_in_one_block() {
+        assert!(RawTuple::matches(&known()));
+    }
+
+    #[test]
+    fn another_tuple_layout_is_refused() {
+        let moved_port = KernelOffsets {
+            tuple_dst_port: 40,
+            ..known()
+        };
+        assert!(!RawTuple::matches(&moved_port));
+        let apart = KernelOffsets {
+            ct_tuple_reply: 80,
+            ..known()
+        };
+        assert!(!RawTuple::matches(&apart));
+    }
+}

@@ -27,7 +27,8 @@ pub struct Packet {
     pub seq: u32,
     /// Transport payload bytes in this skb (a GSO skb carries many segments).
     pub payload: u32,
-    /// `skb->dev`: the device about to transmit it (0 at local delivery).
+    /// UDP: `skb->dev`, the device about to transmit it (0 for TCP and at local
+    /// delivery).
     pub dev: u64,
 }
 
@@ -71,13 +72,12 @@ impl Transport {
     };
 }
 
-/// Parses an IPv4 or IPv6 TCP/UDP packet; `Ok(None)` for anything else. Reads: `len`,
-/// `dev`, `network_header`, `head` with `data`, then the headers.
+/// Parses an IPv4 or IPv6 TCP/UDP packet; `Ok(None)` for anything else. Reads: `head`
+/// with `data`, `len`, `network_header`, the headers, and for UDP `dev`.
 #[inline(always)]
 pub fn parse(skb: u64) -> Result<Option<Packet>, ReadFailed> {
     let [head, data]: [u64; 2] = read(skb, offset!(skb_head))?;
     let len: u32 = read(skb, offset!(skb_len))?;
-    let dev: u64 = read(skb, offset!(skb_dev))?;
     let network_header: u16 = read(skb, offset!(skb_network_header))?;
     let ip = head + network_header as u64;
     // Bytes in front of the IP header that `skb->len` counts (the L2 header here).
@@ -114,6 +114,12 @@ pub fn parse(skb: u64) -> Result<Option<Packet>, ReadFailed> {
         (PROTO_TCP, Some(header)) => Transport::tcp(&header),
         (PROTO_UDP, _) => Transport::UDP,
         _ => return Ok(None),
+    };
+    // Only UDP de-duplication needs the device.
+    let dev: u64 = if protocol == PROTO_UDP {
+        read(skb, offset!(skb_dev))?
+    } else {
+        0
     };
     let before_payload = l2.wrapping_add(ip_header) + transport.header;
     Ok(Some(Packet {

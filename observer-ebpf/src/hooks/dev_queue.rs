@@ -41,8 +41,8 @@ pub fn net_dev_queue(ctx: RawTracePointContext) -> i32 {
 
 #[inline(always)]
 fn handle(skb: u64) -> Result<(), ReadFailed> {
-    // Until user space fills the offsets in, and on packets without a DNAT decision,
-    // this is all a packet costs: two reads and no map lookup.
+    // A packet without a DNAT decision costs two reads and no map lookup (the first
+    // packet of a connection one lookup more: `forget_reused`).
     if offset!(valid) == 0 {
         return Ok(());
     }

@@ -3,6 +3,8 @@
 //! pass `promtool check rules` and their unit tests, and every query of the alerts and
 //! the Grafana dashboard parses and uses only metrics `observer serve` exports.
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -14,16 +16,7 @@ fn deploy() -> PathBuf {
 }
 
 fn run(command: &mut Command) -> Output {
-    let out = command
-        .output()
-        .unwrap_or_else(|e| panic!("{command:?}: {e} (`cargo xtask setup` installs it)"));
-    assert!(
-        out.status.success(),
-        "{command:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
+    common::command::run_hinting(command, " (`cargo xtask setup` installs it)")
 }
 
 #[test]

@@ -10,24 +10,12 @@ mod common;
 use std::collections::BTreeSet;
 use std::process::{Command, Output};
 
+use common::command::run;
 use common::empty_root::{EmptyRoot, dist_dir};
 use common::{Recorder, only_node, prefix, require_root};
 use observer_lab::{Lab, LabConfig, RuleMode, Topology, http_fresh, udp_queries};
 
 const DAEMONSET: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/daemonset.yaml");
-
-fn run(command: &mut Command) -> Output {
-    let out = command
-        .output()
-        .unwrap_or_else(|e| panic!("{command:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{command:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
 
 fn stdout(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()

@@ -12,6 +12,21 @@ pub enum OutputFormat {
     Json,
 }
 
+/// `-o/--output FORMAT`, shared by the listing commands; each command words the help
+/// for what its JSON holds (`mut_arg("format", ...)`).
+#[derive(clap::Args, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FormatArg {
+    /// `table` for people, `json` for programs.
+    #[arg(
+        short = 'o',
+        long = "output",
+        value_name = "FORMAT",
+        value_enum,
+        default_value_t
+    )]
+    pub format: OutputFormat,
+}
+
 /// `--duration`: 10 ms to a year.
 pub fn duration_seconds(text: &str) -> Result<Duration, String> {
     seconds_in(text, 0.01, 365.0 * 86_400.0)

@@ -20,7 +20,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-pub use args::{OutputFormat, parse_seconds};
+pub use args::{FormatArg, OutputFormat, parse_seconds};
 
 #[derive(Parser)]
 #[command(

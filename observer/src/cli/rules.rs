@@ -5,23 +5,18 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 
-use super::{Outcome, OutputFormat, emit};
+use super::{FormatArg, Outcome, OutputFormat, emit};
 use crate::naming::rules::ServiceMap;
 use crate::naming::{NetnsInfo, SystemSource, list_namespaces, netns_inode, parse_dumps};
 use crate::sinks::rules_table::{format_tables, json_lines};
 
 #[derive(clap::Args, Debug, Clone, Default)]
+#[command(mut_arg("format", |a| a.help(
+    "`table` for people, `json` for one service record per line (the connection log's `service` lines)"
+)))]
 pub struct RulesArgs {
-    /// `table` for people, `json` for one service record per line (the connection log's
-    /// `service` lines).
-    #[arg(
-        short = 'o',
-        long = "output",
-        value_name = "FORMAT",
-        value_enum,
-        default_value_t
-    )]
-    pub format: OutputFormat,
+    #[command(flatten)]
+    pub output: FormatArg,
     /// Only this network namespace: a path (/run/netns/NAME, /proc/PID/ns/net) or its
     /// inode number. Default: every namespace that has kube-proxy rules.
     #[arg(long, value_name = "PATH|INODE")]
@@ -30,7 +25,7 @@ pub struct RulesArgs {
 
 pub fn run(args: &RulesArgs) -> anyhow::Result<Outcome> {
     let found = read_rules(args.netns.as_deref())?;
-    emit(&match args.format {
+    emit(&match args.output.format {
         OutputFormat::Json => json_lines(&found)?,
         OutputFormat::Table => format_tables(&found),
     })?;

@@ -5,25 +5,21 @@ use std::path::PathBuf;
 
 use anyhow::bail;
 
-use super::{Outcome, OutputFormat, emit};
+use super::{FormatArg, Outcome, OutputFormat, emit};
 use crate::model::record::Recording;
 use crate::sinks::summary::{SummaryJson, render};
 use crate::stats::Aggregator;
 
 #[derive(Debug, Clone, clap::Args)]
+#[command(mut_arg("format", |a| a.help(
+    "`table` for people, `json` for one JSON object (the summary and every Service)"
+)))]
 pub struct SummaryArgs {
     /// Connection log written by `observer record` (JSON Lines).
     #[arg(value_name = "FILE")]
     pub file: PathBuf,
-    /// `table` for people, `json` for one JSON object (the summary and every Service).
-    #[arg(
-        short = 'o',
-        long = "output",
-        value_name = "FORMAT",
-        value_enum,
-        default_value_t
-    )]
-    pub format: OutputFormat,
+    #[command(flatten)]
+    pub output: FormatArg,
     /// Only this Service (`ns/name:port`, or `IP:port` for unnamed ones).
     #[arg(long, value_name = "NAME")]
     pub service: Option<String>,
@@ -51,7 +47,7 @@ pub fn run(args: &SummaryArgs) -> anyhow::Result<Outcome> {
             );
         }
     }
-    match args.format {
+    match args.output.format {
         OutputFormat::Json => {
             let json = SummaryJson {
                 file: &file,
@@ -77,7 +73,7 @@ mod tests {
                 env!("CARGO_MANIFEST_DIR")
             )
             .into(),
-            format: OutputFormat::Table,
+            output: FormatArg::default(),
             service: Some("shop/cart:http".to_owned()),
         };
         let err = run(&args).unwrap_err().to_string();
@@ -95,7 +91,7 @@ mod tests {
         let run_on = |name: &str| {
             let args = SummaryArgs {
                 file: format!("{dir}/{name}").into(),
-                format: OutputFormat::Table,
+                output: FormatArg::default(),
                 service: None,
             };
             run(&args).unwrap_err().to_string()

@@ -32,30 +32,7 @@ fn offsets<const N: usize>(
 /// Looks up every offset in `KernelOffsets`, with the width of each read in
 /// observer-ebpf (`kernel.rs`, `packet.rs`, `hooks/dev_queue.rs`).
 pub fn kernel_offsets(btf: &Btf) -> Result<KernelOffsets, BtfError> {
-    let (
-        _,
-        [
-            skb_nfct,
-            skb_head,
-            skb_data,
-            skb_len,
-            skb_dev,
-            skb_network_header,
-        ],
-    ) = offsets(
-        btf,
-        "sk_buff",
-        [
-            // unsigned long: the nf_conn pointer and ctinfo in the low 3 bits.
-            ("_nfct", 8),
-            ("head", 8),
-            ("data", 8),
-            ("len", 4),
-            // struct net_device *: the device a datagram passes (UDP de-duplication).
-            ("dev", 8),
-            ("network_header", 2),
-        ],
-    )?;
+    let skb = skb_offsets(btf)?;
     let (
         tuple_size,
         [
@@ -92,12 +69,6 @@ pub fn kernel_offsets(btf: &Btf) -> Result<KernelOffsets, BtfError> {
     )?;
     let (_, [ns_inum]) = offsets(btf, "net", [("ns.inum", 4)])?;
     let found = KernelOffsets {
-        skb_nfct,
-        skb_head,
-        skb_data,
-        skb_len,
-        skb_dev,
-        skb_network_header,
         ct_tuple_original: tuple_original,
         ct_tuple_reply: tuple_reply,
         ct_status: status,
@@ -111,15 +82,53 @@ pub fn kernel_offsets(btf: &Btf) -> Result<KernelOffsets, BtfError> {
         tuple_dst_port: dst_port,
         tuple_dst_protonum: dst_protonum,
         valid: 1,
+        ..skb
     };
     // The programs read both tuples, and `head` with `data`, in one read each.
     if !RawTuple::matches(&found) {
         return Err(BtfError::UnexpectedLayout("nf_conn.tuplehash"));
     }
-    if skb_data != skb_head + 8 {
+    if found.skb_data != found.skb_head + 8 {
         return Err(BtfError::UnexpectedLayout("sk_buff.head, data"));
     }
     Ok(found)
+}
+
+/// The `sk_buff` members; the rest of the returned offsets are 0.
+fn skb_offsets(btf: &Btf) -> Result<KernelOffsets, BtfError> {
+    let (
+        _,
+        [
+            skb_nfct,
+            skb_head,
+            skb_data,
+            skb_len,
+            skb_dev,
+            skb_network_header,
+        ],
+    ) = offsets(
+        btf,
+        "sk_buff",
+        [
+            // unsigned long: the nf_conn pointer and ctinfo in the low 3 bits.
+            ("_nfct", 8),
+            ("head", 8),
+            ("data", 8),
+            ("len", 4),
+            // struct net_device *: the device a datagram passes (UDP de-duplication).
+            ("dev", 8),
+            ("network_header", 2),
+        ],
+    )?;
+    Ok(KernelOffsets {
+        skb_nfct,
+        skb_head,
+        skb_data,
+        skb_len,
+        skb_dev,
+        skb_network_header,
+        ..KernelOffsets::default()
+    })
 }
 
 /// Every offset as `struct.member.path=bytes`, in C's notation, space-separated: what

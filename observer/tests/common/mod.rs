@@ -12,6 +12,7 @@ use std::{
 use observer::model::record::Recording;
 use observer_lab::Observer;
 
+pub mod command;
 pub mod empty_root;
 
 /// Root tests fail, never skip, without root: CI runs as root and must run them.

@@ -135,24 +135,7 @@ fn check_records(
     expected: &Expected,
     fail: &mut impl FnMut(String),
 ) {
-    let mut seen: BTreeMap<u64, Seen> = BTreeMap::new();
-    for line in clients {
-        let fields: Vec<&str> = line.split(' ').collect();
-        let parsed = match fields.as_slice() {
-            [_, sent, received, body] => (|| {
-                Some(Seen {
-                    sent: sent.parse().ok()?,
-                    received: received.parse().ok()?,
-                    backend: expected.backends.get(*body)?.clone(),
-                })
-            })(),
-            _ => None,
-        };
-        match parsed {
-            Some(s) => drop(seen.insert(s.sent, s)),
-            None => fail(format!("client got no answer from a known pod: {line}")),
-        }
-    }
+    let mut seen = answered_clients(clients, expected, fail);
     if seen.len() != expected.connections {
         fail(format!(
             "{} clients were answered, expected {}",
@@ -180,42 +163,77 @@ fn check_records(
     }
     for conn in conns {
         let sent = conn["bytes_to_backend"].as_u64().unwrap_or(u64::MAX);
-        let Some(client) = seen.remove(&sent) else {
-            fail(format!("a record matches no client's request size: {conn}"));
-            continue;
-        };
-        let port = conn["client"]
-            .as_str()
-            .and_then(|c| c.strip_prefix(&format!("{}:", expected.client_ip)));
-        let checks: [(&str, bool); 10] = [
-            ("proto", conn["proto"] == "tcp"),
-            ("client", port.is_some_and(|p| p.parse::<u16>().is_ok())),
-            (
-                "original_dst",
-                conn["original_dst"] == expected.service_addr.as_str(),
-            ),
-            ("backend", conn["backend"] == client.backend.as_str()),
-            ("service", conn["service"] == expected.service.as_str()),
-            ("endpoint_in_rules", conn["endpoint_in_rules"] == true),
-            ("requests", conn["requests"] == 1),
-            (
-                "bytes_from_backend",
-                conn["bytes_from_backend"] == client.received,
-            ),
-            ("close", conn["close"] == "fin" && conn["end"].is_string()),
-            ("start_seen", conn["start_seen"] == true),
-        ];
-        for (field, ok) in checks {
-            if !ok {
-                fail(format!(
-                    "{field} wrong for the connection that sent {sent} bytes to {} and got {}: {conn}",
-                    client.backend, client.received
-                ));
-            }
+        match seen.remove(&sent) {
+            Some(client) => check_conn(conn, &client, expected, fail),
+            None => fail(format!("a record matches no client's request size: {conn}")),
         }
     }
+    check_summary(&records, expected.connections, fail);
+}
+
+/// The clients that got an answer from a known pod, by request size.
+fn answered_clients(
+    clients: &[&str],
+    expected: &Expected,
+    fail: &mut impl FnMut(String),
+) -> BTreeMap<u64, Seen> {
+    let mut seen = BTreeMap::new();
+    for line in clients {
+        let fields: Vec<&str> = line.split(' ').collect();
+        let parsed = match fields.as_slice() {
+            [_, sent, received, body] => (|| {
+                Some(Seen {
+                    sent: sent.parse().ok()?,
+                    received: received.parse().ok()?,
+                    backend: expected.backends.get(*body)?.clone(),
+                })
+            })(),
+            _ => None,
+        };
+        match parsed {
+            Some(s) => drop(seen.insert(s.sent, s)),
+            None => fail(format!("client got no answer from a known pod: {line}")),
+        }
+    }
+    seen
+}
+
+/// Checks one conn record against the client connection it belongs to.
+fn check_conn(conn: &Value, client: &Seen, expected: &Expected, fail: &mut impl FnMut(String)) {
+    let port = conn["client"]
+        .as_str()
+        .and_then(|c| c.strip_prefix(&format!("{}:", expected.client_ip)));
+    let checks: [(&str, bool); 10] = [
+        ("proto", conn["proto"] == "tcp"),
+        ("client", port.is_some_and(|p| p.parse::<u16>().is_ok())),
+        (
+            "original_dst",
+            conn["original_dst"] == expected.service_addr.as_str(),
+        ),
+        ("backend", conn["backend"] == client.backend.as_str()),
+        ("service", conn["service"] == expected.service.as_str()),
+        ("endpoint_in_rules", conn["endpoint_in_rules"] == true),
+        ("requests", conn["requests"] == 1),
+        (
+            "bytes_from_backend",
+            conn["bytes_from_backend"] == client.received,
+        ),
+        ("close", conn["close"] == "fin" && conn["end"].is_string()),
+        ("start_seen", conn["start_seen"] == true),
+    ];
+    for (field, ok) in checks {
+        if !ok {
+            fail(format!(
+                "{field} wrong for the connection that sent {} bytes to {} and got {}: {conn}",
+                client.sent, client.backend, client.received
+            ));
+        }
+    }
+}
+
+/// The summary record counts every connection and DNAT event, with nothing lost.
+fn check_summary(records: &[Value], n: usize, fail: &mut impl FnMut(String)) {
     let summary = records.iter().find(|r| r["type"] == "summary");
-    let n = expected.connections;
     match summary {
         Some(s)
             if s["connections"] == n

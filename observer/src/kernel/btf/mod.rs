@@ -128,6 +128,69 @@ fn u32_at(data: &[u8], at: usize) -> Result<u32, BtfError> {
         .ok_or(BtfError::Malformed("type section ends inside a type"))
 }
 
+/// Checks the header and returns the type and string sections.
+fn sections(data: &[u8]) -> Result<(&[u8], &[u8]), BtfError> {
+    declared_size(data)?;
+    let header_len = u32_at(data, 4)? as usize;
+    let type_off = u32_at(data, 8)? as usize;
+    let type_len = u32_at(data, 12)? as usize;
+    let str_off = u32_at(data, 16)? as usize;
+    let str_len = u32_at(data, 20)? as usize;
+    let types = data
+        .get(header_len + type_off..header_len + type_off + type_len)
+        .ok_or(BtfError::Malformed("type section out of bounds"))?;
+    let strings = data
+        .get(header_len + str_off..header_len + str_off + str_len)
+        .ok_or(BtfError::Malformed("string section out of bounds"))?;
+    Ok((types, strings))
+}
+
+/// Reads the `vlen` members of a struct or union at `*at` and moves `*at` past them.
+fn members(
+    data: &[u8],
+    at: &mut usize,
+    vlen: usize,
+    kind_flag: bool,
+) -> Result<Vec<Member>, BtfError> {
+    let mut members = Vec::with_capacity(vlen);
+    for _ in 0..vlen {
+        let offset = u32_at(data, *at + 8)?;
+        // With kind_flag the top 8 bits hold a bitfield size.
+        let (bit_offset, bitfield_bits) = if kind_flag {
+            (offset & 0x00ff_ffff, offset >> 24)
+        } else {
+            (offset, 0)
+        };
+        members.push(Member {
+            name: u32_at(data, *at)?,
+            ty: u32_at(data, *at + 4)?,
+            bit_offset,
+            bitfield_bits,
+        });
+        *at += 12;
+    }
+    Ok(members)
+}
+
+/// A kind whose trailing data observer skips: its type and how many bytes follow it.
+fn plain_type(kind: u32, vlen: usize, size_or_type: u32) -> Result<(Type, usize), BtfError> {
+    Ok(match kind {
+        KIND_INT => (Type::Sized(size_or_type), 4),
+        KIND_PTR => (Type::Pointer, 0),
+        KIND_ENUM => (Type::Sized(size_or_type), 8 * vlen),
+        KIND_ENUM64 => (Type::Sized(size_or_type), 12 * vlen),
+        KIND_FLOAT => (Type::Sized(size_or_type), 0),
+        KIND_TYPEDEF | KIND_VOLATILE | KIND_CONST | KIND_RESTRICT | KIND_TYPE_TAG => {
+            (Type::Alias(size_or_type), 0)
+        }
+        KIND_FWD | KIND_FUNC => (Type::Other, 0),
+        KIND_FUNC_PROTO => (Type::Other, 8 * vlen),
+        KIND_VAR | KIND_DECL_TAG => (Type::Other, 4),
+        KIND_DATASEC => (Type::Other, 12 * vlen),
+        _ => return Err(BtfError::Malformed("unknown type kind")),
+    })
+}
+
 impl Btf {
     /// Where the running kernel exposes its BTF.
     pub const SYS_FS: &'static str = "/sys/kernel/btf/vmlinux";
@@ -154,106 +217,62 @@ impl Btf {
 
     /// Parses little-endian BTF as the kernel exposes it.
     pub fn parse(data: &[u8]) -> Result<Btf, BtfError> {
-        declared_size(data)?;
-        let header_len = u32_at(data, 4)? as usize;
-        let type_off = u32_at(data, 8)? as usize;
-        let type_len = u32_at(data, 12)? as usize;
-        let str_off = u32_at(data, 16)? as usize;
-        let str_len = u32_at(data, 20)? as usize;
-        let types_data = data
-            .get(header_len + type_off..header_len + type_off + type_len)
-            .ok_or(BtfError::Malformed("type section out of bounds"))?;
-        let strings = data
-            .get(header_len + str_off..header_len + str_off + str_len)
-            .ok_or(BtfError::Malformed("string section out of bounds"))?
-            .to_vec();
-
+        let (types_data, strings) = sections(data)?;
         let mut btf = Btf {
-            strings,
+            strings: strings.to_vec(),
             types: vec![Type::Other],
             structs: HashMap::new(),
         };
         let mut at = 0;
         while at < types_data.len() {
-            let name = u32_at(types_data, at)?;
-            let info = u32_at(types_data, at + 4)?;
-            let size_or_type = u32_at(types_data, at + 8)?;
-            at += 12;
-            let vlen = (info & 0xffff) as usize;
-            let kind = (info >> 24) & 0x1f;
-            let kind_flag = info >> 31 == 1;
-            let ty = match kind {
-                KIND_INT => {
-                    at += 4;
-                    Type::Sized(size_or_type)
-                }
-                KIND_PTR => Type::Pointer,
-                KIND_ARRAY => {
-                    let elem = u32_at(types_data, at)?;
-                    let len = u32_at(types_data, at + 8)?;
-                    at += 12;
-                    Type::Array { elem, len }
-                }
-                KIND_STRUCT | KIND_UNION => {
-                    let mut members = Vec::with_capacity(vlen);
-                    for _ in 0..vlen {
-                        let offset = u32_at(types_data, at + 8)?;
-                        // With kind_flag the top 8 bits hold a bitfield size.
-                        let (bit_offset, bitfield_bits) = if kind_flag {
-                            (offset & 0x00ff_ffff, offset >> 24)
-                        } else {
-                            (offset, 0)
-                        };
-                        members.push(Member {
-                            name: u32_at(types_data, at)?,
-                            ty: u32_at(types_data, at + 4)?,
-                            bit_offset,
-                            bitfield_bits,
-                        });
-                        at += 12;
-                    }
-                    if kind == KIND_STRUCT {
-                        let id = btf.types.len() as u32;
-                        let name = btf.string(name)?;
-                        if !name.is_empty() {
-                            btf.structs.entry(name.to_owned()).or_default().push(id);
-                        }
-                    }
-                    Type::Composite {
-                        size: size_or_type,
-                        members,
-                    }
-                }
-                KIND_ENUM => {
-                    at += 8 * vlen;
-                    Type::Sized(size_or_type)
-                }
-                KIND_ENUM64 => {
-                    at += 12 * vlen;
-                    Type::Sized(size_or_type)
-                }
-                KIND_FLOAT => Type::Sized(size_or_type),
-                KIND_TYPEDEF | KIND_VOLATILE | KIND_CONST | KIND_RESTRICT | KIND_TYPE_TAG => {
-                    Type::Alias(size_or_type)
-                }
-                KIND_FWD | KIND_FUNC => Type::Other,
-                KIND_FUNC_PROTO => {
-                    at += 8 * vlen;
-                    Type::Other
-                }
-                KIND_VAR | KIND_DECL_TAG => {
-                    at += 4;
-                    Type::Other
-                }
-                KIND_DATASEC => {
-                    at += 12 * vlen;
-                    Type::Other
-                }
-                _ => return Err(BtfError::Malformed("unknown type kind")),
-            };
+            let ty = btf.parse_type(types_data, &mut at)?;
             btf.types.push(ty);
         }
         Ok(btf)
+    }
+
+    /// Parses the type at `*at` and moves `*at` past it; registers named structs.
+    fn parse_type(&mut self, data: &[u8], at: &mut usize) -> Result<Type, BtfError> {
+        let name = u32_at(data, *at)?;
+        let info = u32_at(data, *at + 4)?;
+        let size_or_type = u32_at(data, *at + 8)?;
+        *at += 12;
+        let vlen = (info & 0xffff) as usize;
+        let kind = (info >> 24) & 0x1f;
+        let kind_flag = info >> 31 == 1;
+        match kind {
+            KIND_ARRAY => {
+                let elem = u32_at(data, *at)?;
+                let len = u32_at(data, *at + 8)?;
+                *at += 12;
+                Ok(Type::Array { elem, len })
+            }
+            KIND_STRUCT | KIND_UNION => {
+                let members = members(data, at, vlen, kind_flag)?;
+                if kind == KIND_STRUCT {
+                    self.register_struct(name)?;
+                }
+                Ok(Type::Composite {
+                    size: size_or_type,
+                    members,
+                })
+            }
+            _ => {
+                let (ty, trailing) = plain_type(kind, vlen, size_or_type)?;
+                *at += trailing;
+                Ok(ty)
+            }
+        }
+    }
+
+    /// Records that the struct about to be pushed (the next type id) has this name.
+    fn register_struct(&mut self, name: u32) -> Result<(), BtfError> {
+        let id = self.types.len() as u32;
+        let name = self.string(name)?;
+        if !name.is_empty() {
+            self.structs.entry(name.to_owned()).or_default().push(id);
+        }
+        Ok(())
     }
 
     fn string(&self, offset: u32) -> Result<&str, BtfError> {

@@ -5,7 +5,9 @@
 //!
 //! Reading rules costs a few processes, so re-reads are rate-limited per namespace: one
 //! when the rules are older than `max_age`, and one when a lookup misses (unknown
-//! address or a backend not in the rules) at most every `min_interval`. Rules that
+//! address or a backend not in the rules) at most every `min_interval`. A namespace
+//! whose changes nf_tables announces ([`watch`]) is re-read when they change instead,
+//! and on the timer only every `watched_max_age` (a safety net). Rules that
 //! cannot be read never stop capture: the connection gets `service: null` and the
 //! namer emits one warning per namespace and cause.
 //!
@@ -16,16 +18,18 @@
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use crate::model::record::{Proto, ServiceRecord};
-use reader::RuleReader;
+use crate::model::record::{EndpointsRecord, Proto, ServiceRecord};
+use reader::{Request, RuleReader};
 use rules::ServiceMap;
 
 pub mod hold;
 mod reader;
 pub mod rules;
 pub mod source;
+pub mod watch;
 
 pub use source::{NetnsInfo, SystemSource, list_namespaces, netns_inode};
 
@@ -79,6 +83,12 @@ pub trait DumpSource: Send {
     /// Dumps of kube-proxy's rules in network namespace `netns` (an inode). `Err` names
     /// why nothing could be read at all.
     fn dump(&mut self, netns: u32) -> Result<Dumps, String>;
+
+    /// A path that opens network namespace `netns`, to watch its rules' changes;
+    /// `None` (fixtures) keeps its rules on the re-read timer.
+    fn netns_path(&mut self, _netns: u32) -> Option<PathBuf> {
+        None
+    }
 }
 
 /// Parses and merges every dump. Parse errors are returned as messages naming the
@@ -105,6 +115,9 @@ pub struct NamerConfig {
     pub max_age: Duration,
     /// A lookup miss re-reads the rules at most this often per namespace.
     pub min_interval: Duration,
+    /// Rules whose changes are announced are re-read after this long anyway: a safety
+    /// net should an announcement be lost.
+    pub watched_max_age: Duration,
 }
 
 impl Default for NamerConfig {
@@ -112,6 +125,7 @@ impl Default for NamerConfig {
         NamerConfig {
             max_age: Duration::from_secs(10),
             min_interval: Duration::from_secs(2),
+            watched_max_age: Duration::from_secs(60),
         }
     }
 }
@@ -124,6 +138,8 @@ struct Space {
     /// How many snapshots of this namespace were taken in: a name that waits for a
     /// re-read waits for the next one.
     generation: u64,
+    /// Whether its changes are announced (then `watched_max_age` applies).
+    watched: bool,
 }
 
 /// Rules are re-read no sooner than this many times the last read's duration.
@@ -155,6 +171,7 @@ pub struct Namer {
     /// Namespaces whose re-read the worker has not answered yet.
     in_flight: HashSet<u32>,
     updates: Vec<ServiceRecord>,
+    changes: Vec<EndpointsRecord>,
     warnings: Vec<String>,
 }
 
@@ -181,6 +198,7 @@ impl Namer {
             spaces: HashMap::new(),
             in_flight: HashSet::new(),
             updates: Vec::new(),
+            changes: Vec::new(),
             warnings: Vec::new(),
         }
     }
@@ -231,8 +249,12 @@ impl Namer {
         self.spaces.get(&netns).is_none_or(|space| {
             let age = now.saturating_duration_since(space.read_at);
             let floor = space.took * READ_SHARE;
-            age >= self.config.max_age.max(floor)
-                || (missed && age >= self.config.min_interval.max(floor))
+            let max_age = if space.watched {
+                self.config.watched_max_age
+            } else {
+                self.config.max_age
+            };
+            age >= max_age.max(floor) || (missed && age >= self.config.min_interval.max(floor))
         })
     }
 
@@ -262,11 +284,14 @@ impl Namer {
     fn request(&mut self, netns: u32, now: Instant) {
         match &mut self.reads {
             Reads::Inline(reader) => {
-                let snapshot = reader.read(netns, now);
+                let mut snapshot = reader.read(netns, now);
+                snapshot.watched = false;
                 self.absorb(snapshot);
             }
             Reads::Worker(worker) => {
-                if self.in_flight.insert(netns) && worker.requests.send(netns).is_err() {
+                if self.in_flight.insert(netns)
+                    && worker.requests.send(Request::Read(netns)).is_err()
+                {
                     // The worker is gone (it cannot end on its own): keep what is known.
                     self.in_flight.remove(&netns);
                 }
@@ -324,15 +349,32 @@ impl Namer {
                 read_at: snapshot.read_at,
                 took: snapshot.took,
                 generation,
+                watched: snapshot.watched,
             },
         );
         self.updates.extend(snapshot.updates);
+        self.changes.extend(snapshot.changes);
         self.warnings.extend(snapshot.warnings);
     }
 
     /// Services first seen, or whose frontends or endpoints changed, since the last call.
     pub fn take_service_updates(&mut self) -> Vec<ServiceRecord> {
         std::mem::take(&mut self.updates)
+    }
+
+    /// Endpoints that joined or left Services already known, since the last call.
+    pub fn take_endpoint_changes(&mut self) -> Vec<EndpointsRecord> {
+        std::mem::take(&mut self.changes)
+    }
+
+    /// Asks for the first read of `netns` (and so, where possible, for watching it)
+    /// when a connection is first seen there, before any lookup: changes to its rules
+    /// are then seen as they happen.
+    pub fn prime(&mut self, netns: u32, now: Instant) {
+        self.poll();
+        if !self.spaces.contains_key(&netns) {
+            self.request(netns, now);
+        }
     }
 
     /// New warnings since the last call; each namespace and cause is reported once.

@@ -3,8 +3,8 @@
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-pub(super) use super::test_support::sa;
 use super::test_support::fixture;
+pub(super) use super::test_support::sa;
 use super::*;
 
 pub(super) const V4: &str = fixture!("iptables/mixed-v4-nat.saved");

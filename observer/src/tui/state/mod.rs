@@ -227,6 +227,7 @@ impl App {
                 );
             }
             Update::Stats(stats) => self.capture = stats,
+            Update::Endpoints(_) => {}
         }
     }
 

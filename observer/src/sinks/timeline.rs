@@ -126,6 +126,17 @@ pub fn marker(d: &Departure, now: DateTime<Utc>) -> String {
     text
 }
 
+/// The live view's marker for an endpoint that joined: "10.244.1.13 joined 3 s ago,
+/// first connection 120.0ms after".
+pub fn arrival_marker(a: &Arrival, now: DateTime<Utc>) -> String {
+    let ago = (now - a.joined).num_seconds().max(0);
+    let first = match a.first_conn {
+        Some(first) => format!("first connection {} after", between(a.joined, first)),
+        None => "no connection yet".to_owned(),
+    };
+    format!("{} joined {ago} s ago, {first}", a.backend.ip())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

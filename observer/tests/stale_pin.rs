@@ -229,6 +229,22 @@ fn readiness_flip(rules: RuleMode, tag: &str) {
         stale,
     );
 
+    // `observer summary` tells the story.
+    let summary = Command::new(env!("CARGO_BIN_EXE_observer"))
+        .args(["summary", "--service", &name])
+        .arg(recorder_log(&dir))
+        .output()
+        .unwrap();
+    assert_eq!(summary.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&summary.stdout);
+    for said in [
+        format!("{pinned_addr} left the rules; last new connection "),
+        "; 1 connection stale afterwards, for up to ".to_owned(),
+        format!("{pinned_addr} joined the rules; first connection "),
+    ] {
+        assert!(text.contains(&said), "{said:?} not in:\n{text}");
+    }
+
     // `observer check` catches it.
     let check = Command::new(env!("CARGO_BIN_EXE_observer"))
         .args(["check", "--max-stale", "0"])

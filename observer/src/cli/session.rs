@@ -47,8 +47,9 @@ impl CaptureArgs {
     }
 
     fn namer(&self) -> Option<Namer> {
-        // kube-proxy rewrites rules on every endpoint change: re-read them every 2 s
-        // (only while there are connections to name) so stale pins show promptly.
+        // kube-proxy rewrites rules on every endpoint change. Where nf_tables announces
+        // changes (nftables, iptables-nft) they are re-read when they change; elsewhere
+        // (legacy iptables, or no netlink) every 2 s while there are connections to name.
         let config = NamerConfig {
             max_age: Duration::from_secs(2),
             ..NamerConfig::default()

@@ -116,7 +116,8 @@ pub struct NamerConfig {
     /// A lookup miss re-reads the rules at most this often per namespace.
     pub min_interval: Duration,
     /// Rules whose changes are announced are re-read after this long anyway: a safety
-    /// net should an announcement be lost.
+    /// net only (a lost announcement shows as a socket overflow, which re-reads), kept
+    /// slow because one read of 5,000 Services costs seconds of CPU.
     pub watched_max_age: Duration,
 }
 
@@ -125,7 +126,7 @@ impl Default for NamerConfig {
         NamerConfig {
             max_age: Duration::from_secs(10),
             min_interval: Duration::from_secs(2),
-            watched_max_age: Duration::from_secs(60),
+            watched_max_age: Duration::from_secs(15 * 60),
         }
     }
 }

@@ -19,7 +19,7 @@ use chrono::{DateTime, Utc};
 use common::{Recorder, only_node, prefix, require_root};
 use observer::model::record::{Close, EndpointsRecord, Proto, Recording};
 use observer::stats::timeline::Timeline;
-use observer_lab::{Lab, LabConfig, RuleMode, Topology, http_fresh};
+use observer_lab::{Lab, LabConfig, RuleMode, Service, Topology, http_fresh};
 
 /// A keep-alive client that sends `count` requests `pause` seconds apart on one
 /// connection and prints `[[local_port, pod], ...]`.
@@ -179,8 +179,36 @@ fn readiness_flip(rules: RuleMode, tag: &str) {
             .all(|c| c.endpoint_in_rules == Some(true) && c.backend != pinned_addr)
     );
 
-    // The log's definition of the Service after the flip has the two remaining endpoints
-    // (and after the return, all three again).
+    definitions_around_the_flip(
+        &recording,
+        &service,
+        pinned_addr,
+        (before_removal, before_return),
+        returned_at,
+    );
+
+    timeline_is_told(
+        &recording,
+        &name,
+        pinned_addr,
+        (before_removal, removed_at),
+        (before_return, returned_at),
+        stale,
+    );
+
+    reports_tell(&recorder_log(&dir), &name, pinned_addr);
+}
+
+/// The log's definition of the Service after the flip has the two remaining endpoints
+/// (and after the return, all three again).
+fn definitions_around_the_flip(
+    recording: &Recording,
+    service: &Service,
+    pinned_addr: SocketAddr,
+    (before_removal, before_return): (DateTime<Utc>, DateTime<Utc>),
+    returned_at: DateTime<Utc>,
+) {
+    let name = service.port_name_string();
     let definition = |from: DateTime<Utc>, to: DateTime<Utc>| {
         let found: Vec<_> = recording
             .services
@@ -219,20 +247,13 @@ fn readiness_flip(rules: RuleMode, tag: &str) {
         .map(|addr| (addr, 0.5))
         .collect();
     assert_eq!(endpoints, remaining);
+}
 
-    timeline_is_told(
-        &recording,
-        &name,
-        pinned_addr,
-        (before_removal, removed_at),
-        (before_return, returned_at),
-        stale,
-    );
-
-    // `observer summary` tells the story.
+/// `observer summary` tells the story and `observer check --max-stale 0` catches it.
+fn reports_tell(log: &std::path::Path, name: &str, pinned_addr: SocketAddr) {
     let summary = Command::new(env!("CARGO_BIN_EXE_observer"))
-        .args(["summary", "--service", &name])
-        .arg(recorder_log(&dir))
+        .args(["summary", "--service", name])
+        .arg(log)
         .output()
         .unwrap();
     assert_eq!(summary.status.code(), Some(0));
@@ -248,7 +269,7 @@ fn readiness_flip(rules: RuleMode, tag: &str) {
     // `observer check` catches it.
     let check = Command::new(env!("CARGO_BIN_EXE_observer"))
         .args(["check", "--max-stale", "0"])
-        .arg(recorder_log(&dir))
+        .arg(log)
         .output()
         .unwrap();
     assert_eq!(
@@ -258,7 +279,7 @@ fn readiness_flip(rules: RuleMode, tag: &str) {
         String::from_utf8_lossy(&check.stdout)
     );
     let text = String::from_utf8_lossy(&check.stdout);
-    assert!(text.contains(&name) && text.contains("stale"), "{text}");
+    assert!(text.contains(name) && text.contains("stale"), "{text}");
 }
 
 /// The `endpoints` line of `name` that says `addr` left (or joined), dated within

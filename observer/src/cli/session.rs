@@ -47,9 +47,9 @@ impl CaptureArgs {
     }
 
     fn namer(&self) -> Option<Namer> {
-        // kube-proxy rewrites rules on every endpoint change. Where nf_tables announces
-        // changes (nftables, iptables-nft) they are re-read when they change; elsewhere
-        // (legacy iptables, or no netlink) every 2 s while there are connections to name.
+        // kube-proxy rewrites rules on every endpoint change. They are re-read when
+        // they change (nf_tables announces it; legacy tables are fingerprinted every
+        // second); where neither works, every 2 s while there are connections to name.
         let config = NamerConfig {
             max_age: Duration::from_secs(2),
             ..NamerConfig::default()

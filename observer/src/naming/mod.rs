@@ -26,6 +26,7 @@ use reader::{Request, RuleReader};
 use rules::ServiceMap;
 
 pub mod hold;
+pub mod legacy;
 mod reader;
 pub mod rules;
 pub mod source;
@@ -285,8 +286,7 @@ impl Namer {
     fn request(&mut self, netns: u32, now: Instant) {
         match &mut self.reads {
             Reads::Inline(reader) => {
-                let mut snapshot = reader.read(netns, now);
-                snapshot.watched = false;
+                let snapshot = reader.read(netns, now);
                 self.absorb(snapshot);
             }
             Reads::Worker(worker) => {

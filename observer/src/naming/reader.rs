@@ -29,9 +29,11 @@ pub struct Snapshot {
     /// Endpoints added to or removed from Services already known.
     pub changes: Vec<EndpointsRecord>,
     pub warnings: Vec<String>,
-    /// Whether the namespace's rule changes are announced (nf_tables) so that it needs
-    /// no re-reads on a timer: false for a reader without a watcher, and where
-    /// kube-proxy's rules live in legacy iptables tables.
+    /// Whether kube-proxy's rules are (also) in legacy iptables tables.
+    pub legacy: bool,
+    /// Whether the namespace's rule changes are seen as they happen (nf_tables'
+    /// announcements, legacy tables polled) so that it needs no re-reads on a timer:
+    /// set by the worker that watches it.
     pub watched: bool,
 }
 
@@ -95,7 +97,8 @@ impl RuleReader {
             updates,
             changes,
             warnings,
-            watched: !legacy,
+            legacy,
+            watched: false,
         }
     }
 
@@ -212,12 +215,15 @@ pub fn spawn(reader: RuleReader) -> Result<Worker, RuleReader> {
                 for netns in batch {
                     // Watch before reading: a change during the read is then announced.
                     let path = reader.source.netns_path(netns);
-                    let again = again.clone();
-                    let watched = watches.ensure(netns, path, move || {
-                        Box::new(move |netns| again.send(Request::Read(netns)).is_ok())
-                    });
+                    let announced = watches.ensure(netns, path.clone(), changed(&again));
                     let mut snapshot = reader.read(netns, Instant::now());
-                    snapshot.watched &= watched;
+                    // Legacy tables are polled from their first read on (the first poll
+                    // re-reads once: they may have changed since this read began).
+                    snapshot.watched = if snapshot.legacy {
+                        watches.ensure_polled(netns, path, changed(&again))
+                    } else {
+                        announced
+                    };
                     log::debug!("read the rules of netns {netns} in {:?}", snapshot.took);
                     if publish.send(snapshot).is_err() {
                         return;
@@ -236,6 +242,15 @@ pub fn spawn(reader: RuleReader) -> Result<Worker, RuleReader> {
         }
         Err(_) => Err(reader),
     }
+}
+
+/// What the watcher calls when a namespace's rules changed: a request to re-read it
+/// (false once the worker is gone).
+fn changed(
+    requests: &mpsc::Sender<Request>,
+) -> impl FnOnce() -> Box<dyn FnMut(u32) -> bool + Send> + use<> {
+    let requests = requests.clone();
+    move || Box::new(move |netns| requests.send(Request::Read(netns)).is_ok())
 }
 
 /// The next namespaces to read, each once however often it was asked for; `None` when

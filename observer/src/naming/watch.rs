@@ -5,8 +5,9 @@
 //! is opened inside it (a socket keeps the namespace it was created in), and a thread
 //! waits on all of them: after a burst of messages has been quiet for [`QUIET`] (a
 //! transaction arrives at once, ending with `NFT_MSG_NEWGEN`), the namespace is
-//! re-read. Legacy iptables announces nothing; the namer keeps re-reading such
-//! namespaces on its timer.
+//! re-read. Legacy iptables announces nothing: where kube-proxy's rules are in legacy
+//! tables, the same thread compares a fingerprint of them every [`LEGACY_POLL`]
+//! ([`super::legacy`]) and re-reads when it changes.
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -15,6 +16,8 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
+
+use super::legacy::Sockets;
 use nix::sys::socket::{
     AddressFamily, MsgFlags, NetlinkAddr, SockFlag, SockProtocol, SockType, bind, recv, setsockopt,
     socket, sockopt,
@@ -34,43 +37,55 @@ const MAX_DELAY: Duration = Duration::from_millis(200);
 /// watched namespace (its socket queues announcements meanwhile) or its own end.
 const IDLE: Duration = Duration::from_millis(200);
 
+/// How often legacy iptables tables are fingerprinted.
+pub const LEGACY_POLL: Duration = Duration::from_secs(1);
+
 /// Room for a large transaction's announcements (5,000 Services rewritten at once).
 const RECEIVE_BUFFER: usize = 8 << 20;
 
-/// Opens a socket subscribed to nf_tables' announcements in the namespace `path` opens.
-/// The namespace is entered on a short-lived thread, so no other thread changes
-/// namespace.
-pub fn subscribe(path: &Path) -> Result<OwnedFd, String> {
+/// Runs `open` inside the network namespace `path` opens, on a short-lived thread (so
+/// no other thread changes namespace); what it opens keeps that namespace.
+pub fn in_namespace<T: Send + 'static>(
+    path: &Path,
+    open: impl FnOnce() -> Result<T, String> + Send + 'static,
+) -> Result<T, String> {
     let path: PathBuf = path.to_owned();
     let shown = path.display().to_string();
     std::thread::Builder::new()
         .name("observer-netns".to_owned())
-        .spawn(move || -> Result<OwnedFd, String> {
+        .spawn(move || -> Result<T, String> {
             let namespace = std::fs::File::open(&path).map_err(|e| e.to_string())?;
             nix::sched::setns(namespace.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)
                 .map_err(|e| format!("setns: {e}"))?;
-            let fd = socket(
-                AddressFamily::Netlink,
-                SockType::Raw,
-                SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
-                SockProtocol::NetlinkNetFilter,
-            )
-            .map_err(|e| format!("netlink socket: {e}"))?;
-            // Root may exceed rmem_max; without it the default buffer still works.
-            if setsockopt(&fd, sockopt::RcvBufForce, &RECEIVE_BUFFER).is_err() {
-                let _ = setsockopt(&fd, sockopt::RcvBuf, &RECEIVE_BUFFER);
-            }
-            bind(
-                fd.as_raw_fd(),
-                &NetlinkAddr::new(0, 1 << (NFNLGRP_NFTABLES - 1)),
-            )
-            .map_err(|e| format!("joining nf_tables' announcements: {e}"))?;
-            Ok(fd)
+            open()
         })
         .map_err(|e| e.to_string())?
         .join()
         .map_err(|_| "the namespace thread panicked".to_owned())?
         .map_err(|e| format!("cannot watch {shown}: {e}"))
+}
+
+/// Opens a socket subscribed to nf_tables' announcements in the namespace `path` opens.
+pub fn subscribe(path: &Path) -> Result<OwnedFd, String> {
+    in_namespace(path, || {
+        let fd = socket(
+            AddressFamily::Netlink,
+            SockType::Raw,
+            SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+            SockProtocol::NetlinkNetFilter,
+        )
+        .map_err(|e| format!("netlink socket: {e}"))?;
+        // Root may exceed rmem_max; without it the default buffer still works.
+        if setsockopt(&fd, sockopt::RcvBufForce, &RECEIVE_BUFFER).is_err() {
+            let _ = setsockopt(&fd, sockopt::RcvBuf, &RECEIVE_BUFFER);
+        }
+        bind(
+            fd.as_raw_fd(),
+            &NetlinkAddr::new(0, 1 << (NFNLGRP_NFTABLES - 1)),
+        )
+        .map_err(|e| format!("joining nf_tables' announcements: {e}"))?;
+        Ok(fd)
+    })
 }
 
 /// Reads everything queued on `fd` without waiting. Returns whether anything (or an
@@ -87,11 +102,23 @@ fn drain(fd: &OwnedFd, buffer: &mut [u8]) -> bool {
     }
 }
 
-/// One watched namespace and its pending burst of announcements.
+/// How a namespace's changes are learnt.
+pub enum Source {
+    /// nf_tables' announcements arrive on this socket.
+    Announced(OwnedFd),
+    /// Legacy tables, fingerprinted every [`LEGACY_POLL`].
+    Polled {
+        sockets: Sockets,
+        last: Option<u64>,
+        next: Instant,
+    },
+}
+
+/// One watched namespace and its pending burst of changes.
 struct Feed {
     netns: u32,
-    fd: OwnedFd,
-    /// (first, last) announcement of a burst not yet answered by a re-read.
+    source: Source,
+    /// (first, last) change of a burst not yet answered by a re-read.
     burst: Option<(Instant, Instant)>,
 }
 
@@ -99,6 +126,45 @@ impl Feed {
     fn due(&self) -> Option<Instant> {
         self.burst
             .map(|(first, last)| (last + QUIET).min(first + MAX_DELAY))
+    }
+
+    /// When it needs attention next without a message: a burst due, or a poll.
+    fn deadline(&self) -> Option<Instant> {
+        let poll = match &self.source {
+            Source::Polled { next, .. } => Some(*next),
+            Source::Announced(_) => None,
+        };
+        self.due().into_iter().chain(poll).min()
+    }
+
+    fn saw_change(&mut self, now: Instant) {
+        let first = self.burst.map_or(now, |(first, _)| first);
+        self.burst = Some((first, now));
+    }
+
+    /// Fingerprints polled tables when their time has come.
+    fn poll_legacy(&mut self, now: Instant) {
+        let Source::Polled {
+            sockets,
+            last,
+            next,
+        } = &mut self.source
+        else {
+            return;
+        };
+        if *next > now {
+            return;
+        }
+        let print = sockets.fingerprint();
+        // Unreadable (changing while read) counts as a change; so does the first poll,
+        // which has nothing to compare with (the rules may have changed since the read
+        // that found them in legacy tables).
+        let changed = print.is_none() || print != *last;
+        *last = print;
+        *next = now + LEGACY_POLL;
+        if changed {
+            self.saw_change(now);
+        }
     }
 }
 
@@ -108,8 +174,8 @@ impl Feed {
 /// when the sender is dropped.
 pub fn spawn(
     mut changed: impl FnMut(u32) -> bool + Send + 'static,
-) -> std::io::Result<mpsc::Sender<(u32, OwnedFd)>> {
-    let (register, registered) = mpsc::channel::<(u32, OwnedFd)>();
+) -> std::io::Result<mpsc::Sender<(u32, Source)>> {
+    let (register, registered) = mpsc::channel::<(u32, Source)>();
     std::thread::Builder::new()
         .name("observer-watch".to_owned())
         .spawn(move || {
@@ -118,9 +184,9 @@ pub fn spawn(
             loop {
                 loop {
                     match registered.try_recv() {
-                        Ok((netns, fd)) => feeds.push(Feed {
+                        Ok((netns, source)) => feeds.push(Feed {
                             netns,
-                            fd,
+                            source,
                             burst: None,
                         }),
                         Err(mpsc::TryRecvError::Empty) => break,
@@ -130,6 +196,7 @@ pub fn spawn(
                 wait(&mut feeds, &mut buffer);
                 let now = Instant::now();
                 for feed in &mut feeds {
+                    feed.poll_legacy(now);
                     if feed.due().is_some_and(|due| due <= now) {
                         feed.burst = None;
                         if !changed(feed.netns) {
@@ -142,28 +209,38 @@ pub fn spawn(
     Ok(register)
 }
 
-/// Waits until a socket has announcements, a burst is due, or [`IDLE`] passes, and
-/// records what arrived.
+/// Waits until a socket has announcements, a burst or a poll is due, or [`IDLE`]
+/// passes, and records what arrived.
 fn wait(feeds: &mut [Feed], buffer: &mut [u8]) {
     let now = Instant::now();
     let until = feeds
         .iter()
-        .filter_map(Feed::due)
+        .filter_map(Feed::deadline)
         .min()
-        .unwrap_or(now + IDLE);
+        .unwrap_or(now + IDLE)
+        .min(now + IDLE);
     let timeout = until.saturating_duration_since(now);
-    if feeds.is_empty() {
+    let announced: Vec<(usize, &OwnedFd)> = feeds
+        .iter()
+        .enumerate()
+        .filter_map(|(i, feed)| match &feed.source {
+            Source::Announced(fd) => Some((i, fd)),
+            Source::Polled { .. } => None,
+        })
+        .collect();
+    if announced.is_empty() {
         std::thread::sleep(timeout);
         return;
     }
-    let mut fds: Vec<libc::pollfd> = feeds
+    let mut fds: Vec<libc::pollfd> = announced
         .iter()
-        .map(|feed| libc::pollfd {
-            fd: feed.fd.as_raw_fd(),
+        .map(|(_, fd)| libc::pollfd {
+            fd: fd.as_raw_fd(),
             events: libc::POLLIN,
             revents: 0,
         })
         .collect();
+    let indexes: Vec<usize> = announced.iter().map(|(i, _)| *i).collect();
     let millis = timeout.as_millis().min(i32::MAX as u128) as i32;
     // SAFETY: `fds` is a live, writable array of `fds.len()` pollfd structs whose
     // descriptors `feeds` keeps open for the duration of the call.
@@ -172,10 +249,13 @@ fn wait(feeds: &mut [Feed], buffer: &mut [u8]) {
         return;
     }
     let now = Instant::now();
-    for (feed, polled) in feeds.iter_mut().zip(&fds) {
-        if polled.revents != 0 && drain(&feed.fd, buffer) {
-            let first = feed.burst.map_or(now, |(first, _)| first);
-            feed.burst = Some((first, now));
+    for (index, polled) in indexes.into_iter().zip(&fds) {
+        let feed = &mut feeds[index];
+        if let Source::Announced(fd) = &feed.source
+            && polled.revents != 0
+            && drain(fd, buffer)
+        {
+            feed.saw_change(now);
         }
     }
 }
@@ -183,9 +263,11 @@ fn wait(feeds: &mut [Feed], buffer: &mut [u8]) {
 /// Which namespaces are watched, and the thread that watches them (started on first
 /// use).
 pub struct Watches {
-    register: Option<mpsc::Sender<(u32, OwnedFd)>>,
+    register: Option<mpsc::Sender<(u32, Source)>>,
     /// Whether each namespace tried is watched.
     tried: HashMap<u32, bool>,
+    /// Whether each namespace tried has its legacy tables polled.
+    polled: HashMap<u32, bool>,
 }
 
 impl Watches {
@@ -193,7 +275,39 @@ impl Watches {
         Watches {
             register: None,
             tried: HashMap::new(),
+            polled: HashMap::new(),
         }
+    }
+
+    /// Polls the legacy tables of `netns` (once; `path` opens it). Returns whether
+    /// their changes are seen.
+    pub fn ensure_polled(
+        &mut self,
+        netns: u32,
+        path: Option<PathBuf>,
+        changed: impl FnOnce() -> Box<dyn FnMut(u32) -> bool + Send>,
+    ) -> bool {
+        if let Some(&polled) = self.polled.get(&netns) {
+            return polled;
+        }
+        let polled = path.is_some_and(|path| match super::legacy::open(&path) {
+            // Tables that cannot be fingerprinted stay on the timer.
+            Ok(sockets) if sockets.fingerprint().is_some() => {
+                let source = Source::Polled {
+                    last: None,
+                    sockets,
+                    next: Instant::now() + LEGACY_POLL,
+                };
+                self.register(netns, source, changed)
+            }
+            Ok(_) => false,
+            Err(err) => {
+                log::debug!("{err}: its legacy rules are re-read on a timer");
+                false
+            }
+        });
+        self.polled.insert(netns, polled);
+        polled
     }
 
     /// Watches `netns` (once; `path` opens it), starting the thread with `changed` if
@@ -208,7 +322,7 @@ impl Watches {
             return watched;
         }
         let watched = path.is_some_and(|path| match subscribe(&path) {
-            Ok(fd) => self.register(netns, fd, changed),
+            Ok(fd) => self.register(netns, Source::Announced(fd), changed),
             Err(err) => {
                 log::debug!("{err}: its rules are re-read on a timer");
                 false
@@ -221,7 +335,7 @@ impl Watches {
     fn register(
         &mut self,
         netns: u32,
-        fd: OwnedFd,
+        source: Source,
         changed: impl FnOnce() -> Box<dyn FnMut(u32) -> bool + Send>,
     ) -> bool {
         if self.register.is_none() {
@@ -229,6 +343,6 @@ impl Watches {
         }
         self.register
             .as_ref()
-            .is_some_and(|register| register.send((netns, fd)).is_ok())
+            .is_some_and(|register| register.send((netns, source)).is_ok())
     }
 }

@@ -210,7 +210,7 @@ pub fn spawn(reader: RuleReader) -> Result<Worker, RuleReader> {
             let Ok(mut reader) = handed.recv() else {
                 return;
             };
-            let mut watches = Watches::new();
+            let mut watches = Watches::default();
             while let Some(batch) = next_batch(&requested) {
                 for netns in batch {
                     // Watch before reading: a change during the read is then announced.

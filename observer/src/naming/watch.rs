@@ -262,6 +262,7 @@ fn wait(feeds: &mut [Feed], buffer: &mut [u8]) {
 
 /// Which namespaces are watched, and the thread that watches them (started on first
 /// use).
+#[derive(Default)]
 pub struct Watches {
     register: Option<mpsc::Sender<(u32, Source)>>,
     /// Whether each namespace tried is watched.
@@ -271,14 +272,6 @@ pub struct Watches {
 }
 
 impl Watches {
-    pub fn new() -> Self {
-        Watches {
-            register: None,
-            tried: HashMap::new(),
-            polled: HashMap::new(),
-        }
-    }
-
     /// Polls the legacy tables of `netns` (once; `path` opens it). Returns whether
     /// their changes are seen.
     pub fn ensure_polled(

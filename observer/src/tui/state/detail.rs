@@ -162,7 +162,7 @@ impl App {
                     .map(|a| (a.joined, arrival_marker(a, clock))),
             )
             .collect();
-        marks.sort_by(|a, b| b.0.cmp(&a.0));
+        marks.sort_by_key(|(time, _)| std::cmp::Reverse(*time));
         marks.truncate(CHANGE_MARKS);
         marks.into_iter().map(|(_, text)| text).collect()
     }

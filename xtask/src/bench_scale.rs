@@ -3,7 +3,9 @@
 //! connections/s). Its CPU is read from /proc/PID/stat: user + system time of observer
 //! and of its children it reaped (`nsenter` exec'ing `iptables-save`, `nft`), over the
 //! traffic window that follows observer's first read of the rules; RSS from
-//! /proc/PID/status at the window's end. A benchmark: it asserts nothing.
+//! /proc/PID/status at the window's end. Then one endpoint leaves a Service (a readiness
+//! flip): the CPU observer spends until its `endpoints` line is written is the price of
+//! one rule change (a full re-read). A benchmark: it asserts nothing.
 
 use std::{
     net::{Ipv4Addr, SocketAddrV4},
@@ -28,6 +30,9 @@ struct Figures {
     connections: usize,
     seconds: f64,
     first_read: Duration,
+    /// CPU seconds for one endpoint change, and how long until it was logged.
+    change_cpu: f64,
+    change_logged: Duration,
 }
 
 pub fn scale(observer: &Path, services: usize, seconds: f64) -> anyhow::Result<()> {
@@ -35,16 +40,20 @@ pub fn scale(observer: &Path, services: usize, seconds: f64) -> anyhow::Result<(
         "observer at scale: {services} Services x 3 endpoints, {RATE} new connections/s for {seconds} s; \
          CPU of observer and its children (iptables-save, nft) from /proc/PID/stat"
     );
-    println!("  rules      CPU (% of a core)   RSS (MiB)   connections   first read (s)");
+    println!(
+        "  rules      CPU (% of a core)   RSS (MiB)   connections   first read (s)   one endpoint change: CPU s, logged after s"
+    );
     for rules in [RuleMode::Iptables, RuleMode::Nftables] {
         let f = measure(observer, rules, services, seconds)?;
         println!(
-            "  {:<9} {:>18.2}   {:>9.1}   {:>11}   {:>13.1}   ({:.1} s window)",
+            "  {:<9} {:>18.2}   {:>9.1}   {:>11}   {:>14.1}   {:>9.2}, {:.2}   ({:.1} s window)",
             format!("{rules:?}").to_lowercase(),
             f.cpu_share * 100.0,
             f.rss_kib as f64 / 1024.0,
             f.connections,
             f.first_read.as_secs_f64(),
+            f.change_cpu,
+            f.change_logged.as_secs_f64(),
             f.seconds
         );
     }
@@ -100,7 +109,7 @@ fn measure(
     // (its Service lines) before measuring the steady state.
     let started = Instant::now();
     lab::http_fresh(&lab, targets[0], 1)?;
-    wait_for_services(&log, services)?;
+    wait_for(&log, "\"type\":\"service\"", services)?;
     let first_read = started.elapsed();
 
     let before = cpu_ticks(pid)?;
@@ -115,6 +124,13 @@ fn measure(
     let after = cpu_ticks(pid)?;
     let elapsed = window.elapsed().as_secs_f64();
     let rss_kib = rss_kib(pid)?;
+
+    let (changing, changed) = (cpu_ticks(pid)?, Instant::now());
+    let flipped = &checkout.endpoints[0];
+    lab.remove_endpoint("load/svc-0:http", flipped.ip)?;
+    wait_for(&log, "\"type\":\"endpoints\"", 1)?;
+    let change_logged = changed.elapsed();
+    let change_cpu = (cpu_ticks(pid)? - changing) as f64 / clock_ticks()?;
     recorder.terminate()?;
     let _ = std::fs::remove_dir_all(&dir);
     drop(lab);
@@ -124,24 +140,26 @@ fn measure(
         connections,
         seconds: elapsed,
         first_read,
+        change_cpu,
+        change_logged,
     })
 }
 
-/// Waits until the log (flushed every second) defines `count` Services or more.
-fn wait_for_services(log: &Path, count: usize) -> anyhow::Result<()> {
+/// Waits until the log (flushed every second) has `count` lines with `marker` or more.
+fn wait_for(log: &Path, marker: &str, count: usize) -> anyhow::Result<()> {
     let deadline = Instant::now() + FIRST_READ;
     loop {
         let text = std::fs::read_to_string(log).unwrap_or_default();
-        if text.matches("\"type\":\"service\"").count() >= count {
+        if text.matches(marker).count() >= count {
             return Ok(());
         }
         if Instant::now() > deadline {
             bail!(
-                "observer did not write {count} Services within {} s",
+                "observer did not write {count} lines with {marker} within {} s",
                 FIRST_READ.as_secs()
             );
         }
-        std::thread::sleep(Duration::from_millis(200));
+        std::thread::sleep(Duration::from_millis(100));
     }
 }
 

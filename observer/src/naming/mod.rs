@@ -140,8 +140,10 @@ struct Space {
     /// How many snapshots of this namespace were taken in: a name that waits for a
     /// re-read waits for the next one.
     generation: u64,
-    /// Whether its changes are announced (then `watched_max_age` applies).
+    /// Whether its changes are seen as they happen (then `watched_max_age` applies).
     watched: bool,
+    /// How many changes the watcher had seen when these rules were read.
+    seen: u64,
 }
 
 /// Rules are re-read no sooner than this many times the last read's duration.
@@ -234,7 +236,13 @@ impl Namer {
             self.request(netns, now);
         }
         let mut naming = self.cached(netns, proto, original_dst, backend);
-        if naming.endpoint_in_rules != Some(true) && self.outdated(netns, true, now) {
+        let missed = naming.endpoint_in_rules != Some(true);
+        // A change was seen since the rules were read: its re-read is on the way.
+        if missed && self.changed_since_read(netns) {
+            let wait_for = Some(self.generation(netns) + 1);
+            return Lookup { naming, wait_for };
+        }
+        if missed && self.outdated(netns, true, now) {
             wants = true;
             self.request(netns, now);
             naming = self.cached(netns, proto, original_dst, backend);
@@ -246,18 +254,31 @@ impl Namer {
 
     /// Whether the rules of `netns` are missing or too old (for a miss, `min_interval`).
     /// Rules that take long to read are re-read less often: reading keeps the worker
-    /// busy at most a quarter of the time (a node with thousands of Services).
+    /// busy at most a quarter of the time (a node with thousands of Services). Rules
+    /// whose changes are seen as they happen are current: a miss there (a stale pin)
+    /// re-reads nothing.
     fn outdated(&self, netns: u32, missed: bool, now: Instant) -> bool {
         self.spaces.get(&netns).is_none_or(|space| {
             let age = now.saturating_duration_since(space.read_at);
             let floor = space.took * READ_SHARE;
-            let max_age = if space.watched {
-                self.config.watched_max_age
-            } else {
-                self.config.max_age
-            };
-            age >= max_age.max(floor) || (missed && age >= self.config.min_interval.max(floor))
+            if space.watched {
+                return age >= self.config.watched_max_age.max(floor);
+            }
+            age >= self.config.max_age.max(floor)
+                || (missed && age >= self.config.min_interval.max(floor))
         })
+    }
+
+    /// Whether the watcher saw `netns` change after its rules were last read.
+    fn changed_since_read(&self, netns: u32) -> bool {
+        let (Reads::Worker(worker), Some(space)) = (&self.reads, self.spaces.get(&netns)) else {
+            return false;
+        };
+        space.watched
+            && worker
+                .seen
+                .lock()
+                .is_ok_and(|seen| seen.get(&netns).is_some_and(|n| *n > space.seen))
     }
 
     /// The name from the rules known now, without asking for anything.
@@ -351,6 +372,7 @@ impl Namer {
                 took: snapshot.took,
                 generation,
                 watched: snapshot.watched,
+                seen: snapshot.seen,
             },
         );
         self.updates.extend(snapshot.updates);

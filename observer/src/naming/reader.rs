@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 
 use super::rules::ServiceMap;
-use super::watch::Watches;
+use super::watch::{Seen, Watches};
 use super::{DumpSource, Dumps, parse_dumps};
 use crate::model::record::{EndpointShare, EndpointsRecord, Frontend, Proto, ServiceRecord};
 
@@ -35,6 +35,8 @@ pub struct Snapshot {
     /// announcements, legacy tables polled) so that it needs no re-reads on a timer:
     /// set by the worker that watches it.
     pub watched: bool,
+    /// How many changes the watcher had seen when the read began.
+    pub seen: u64,
 }
 
 type Published = (Vec<Frontend>, Vec<EndpointShare>);
@@ -99,6 +101,7 @@ impl RuleReader {
             warnings,
             legacy,
             watched: false,
+            seen: 0,
         }
     }
 
@@ -186,6 +189,8 @@ pub enum Request {
 pub struct Worker {
     pub requests: mpsc::Sender<Request>,
     pub snapshots: mpsc::Receiver<Snapshot>,
+    /// Changes the watcher has seen per namespace.
+    pub seen: Seen,
 }
 
 impl Drop for Worker {
@@ -204,19 +209,23 @@ pub fn spawn(reader: RuleReader) -> Result<Worker, RuleReader> {
     let (publish, snapshots) = mpsc::channel();
     let (hand_over, handed) = mpsc::channel::<RuleReader>();
     let again = requests.clone();
+    let seen = Seen::default();
+    let shared = seen.clone();
     let started = std::thread::Builder::new()
         .name("observer-rules".to_owned())
         .spawn(move || {
             let Ok(mut reader) = handed.recv() else {
                 return;
             };
-            let mut watches = Watches::default();
+            let mut watches = Watches::new(shared);
             while let Some(batch) = next_batch(&requested) {
                 for netns in batch {
                     // Watch before reading: a change during the read is then announced.
                     let path = reader.source.netns_path(netns);
                     let announced = watches.ensure(netns, path.clone(), changed(&again));
+                    let seen = watches.seen(netns);
                     let mut snapshot = reader.read(netns, Instant::now());
+                    snapshot.seen = seen;
                     // Legacy tables are polled from their first read on (the first poll
                     // re-reads once: they may have changed since this read began).
                     snapshot.watched = if snapshot.legacy {
@@ -238,6 +247,7 @@ pub fn spawn(reader: RuleReader) -> Result<Worker, RuleReader> {
             Ok(Worker {
                 requests,
                 snapshots,
+                seen,
             })
         }
         Err(_) => Err(reader),

@@ -13,6 +13,7 @@ use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
@@ -102,6 +103,11 @@ fn drain(fd: &OwnedFd, buffer: &mut [u8]) -> bool {
     }
 }
 
+/// How many changes the watcher has seen per namespace, shared with the namer: a
+/// lookup that misses waits for the re-read of a change seen since its rules were
+/// read, instead of asking for a re-read of its own.
+pub type Seen = Arc<Mutex<HashMap<u32, u64>>>;
+
 /// How a namespace's changes are learnt.
 pub enum Source {
     /// nf_tables' announcements arrive on this socket.
@@ -120,6 +126,9 @@ struct Feed {
     source: Source,
     /// (first, last) change of a burst not yet answered by a re-read.
     burst: Option<(Instant, Instant)>,
+    /// Changes seen, and how many of them are published in [`Seen`].
+    seen: u64,
+    published: u64,
 }
 
 impl Feed {
@@ -140,6 +149,7 @@ impl Feed {
     fn saw_change(&mut self, now: Instant) {
         let first = self.burst.map_or(now, |(first, _)| first);
         self.burst = Some((first, now));
+        self.seen += 1;
     }
 
     /// Fingerprints polled tables when their time has come.
@@ -174,6 +184,7 @@ impl Feed {
 /// when the sender is dropped.
 pub fn spawn(
     mut changed: impl FnMut(u32) -> bool + Send + 'static,
+    seen: Seen,
 ) -> std::io::Result<mpsc::Sender<(u32, Source)>> {
     let (register, registered) = mpsc::channel::<(u32, Source)>();
     std::thread::Builder::new()
@@ -188,6 +199,8 @@ pub fn spawn(
                             netns,
                             source,
                             burst: None,
+                            seen: 0,
+                            published: 0,
                         }),
                         Err(mpsc::TryRecvError::Empty) => break,
                         Err(mpsc::TryRecvError::Disconnected) => return,
@@ -197,6 +210,10 @@ pub fn spawn(
                 let now = Instant::now();
                 for feed in &mut feeds {
                     feed.poll_legacy(now);
+                }
+                // Published before any re-read is asked for.
+                publish(&mut feeds, &seen);
+                for feed in &mut feeds {
                     if feed.due().is_some_and(|due| due <= now) {
                         feed.burst = None;
                         if !changed(feed.netns) {
@@ -207,6 +224,23 @@ pub fn spawn(
             }
         })?;
     Ok(register)
+}
+
+fn publish(feeds: &mut [Feed], seen: &Seen) {
+    let mut fresh = feeds
+        .iter_mut()
+        .filter(|f| f.published != f.seen)
+        .peekable();
+    if fresh.peek().is_none() {
+        return;
+    }
+    let Ok(mut seen) = seen.lock() else {
+        return;
+    };
+    for feed in fresh {
+        seen.insert(feed.netns, feed.seen);
+        feed.published = feed.seen;
+    }
 }
 
 /// Waits until a socket has announcements, a burst or a poll is due, or [`IDLE`]
@@ -262,16 +296,33 @@ fn wait(feeds: &mut [Feed], buffer: &mut [u8]) {
 
 /// Which namespaces are watched, and the thread that watches them (started on first
 /// use).
-#[derive(Default)]
 pub struct Watches {
     register: Option<mpsc::Sender<(u32, Source)>>,
     /// Whether each namespace tried is watched.
     tried: HashMap<u32, bool>,
     /// Whether each namespace tried has its legacy tables polled.
     polled: HashMap<u32, bool>,
+    /// Changes seen, for the namer.
+    seen: Seen,
 }
 
 impl Watches {
+    /// Watches that publish the changes they see in `seen`.
+    pub fn new(seen: Seen) -> Self {
+        Watches {
+            register: None,
+            tried: HashMap::new(),
+            polled: HashMap::new(),
+            seen,
+        }
+    }
+
+    /// How many changes of `netns` were seen so far.
+    pub fn seen(&self, netns: u32) -> u64 {
+        self.seen
+            .lock()
+            .map_or(0, |seen| seen.get(&netns).copied().unwrap_or(0))
+    }
     /// Polls the legacy tables of `netns` (once; `path` opens it). Returns whether
     /// their changes are seen.
     pub fn ensure_polled(
@@ -332,7 +383,7 @@ impl Watches {
         changed: impl FnOnce() -> Box<dyn FnMut(u32) -> bool + Send>,
     ) -> bool {
         if self.register.is_none() {
-            self.register = spawn(changed()).ok();
+            self.register = spawn(changed(), self.seen.clone()).ok();
         }
         self.register
             .as_ref()

@@ -6,10 +6,12 @@
 //! Reading rules costs a few processes, so re-reads are rate-limited per namespace: one
 //! when the rules are older than `max_age`, and one when a lookup misses (unknown
 //! address or a backend not in the rules) at most every `min_interval`. A namespace
-//! whose changes nf_tables announces ([`watch`]) is re-read when they change instead,
-//! and on the timer only every `watched_max_age` (a safety net). Rules that
-//! cannot be read never stop capture: the connection gets `service: null` and the
-//! namer emits one warning per namespace and cause.
+//! whose changes are seen as they happen ([`watch`]: nf_tables announces them, legacy
+//! tables are fingerprinted) is re-read when they change instead, and on the timer
+//! only every `watched_max_age` (a safety net); a miss there (a stale pin) re-reads
+//! nothing, it waits for the re-read of a change seen since the last read, if any.
+//! Rules that cannot be read never stop capture: the connection gets `service: null`
+//! and the namer emits one warning per namespace and cause.
 //!
 //! In a session the reads run on a worker thread ([`Namer::spawn`]): a lookup names
 //! from the rules published so far and never waits. A lookup that asked for a re-read

@@ -256,9 +256,15 @@ impl Session {
             Some(follower) => follower.view.rewrite(id, record),
             None => (id, record),
         };
+        // A namespace's rules are read (and watched) from its first connection on, so
+        // that their changes are seen as they happen.
+        if self.netns_seen.insert(record.netns)
+            && let Some(namer) = self.namer.as_mut()
+        {
+            namer.prime(record.netns, Instant::now());
+        }
         // Only the live view shows connections before they end.
         if self.updates.is_none() {
-            self.netns_seen.insert(record.netns);
             return;
         }
         match self.name(&mut record) {
@@ -376,6 +382,7 @@ impl Session {
         let Some(namer) = self.namer.as_mut() else {
             return Ok(());
         };
+        let changes = namer.take_endpoint_changes();
         for warning in namer.take_warnings() {
             (self.warn)(warning);
         }
@@ -385,6 +392,13 @@ impl Session {
                     .with_context(|| format!("cannot write the connection log to {}", log.name))?;
             }
             self.send(Update::Service(service));
+        }
+        for change in changes {
+            if let Some(log) = self.log.as_mut() {
+                log.endpoints(&change)
+                    .with_context(|| format!("cannot write the connection log to {}", log.name))?;
+            }
+            self.send(Update::Endpoints(change));
         }
         Ok(())
     }

@@ -2,7 +2,10 @@
 //! keep-alive connection to pod A stays open, A is removed from the rules the way
 //! kube-proxy removes it. New connections never reach A; the open one keeps flowing to
 //! A and the log reports it as a stale pin (`endpoint_in_rules: false`), and `observer
-//! check --max-stale 0` fails on it.
+//! check --max-stale 0` fails on it. observer notices the change as it happens (issue
+//! 11): an `endpoints` line within 100 ms of it, a timeline that shows the pin stale
+//! until it closed and no new connection to A after it left, and A's return the same
+//! way.
 
 mod common;
 
@@ -12,9 +15,11 @@ use std::{
     time::Duration,
 };
 
+use chrono::{DateTime, Utc};
 use common::{Recorder, only_node, prefix, require_root};
-use observer::model::record::{Close, Proto};
-use observer_lab::{Lab, LabConfig, RuleMode, Topology, http_fresh};
+use observer::model::record::{Close, EndpointsRecord, Proto, Recording};
+use observer::stats::timeline::Timeline;
+use observer_lab::{Lab, LabConfig, RuleMode, Service, Topology, http_fresh};
 
 /// A keep-alive client that sends `count` requests `pause` seconds apart on one
 /// connection and prints `[[local_port, pod], ...]`.
@@ -103,8 +108,10 @@ fn readiness_flip(rules: RuleMode, tag: &str) {
         .unwrap();
     std::thread::sleep(Duration::from_millis(1500));
     let pinned = pinned_backend(&lab, cluster.into());
+    let before_removal = Utc::now();
     lab.remove_endpoint(&service.port_name_string(), pinned)
         .expect("readiness flip");
+    let removed_at = Utc::now();
 
     // New connections never reach the removed pod.
     let fresh = http_fresh(&lab, cluster, 30).unwrap();
@@ -124,6 +131,14 @@ fn readiness_flip(rules: RuleMode, tag: &str) {
             .iter()
             .all(|(port, pod)| *port == answers[0].0 && pod_ip(pod) == pinned)
     );
+    // The pod is ready again: new connections reach it.
+    std::thread::sleep(Duration::from_millis(500));
+    let before_return = Utc::now();
+    lab.add_endpoint(&service.port_name_string(), pinned)
+        .expect("the pod's return");
+    let returned_at = Utc::now();
+    let back = http_fresh(&lab, cluster, 30).unwrap();
+    assert!(back.iter().any(|a| pod_ip(&a.pod) == pinned));
     std::thread::sleep(Duration::from_millis(500));
     let mut recording = recorder.stop();
     assert_eq!(recording.summary.as_ref().unwrap().lost_events, 0);
@@ -134,7 +149,7 @@ fn readiness_flip(rules: RuleMode, tag: &str) {
     let stale = recording
         .conns
         .iter()
-        .find(|c| c.proto == Proto::Tcp && c.client.port() == answers[0].0)
+        .find(|c| c.proto == Proto::Tcp && c.client.port() == answers[0].0 && c.start < removed_at)
         .unwrap();
     assert_eq!(
         (
@@ -155,7 +170,7 @@ fn readiness_flip(rules: RuleMode, tag: &str) {
     let fresh_records: Vec<_> = recording
         .conns
         .iter()
-        .filter(|c| fresh.iter().any(|a| a.client_port == c.client.port()))
+        .filter(|c| fresh.iter().any(|a| a.client_port == c.client.port()) && c.start < returned_at)
         .collect();
     assert_eq!(fresh_records.len(), 30);
     assert!(
@@ -164,13 +179,60 @@ fn readiness_flip(rules: RuleMode, tag: &str) {
             .all(|c| c.endpoint_in_rules == Some(true) && c.backend != pinned_addr)
     );
 
-    // The log's latest definition of the Service has the two remaining endpoints.
-    let latest = recording
-        .services
-        .iter()
-        .rev()
-        .find(|s| s.service == name)
-        .unwrap();
+    definitions_around_the_flip(
+        &recording,
+        &service,
+        pinned_addr,
+        (before_removal, before_return),
+        returned_at,
+    );
+
+    timeline_is_told(
+        &recording,
+        &name,
+        pinned_addr,
+        (before_removal, removed_at),
+        (before_return, returned_at),
+        stale,
+    );
+
+    reports_tell(&recorder_log(&dir), &name, pinned_addr);
+}
+
+/// The log's definition of the Service after the flip has the two remaining endpoints
+/// (and after the return, all three again).
+fn definitions_around_the_flip(
+    recording: &Recording,
+    service: &Service,
+    pinned_addr: SocketAddr,
+    (before_removal, before_return): (DateTime<Utc>, DateTime<Utc>),
+    returned_at: DateTime<Utc>,
+) {
+    let name = service.port_name_string();
+    let definition = |from: DateTime<Utc>, to: DateTime<Utc>| {
+        let found: Vec<_> = recording
+            .services
+            .iter()
+            .filter(|s| s.service == name && s.time >= from && s.time < to)
+            .collect();
+        assert_eq!(found.len(), 1, "one definition expected: {found:?}");
+        found[0].clone()
+    };
+    let mut all: Vec<SocketAddr> =
+        definition(returned_at, Utc::now() + chrono::TimeDelta::hours(1))
+            .endpoints
+            .iter()
+            .map(|e| e.addr)
+            .collect();
+    all.sort();
+    let mut expected_all: Vec<SocketAddr> = service
+        .endpoint_addrs()
+        .into_iter()
+        .map(SocketAddr::V4)
+        .collect();
+    expected_all.sort();
+    assert_eq!(all, expected_all);
+    let latest = definition(before_removal, before_return);
     let mut endpoints: Vec<(SocketAddr, f64)> = latest
         .endpoints
         .iter()
@@ -185,11 +247,29 @@ fn readiness_flip(rules: RuleMode, tag: &str) {
         .map(|addr| (addr, 0.5))
         .collect();
     assert_eq!(endpoints, remaining);
+}
+
+/// `observer summary` tells the story and `observer check --max-stale 0` catches it.
+fn reports_tell(log: &std::path::Path, name: &str, pinned_addr: SocketAddr) {
+    let summary = Command::new(env!("CARGO_BIN_EXE_observer"))
+        .args(["summary", "--service", name])
+        .arg(log)
+        .output()
+        .unwrap();
+    assert_eq!(summary.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&summary.stdout);
+    for said in [
+        format!("{pinned_addr} left the rules; last new connection "),
+        "; 1 connection stale afterwards, for up to ".to_owned(),
+        format!("{pinned_addr} joined the rules; first connection "),
+    ] {
+        assert!(text.contains(&said), "{said:?} not in:\n{text}");
+    }
 
     // `observer check` catches it.
     let check = Command::new(env!("CARGO_BIN_EXE_observer"))
         .args(["check", "--max-stale", "0"])
-        .arg(recorder_log(&dir))
+        .arg(log)
         .output()
         .unwrap();
     assert_eq!(
@@ -199,7 +279,102 @@ fn readiness_flip(rules: RuleMode, tag: &str) {
         String::from_utf8_lossy(&check.stdout)
     );
     let text = String::from_utf8_lossy(&check.stdout);
-    assert!(text.contains(&name) && text.contains("stale"), "{text}");
+    assert!(text.contains(name) && text.contains("stale"), "{text}");
+}
+
+/// The `endpoints` line of `name` that says `addr` left (or joined), dated within
+/// 100 ms of the rule change: after the change began, at most 100 ms after it was
+/// applied (`applied` is read just after; the bound is the issue's).
+fn change_line<'a>(
+    recording: &'a Recording,
+    name: &str,
+    addr: SocketAddr,
+    removed: bool,
+    (began, applied): (DateTime<Utc>, DateTime<Utc>),
+) -> &'a EndpointsRecord {
+    let lines: Vec<&EndpointsRecord> = recording
+        .endpoints
+        .iter()
+        .filter(|e| e.service == name)
+        .filter(|e| {
+            let (mine, other) = if removed {
+                (&e.removed, &e.added)
+            } else {
+                (&e.added, &e.removed)
+            };
+            mine == &vec![addr] && other.is_empty()
+        })
+        .collect();
+    assert_eq!(lines.len(), 1, "{:?}", recording.endpoints);
+    let line = lines[0];
+    let late = (line.time - applied).num_microseconds().unwrap();
+    eprintln!(
+        "{name}: {addr} {} in the log {late} us after the change was applied",
+        if removed { "left" } else { "joined" }
+    );
+    assert!(
+        line.time >= began && late <= 100_000,
+        "the endpoints line is dated {} (began {began}, applied {applied}: {late} us after)",
+        line.time
+    );
+    line
+}
+
+/// What the timeline says about the flip: no new connection to the pod after it left,
+/// its keep-alive connection stale until it closed, and its return with a first new
+/// connection.
+fn timeline_is_told(
+    recording: &Recording,
+    name: &str,
+    pinned: SocketAddr,
+    removal: (DateTime<Utc>, DateTime<Utc>),
+    comeback: (DateTime<Utc>, DateTime<Utc>),
+    stale: &observer::model::record::ConnRecord,
+) {
+    assert_eq!(recording.endpoints.len(), 2, "{:?}", recording.endpoints);
+    let left = change_line(recording, name, pinned, true, removal);
+    let joined = change_line(recording, name, pinned, false, comeback);
+    let to_pod: Vec<_> = recording
+        .conns
+        .iter()
+        .filter(|c| c.backend == pinned && c.start >= left.time && c.start < joined.time)
+        .collect();
+    assert!(
+        to_pod.is_empty(),
+        "new connections after it left: {to_pod:?}"
+    );
+
+    let timeline = Timeline::from_recording(recording).service(name, Proto::Tcp);
+    assert_eq!(timeline.departures.len(), 1);
+    let departure = &timeline.departures[0];
+    assert_eq!(
+        (departure.backend, departure.left, departure.returned),
+        (pinned, left.time, Some(joined.time))
+    );
+    assert!(departure.late.is_empty());
+    let pins: Vec<_> = departure
+        .pins
+        .values()
+        .map(|pin| (pin.client, pin.start, pin.end))
+        .collect();
+    assert_eq!(pins, vec![(stale.client, stale.start, stale.end)]);
+    assert!(
+        departure
+            .last_new
+            .is_some_and(|last| last >= stale.start && last < left.time)
+    );
+    let first = recording
+        .conns
+        .iter()
+        .filter(|c| c.backend == pinned && c.start >= joined.time)
+        .map(|c| c.start)
+        .min();
+    assert!(first.is_some());
+    assert_eq!(timeline.arrivals.len(), 1);
+    assert_eq!(
+        (timeline.arrivals[0].joined, timeline.arrivals[0].first_conn),
+        (joined.time, first)
+    );
 }
 
 fn recorder_log(dir: &tempfile::TempDir) -> std::path::PathBuf {

@@ -41,6 +41,10 @@ pub struct BenchArgs {
         default_value = "1000,2000,4000,8000,12000,16000,20000"
     )]
     rates: Vec<u64>,
+    /// Instead of connection rates: observer's CPU (children included) and RSS on a node
+    /// with this many Services x 3 endpoints under light traffic, in both rule formats.
+    #[arg(long)]
+    services: Option<usize>,
     /// Set up the lab and the sink, print how to drive load at it (e.g. to watch the live
     /// view under load), and wait for Enter instead of measuring.
     #[arg(long)]
@@ -69,10 +73,13 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
             "the benchmark builds network namespaces and loads eBPF programs; run it as root: sudo -E cargo xtask bench"
         );
     }
-    let observer = match args.observer.clone() {
-        Some(path) => path,
+    let observer = match &args.observer {
+        Some(path) => path.clone(),
         None => crate::demo::build_observer(true)?,
     };
+    if let Some(services) = args.services {
+        return crate::bench_scale::scale(&observer, services, 30.0);
+    }
     let xtask = std::env::current_exe()?;
     lab::down(PREFIX)?;
     let mut lab = Lab::up(LabConfig {

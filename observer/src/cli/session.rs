@@ -53,8 +53,9 @@ impl CaptureArgs {
     }
 
     fn namer(&self) -> Option<Namer> {
-        // kube-proxy rewrites rules on every endpoint change: re-read them every 2 s
-        // (only while there are connections to name) so stale pins show promptly.
+        // kube-proxy rewrites rules on every endpoint change. They are re-read when
+        // they change (nf_tables announces it; legacy tables are fingerprinted every
+        // second); where neither works, every 2 s while there are connections to name.
         let config = NamerConfig {
             max_age: Duration::from_secs(2),
             ..NamerConfig::default()

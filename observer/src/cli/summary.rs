@@ -9,6 +9,7 @@ use super::{FormatArg, Outcome, OutputFormat, emit};
 use crate::model::record::Recording;
 use crate::sinks::summary::{SummaryJson, render};
 use crate::stats::Aggregator;
+use crate::stats::timeline::Timeline;
 
 #[derive(Debug, Clone, clap::Args)]
 #[command(mut_arg("format", |a| a.help(
@@ -56,7 +57,22 @@ pub fn run(args: &SummaryArgs) -> anyhow::Result<Outcome> {
             };
             emit(&(serde_json::to_string(&json)? + "\n"))?;
         }
-        OutputFormat::Table => emit(&render(&file, recording.summary.as_ref(), &services))?,
+        OutputFormat::Table => {
+            // Pins still open at the end are counted until the recording's end.
+            let end = recording.summary.as_ref().map(|s| s.ended).or_else(|| {
+                recording
+                    .conns
+                    .iter()
+                    .map(|c| c.end.unwrap_or(c.start))
+                    .max()
+            });
+            let timeline = crate::sinks::timeline::render(
+                &Timeline::from_recording(&recording),
+                args.service.as_deref(),
+                end.unwrap_or_else(chrono::Utc::now),
+            );
+            emit(&(render(&file, recording.summary.as_ref(), &services) + &timeline))?
+        }
     }
     Ok(Outcome::Success)
 }

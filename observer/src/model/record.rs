@@ -165,12 +165,31 @@ pub struct ServiceRecord {
     pub time: DateTime<Utc>,
 }
 
+/// Endpoints that joined or left a Service port in a namespace's rules (a readiness
+/// flip, a rollout), written as soon as observer has read the changed rules. `time` is
+/// when that read began: the change happened at most a moment before.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EndpointsRecord {
+    /// `ns/name:port` as kube-proxy names the Service port.
+    pub service: String,
+    pub proto: Proto,
+    /// Network namespace (inode) whose rules changed.
+    pub netns: u32,
+    /// Sorted.
+    pub added: Vec<SocketAddr>,
+    /// Sorted; a Service that vanished from the rules lists all of its endpoints.
+    pub removed: Vec<SocketAddr>,
+    #[serde(with = "micros")]
+    pub time: DateTime<Utc>,
+}
+
 /// One line of a recording.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "lowercase")]
 pub enum LogLine {
     Conn(ConnRecord),
     Service(ServiceRecord),
+    Endpoints(EndpointsRecord),
     Summary(SummaryRecord),
 }
 
@@ -199,6 +218,8 @@ pub struct Recording {
     pub conns: Vec<ConnRecord>,
     /// Service lines in file order (a later line for the same service and netns wins).
     pub services: Vec<ServiceRecord>,
+    /// Endpoint changes in file order (none in logs written before they existed).
+    pub endpoints: Vec<EndpointsRecord>,
     pub summary: Option<SummaryRecord>,
     /// The line number of a last line that was cut short (observer killed, disk full):
     /// everything before it was read.
@@ -242,6 +263,7 @@ impl Recording {
             match parsed {
                 LogLine::Conn(conn) => recording.conns.push(conn),
                 LogLine::Service(service) => recording.services.push(service),
+                LogLine::Endpoints(change) => recording.endpoints.push(change),
                 LogLine::Summary(summary) => recording.summary = Some(summary),
             }
         }

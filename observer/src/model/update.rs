@@ -1,7 +1,7 @@
 //! What the capture side hands to its consumers (the recorder and the live view) while
 //! it runs. Plain data: no aya or tokio types, so consumers are testable without root.
 
-use crate::model::record::{ConnRecord, ServiceRecord};
+use crate::model::record::{ConnRecord, EndpointsRecord, ServiceRecord};
 
 /// Identifies one connection: the kernel's `struct nf_conn` address (reused after the
 /// entry is freed) plus the time its first packet was seen.
@@ -42,6 +42,8 @@ pub enum Update {
     Conn { id: ConnId, record: ConnRecord },
     /// A Service's definition from the rules (first sight or changed endpoints).
     Service(ServiceRecord),
+    /// Endpoints that joined or left a Service's rules.
+    Endpoints(EndpointsRecord),
     /// Counters, sent about once a second.
     Stats(CaptureStats),
 }

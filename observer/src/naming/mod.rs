@@ -5,9 +5,13 @@
 //!
 //! Reading rules costs a few processes, so re-reads are rate-limited per namespace: one
 //! when the rules are older than `max_age`, and one when a lookup misses (unknown
-//! address or a backend not in the rules) at most every `min_interval`. Rules that
-//! cannot be read never stop capture: the connection gets `service: null` and the
-//! namer emits one warning per namespace and cause.
+//! address or a backend not in the rules) at most every `min_interval`. A namespace
+//! whose changes are seen as they happen ([`watch`]: nf_tables announces them, legacy
+//! tables are fingerprinted) is re-read when they change instead, and on the timer
+//! only every `watched_max_age` (a safety net); a miss there (a stale pin) re-reads
+//! nothing, it waits for the re-read of a change seen since the last read, if any.
+//! Rules that cannot be read never stop capture: the connection gets `service: null`
+//! and the namer emits one warning per namespace and cause.
 //!
 //! In a session the reads run on a worker thread ([`Namer::spawn`]): a lookup names
 //! from the rules published so far and never waits. A lookup that asked for a re-read
@@ -16,16 +20,19 @@
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use crate::model::record::{Proto, ServiceRecord};
-use reader::RuleReader;
+use crate::model::record::{EndpointsRecord, Proto, ServiceRecord};
+use reader::{Request, RuleReader};
 use rules::ServiceMap;
 
 pub mod hold;
+pub mod legacy;
 mod reader;
 pub mod rules;
 pub mod source;
+pub mod watch;
 
 pub use source::{NetnsInfo, SystemSource, list_namespaces, netns_inode};
 
@@ -79,6 +86,12 @@ pub trait DumpSource: Send {
     /// Dumps of kube-proxy's rules in network namespace `netns` (an inode). `Err` names
     /// why nothing could be read at all.
     fn dump(&mut self, netns: u32) -> Result<Dumps, String>;
+
+    /// A path that opens network namespace `netns`, to watch its rules' changes;
+    /// `None` (fixtures) keeps its rules on the re-read timer.
+    fn netns_path(&mut self, _netns: u32) -> Option<PathBuf> {
+        None
+    }
 }
 
 /// Parses and merges every dump. Parse errors are returned as messages naming the
@@ -105,6 +118,10 @@ pub struct NamerConfig {
     pub max_age: Duration,
     /// A lookup miss re-reads the rules at most this often per namespace.
     pub min_interval: Duration,
+    /// Rules whose changes are announced are re-read after this long anyway: a safety
+    /// net only (a lost announcement shows as a socket overflow, which re-reads), kept
+    /// slow because one read of 5,000 Services costs seconds of CPU.
+    pub watched_max_age: Duration,
 }
 
 impl Default for NamerConfig {
@@ -112,6 +129,7 @@ impl Default for NamerConfig {
         NamerConfig {
             max_age: Duration::from_secs(10),
             min_interval: Duration::from_secs(2),
+            watched_max_age: Duration::from_secs(15 * 60),
         }
     }
 }
@@ -124,6 +142,10 @@ struct Space {
     /// How many snapshots of this namespace were taken in: a name that waits for a
     /// re-read waits for the next one.
     generation: u64,
+    /// Whether its changes are seen as they happen (then `watched_max_age` applies).
+    watched: bool,
+    /// How many changes the watcher had seen when these rules were read.
+    seen: u64,
 }
 
 /// Rules are re-read no sooner than this many times the last read's duration.
@@ -155,6 +177,7 @@ pub struct Namer {
     /// Namespaces whose re-read the worker has not answered yet.
     in_flight: HashSet<u32>,
     updates: Vec<ServiceRecord>,
+    changes: Vec<EndpointsRecord>,
     warnings: Vec<String>,
 }
 
@@ -181,6 +204,7 @@ impl Namer {
             spaces: HashMap::new(),
             in_flight: HashSet::new(),
             updates: Vec::new(),
+            changes: Vec::new(),
             warnings: Vec::new(),
         }
     }
@@ -214,7 +238,13 @@ impl Namer {
             self.request(netns, now);
         }
         let mut naming = self.cached(netns, proto, original_dst, backend);
-        if naming.endpoint_in_rules != Some(true) && self.outdated(netns, true, now) {
+        let missed = naming.endpoint_in_rules != Some(true);
+        // A change was seen since the rules were read: its re-read is on the way.
+        if missed && self.changed_since_read(netns) {
+            let wait_for = Some(self.generation(netns) + 1);
+            return Lookup { naming, wait_for };
+        }
+        if missed && self.outdated(netns, true, now) {
             wants = true;
             self.request(netns, now);
             naming = self.cached(netns, proto, original_dst, backend);
@@ -226,14 +256,31 @@ impl Namer {
 
     /// Whether the rules of `netns` are missing or too old (for a miss, `min_interval`).
     /// Rules that take long to read are re-read less often: reading keeps the worker
-    /// busy at most a quarter of the time (a node with thousands of Services).
+    /// busy at most a quarter of the time (a node with thousands of Services). Rules
+    /// whose changes are seen as they happen are current: a miss there (a stale pin)
+    /// re-reads nothing.
     fn outdated(&self, netns: u32, missed: bool, now: Instant) -> bool {
         self.spaces.get(&netns).is_none_or(|space| {
             let age = now.saturating_duration_since(space.read_at);
             let floor = space.took * READ_SHARE;
+            if space.watched {
+                return age >= self.config.watched_max_age.max(floor);
+            }
             age >= self.config.max_age.max(floor)
                 || (missed && age >= self.config.min_interval.max(floor))
         })
+    }
+
+    /// Whether the watcher saw `netns` change after its rules were last read.
+    fn changed_since_read(&self, netns: u32) -> bool {
+        let (Reads::Worker(worker), Some(space)) = (&self.reads, self.spaces.get(&netns)) else {
+            return false;
+        };
+        space.watched
+            && worker
+                .seen
+                .lock()
+                .is_ok_and(|seen| seen.get(&netns).is_some_and(|n| *n > space.seen))
     }
 
     /// The name from the rules known now, without asking for anything.
@@ -266,7 +313,9 @@ impl Namer {
                 self.absorb(snapshot);
             }
             Reads::Worker(worker) => {
-                if self.in_flight.insert(netns) && worker.requests.send(netns).is_err() {
+                if self.in_flight.insert(netns)
+                    && worker.requests.send(Request::Read(netns)).is_err()
+                {
                     // The worker is gone (it cannot end on its own): keep what is known.
                     self.in_flight.remove(&netns);
                 }
@@ -324,15 +373,33 @@ impl Namer {
                 read_at: snapshot.read_at,
                 took: snapshot.took,
                 generation,
+                watched: snapshot.watched,
+                seen: snapshot.seen,
             },
         );
         self.updates.extend(snapshot.updates);
+        self.changes.extend(snapshot.changes);
         self.warnings.extend(snapshot.warnings);
     }
 
     /// Services first seen, or whose frontends or endpoints changed, since the last call.
     pub fn take_service_updates(&mut self) -> Vec<ServiceRecord> {
         std::mem::take(&mut self.updates)
+    }
+
+    /// Endpoints that joined or left Services already known, since the last call.
+    pub fn take_endpoint_changes(&mut self) -> Vec<EndpointsRecord> {
+        std::mem::take(&mut self.changes)
+    }
+
+    /// Asks for the first read of `netns` (and so, where possible, for watching it)
+    /// when a connection is first seen there, before any lookup: changes to its rules
+    /// are then seen as they happen.
+    pub fn prime(&mut self, netns: u32, now: Instant) {
+        self.poll();
+        if !self.spaces.contains_key(&netns) {
+            self.request(netns, now);
+        }
     }
 
     /// New warnings since the last call; each namespace and cause is reported once.

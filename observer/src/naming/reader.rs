@@ -3,15 +3,17 @@
 //! namespace and cause). Runs inline (tests) or on a worker thread of its own, so that
 //! the loop draining the kernel's ring buffer never waits for `nsenter` and its tools.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::net::SocketAddr;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 
 use super::rules::ServiceMap;
-use super::{DumpSource, parse_dumps};
-use crate::model::record::{EndpointShare, Frontend, Proto, ServiceRecord};
+use super::watch::{Seen, Watches};
+use super::{DumpSource, Dumps, parse_dumps};
+use crate::model::record::{EndpointShare, EndpointsRecord, Frontend, Proto, ServiceRecord};
 
 /// What one read of a namespace's rules produced.
 pub struct Snapshot {
@@ -24,7 +26,17 @@ pub struct Snapshot {
     pub took: Duration,
     /// Services first seen, or whose frontends or endpoints changed.
     pub updates: Vec<ServiceRecord>,
+    /// Endpoints added to or removed from Services already known.
+    pub changes: Vec<EndpointsRecord>,
     pub warnings: Vec<String>,
+    /// Whether kube-proxy's rules are (also) in legacy iptables tables.
+    pub legacy: bool,
+    /// Whether the namespace's rule changes are seen as they happen (nf_tables'
+    /// announcements, legacy tables polled) so that it needs no re-reads on a timer:
+    /// set by the worker that watches it.
+    pub watched: bool,
+    /// How many changes the watcher had seen when the read began.
+    pub seen: u64,
 }
 
 type Published = (Vec<Frontend>, Vec<EndpointShare>);
@@ -47,9 +59,13 @@ impl RuleReader {
     /// Reads and parses the rules of `netns`; `read_at` stamps the snapshot.
     pub fn read(&mut self, netns: u32, read_at: Instant) -> Snapshot {
         let started = Instant::now();
+        // Endpoint changes are dated by when the read began: the rules had changed by then.
+        let wall = Utc::now();
         let mut warnings = Vec::new();
+        let mut legacy = false;
         let map = match self.source.dump(netns) {
             Ok(dumps) => {
+                legacy = uses_legacy(&dumps);
                 let (map, errors) = parse_dumps(&dumps);
                 warnings.extend(errors);
                 if map.is_empty() {
@@ -71,53 +87,156 @@ impl RuleReader {
                 )
             })
             .collect();
-        let mut updates = Vec::new();
-        for record in map
-            .iter()
-            .flat_map(|map| map.service_records(netns, Utc::now()))
-        {
-            let key = (netns, record.proto, record.service.clone());
-            let content = (record.frontends.clone(), record.endpoints.clone());
-            if self.published.get(&key) != Some(&content) {
-                self.published.insert(key, content);
-                updates.push(record);
-            }
-        }
+        let (updates, changes) = match &map {
+            Some(map) => self.compare(netns, map, wall),
+            None => Default::default(),
+        };
         Snapshot {
             netns,
             map,
             read_at,
             took: started.elapsed(),
             updates,
+            changes,
             warnings,
+            legacy,
+            watched: false,
+            seen: 0,
         }
     }
+
+    /// The Services of `map` that are new or changed since the last read, and the
+    /// endpoints that came and went in Services seen before (all of a vanished
+    /// Service's endpoints leave).
+    fn compare(
+        &mut self,
+        netns: u32,
+        map: &ServiceMap,
+        time: DateTime<Utc>,
+    ) -> (Vec<ServiceRecord>, Vec<EndpointsRecord>) {
+        let mut updates = Vec::new();
+        let mut changes = Vec::new();
+        let records = map.service_records(netns, Utc::now());
+        let present: HashSet<(Proto, &str)> = records
+            .iter()
+            .map(|r| (r.proto, r.service.as_str()))
+            .collect();
+        let vanished: Vec<(u32, Proto, String)> = self
+            .published
+            .keys()
+            .filter(|(ns, proto, name)| *ns == netns && !present.contains(&(*proto, name)))
+            .cloned()
+            .collect();
+        for key in vanished {
+            if let Some((_, before)) = self.published.remove(&key) {
+                changes.extend(change(&key, &before, &[], time));
+            }
+        }
+        for record in records {
+            let key = (netns, record.proto, record.service.clone());
+            let content = (record.frontends.clone(), record.endpoints.clone());
+            match self.published.get(&key) {
+                Some(before) if *before == content => continue,
+                Some((_, before)) => changes.extend(change(&key, before, &record.endpoints, time)),
+                None => {}
+            }
+            self.published.insert(key, content);
+            updates.push(record);
+        }
+        (updates, changes)
+    }
+}
+
+/// What changed between two endpoint lists of one Service, if anything.
+fn change(
+    (netns, proto, service): &(u32, Proto, String),
+    before: &[EndpointShare],
+    after: &[EndpointShare],
+    time: DateTime<Utc>,
+) -> Option<EndpointsRecord> {
+    let before: BTreeSet<SocketAddr> = before.iter().map(|e| e.addr).collect();
+    let after: BTreeSet<SocketAddr> = after.iter().map(|e| e.addr).collect();
+    let added: Vec<SocketAddr> = after.difference(&before).copied().collect();
+    let removed: Vec<SocketAddr> = before.difference(&after).copied().collect();
+    (!added.is_empty() || !removed.is_empty()).then(|| EndpointsRecord {
+        service: service.clone(),
+        proto: *proto,
+        netns: *netns,
+        added,
+        removed,
+        time,
+    })
+}
+
+/// Whether kube-proxy's rules are (also) in legacy iptables tables, whose changes
+/// nothing announces.
+fn uses_legacy(dumps: &Dumps) -> bool {
+    dumps
+        .dumps
+        .iter()
+        .any(|dump| dump.command.contains("-legacy-") && dump.text.contains("KUBE-SERVICES"))
+}
+
+/// What the worker is asked for.
+pub enum Request {
+    /// Read a namespace's rules (on a lookup, or because they changed).
+    Read(u32),
+    /// The namer is gone.
+    Stop,
 }
 
 /// The drain side's ends of a worker thread that reads rules on request.
 pub struct Worker {
-    pub requests: mpsc::Sender<u32>,
+    pub requests: mpsc::Sender<Request>,
     pub snapshots: mpsc::Receiver<Snapshot>,
+    /// Changes the watcher has seen per namespace.
+    pub seen: Seen,
 }
 
-/// Starts a thread that reads each requested namespace and sends back its snapshot.
-/// It ends when the requests' sender is dropped. If no thread can be started, the
-/// reader is handed back to be used inline.
+impl Drop for Worker {
+    fn drop(&mut self) {
+        // The watcher holds a sender too: the channel alone would never close.
+        let _ = self.requests.send(Request::Stop);
+    }
+}
+
+/// Starts a thread that reads each requested namespace and sends back its snapshot,
+/// and watches each namespace it read for announced changes (which it then re-reads
+/// unasked). It ends on [`Request::Stop`]. If no thread can be started, the reader is
+/// handed back to be used inline.
 pub fn spawn(reader: RuleReader) -> Result<Worker, RuleReader> {
-    let (requests, requested) = mpsc::channel::<u32>();
+    let (requests, requested) = mpsc::channel::<Request>();
     let (publish, snapshots) = mpsc::channel();
     let (hand_over, handed) = mpsc::channel::<RuleReader>();
+    let again = requests.clone();
+    let seen = Seen::default();
+    let shared = seen.clone();
     let started = std::thread::Builder::new()
         .name("observer-rules".to_owned())
         .spawn(move || {
             let Ok(mut reader) = handed.recv() else {
                 return;
             };
-            for netns in requested {
-                let snapshot = reader.read(netns, Instant::now());
-                log::debug!("read the rules of netns {netns} in {:?}", snapshot.took);
-                if publish.send(snapshot).is_err() {
-                    return;
+            let mut watches = Watches::new(shared);
+            while let Some(batch) = next_batch(&requested) {
+                for netns in batch {
+                    // Watch before reading: a change during the read is then announced.
+                    let path = reader.source.netns_path(netns);
+                    let announced = watches.ensure(netns, path.clone(), changed(&again));
+                    let seen = watches.seen(netns);
+                    let mut snapshot = reader.read(netns, Instant::now());
+                    snapshot.seen = seen;
+                    // Legacy tables are polled from their first read on (the first poll
+                    // re-reads once: they may have changed since this read began).
+                    snapshot.watched = if snapshot.legacy {
+                        watches.ensure_polled(netns, path, changed(&again))
+                    } else {
+                        announced
+                    };
+                    log::debug!("read the rules of netns {netns} in {:?}", snapshot.took);
+                    if publish.send(snapshot).is_err() {
+                        return;
+                    }
                 }
             }
         });
@@ -128,8 +247,35 @@ pub fn spawn(reader: RuleReader) -> Result<Worker, RuleReader> {
             Ok(Worker {
                 requests,
                 snapshots,
+                seen,
             })
         }
         Err(_) => Err(reader),
     }
+}
+
+/// What the watcher calls when a namespace's rules changed: a request to re-read it
+/// (false once the worker is gone).
+fn changed(
+    requests: &mpsc::Sender<Request>,
+) -> impl FnOnce() -> Box<dyn FnMut(u32) -> bool + Send> + use<> {
+    let requests = requests.clone();
+    move || Box::new(move |netns| requests.send(Request::Read(netns)).is_ok())
+}
+
+/// The next namespaces to read, each once however often it was asked for; `None` when
+/// the worker should end.
+fn next_batch(requested: &mpsc::Receiver<Request>) -> Option<Vec<u32>> {
+    let mut batch = match requested.recv().ok()? {
+        Request::Read(netns) => vec![netns],
+        Request::Stop => return None,
+    };
+    while let Ok(request) = requested.try_recv() {
+        match request {
+            Request::Read(netns) if !batch.contains(&netns) => batch.push(netns),
+            Request::Read(_) => {}
+            Request::Stop => return None,
+        }
+    }
+    Some(batch)
 }

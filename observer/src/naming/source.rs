@@ -312,4 +312,8 @@ impl DumpSource for SystemSource {
             .ok_or_else(|| "no process or /run/netns entry is in this namespace".to_owned())?;
         self.dump_path(&path)
     }
+
+    fn netns_path(&mut self, netns: u32) -> Option<PathBuf> {
+        self.path_of(netns)
+    }
 }

@@ -269,3 +269,69 @@ fn own_namespace_is_listed() {
     let own = netns_inode(Path::new("/proc/self/ns/net")).unwrap();
     assert!(list_namespaces().iter().any(|info| info.inode == own));
 }
+
+/// A re-read that finds endpoints moved says which joined and which left; the first
+/// read of a namespace is its initial state, not a change.
+#[test]
+fn endpoint_changes_are_reported_between_reads() {
+    let fake = Fake::default();
+    fake.set(NS, iptables(V4));
+    let mut namer = namer(&fake);
+    let t0 = Instant::now();
+    name_tcp(&mut namer, NS, "10.96.35.226:9090", "10.244.1.13:9100", t0);
+    assert_eq!(namer.take_endpoint_changes(), vec![]);
+    fake.set(
+        NS,
+        iptables(&V4.replace("10.244.1.13:9100", "10.244.7.7:9100")),
+    );
+    let before = chrono::Utc::now();
+    name_tcp(
+        &mut namer,
+        NS,
+        "10.96.35.226:9090",
+        "10.244.1.13:9100",
+        t0 + Duration::from_secs(10),
+    );
+    let changes = namer.take_endpoint_changes();
+    assert_eq!(changes.len(), 1, "{changes:?}");
+    let change = &changes[0];
+    assert_eq!(
+        (
+            change.service.as_str(),
+            change.proto,
+            change.netns,
+            change.added.clone(),
+            change.removed.clone()
+        ),
+        (
+            "shop/checkout:metrics",
+            Proto::Tcp,
+            NS,
+            vec![sa("10.244.7.7:9100")],
+            vec![sa("10.244.1.13:9100")]
+        )
+    );
+    assert!(change.time >= before && change.time <= chrono::Utc::now());
+    // Every Service gone (an empty dump): each one's endpoints all leave.
+    fake.set(NS, iptables(""));
+    name_tcp(
+        &mut namer,
+        NS,
+        "10.96.35.226:9090",
+        "10.244.7.7:9100",
+        t0 + Duration::from_secs(20),
+    );
+    let gone = namer.take_endpoint_changes();
+    let metrics = gone
+        .iter()
+        .find(|c| c.service == "shop/checkout:metrics")
+        .unwrap();
+    assert_eq!(
+        (metrics.added.clone(), metrics.removed.clone()),
+        (vec![], vec![sa("10.244.7.7:9100")])
+    );
+    assert!(
+        gone.iter()
+            .all(|c| c.added.is_empty() && !c.removed.is_empty())
+    );
+}

@@ -166,6 +166,7 @@ fn rules_that_take_long_to_read_are_reread_less_often() {
     let config = NamerConfig {
         max_age: Duration::from_millis(10),
         min_interval: Duration::from_millis(10),
+        ..NamerConfig::default()
     };
     let source = Slow {
         fake: fake.clone(),

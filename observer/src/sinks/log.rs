@@ -4,7 +4,7 @@ use std::io::Write;
 
 use serde::Serialize;
 
-use crate::model::record::{ConnRecord, ServiceRecord, SummaryRecord};
+use crate::model::record::{ConnRecord, EndpointsRecord, ServiceRecord, SummaryRecord};
 
 /// A borrowed log line: serializes exactly like `record::LogLine` without cloning.
 #[derive(Serialize)]
@@ -12,6 +12,7 @@ use crate::model::record::{ConnRecord, ServiceRecord, SummaryRecord};
 enum LineRef<'a> {
     Conn(&'a ConnRecord),
     Service(&'a ServiceRecord),
+    Endpoints(&'a EndpointsRecord),
     Summary(&'a SummaryRecord),
 }
 
@@ -120,6 +121,10 @@ impl LogWriter {
 
     pub fn service(&mut self, record: &ServiceRecord) -> std::io::Result<()> {
         self.line(&LineRef::Service(record))
+    }
+
+    pub fn endpoints(&mut self, record: &EndpointsRecord) -> std::io::Result<()> {
+        self.line(&LineRef::Endpoints(record))
     }
 
     /// Writes the summary line and flushes.

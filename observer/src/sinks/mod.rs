@@ -10,3 +10,4 @@ pub mod rules_table;
 pub mod serve;
 pub mod summary;
 pub mod text;
+pub mod timeline;

@@ -47,6 +47,8 @@ pub async fn run(
                 Update::Conn { id, record } => state.aggregator.apply(id, &record),
                 Update::Service(service) => state.aggregator.add_service(&service),
                 Update::Stats(stats) => state.capture = stats,
+                // Metrics carry no timeline.
+                Update::Endpoints(_) => {}
             }
         }
     };

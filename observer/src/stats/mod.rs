@@ -36,6 +36,7 @@ mod lifetimes;
 mod service;
 #[cfg(test)]
 pub(crate) mod tests;
+pub mod timeline;
 
 pub use aggregator::Aggregator;
 pub use lifetimes::{Percentiles, percentiles};

@@ -6,14 +6,16 @@ use std::collections::BTreeSet;
 use crate::model::record::{Close, Recording};
 use crate::model::update::{CaptureStats, ConnId, Update};
 
-/// Services first (in file order, so a later definition wins), then every connection's
-/// final record in order of start time, then the recording's counters.
+/// Services first (in file order, so a later definition wins), then endpoint changes,
+/// then every connection's final record in order of start time, then the recording's
+/// counters.
 pub fn replay_updates(recording: &Recording) -> Vec<Update> {
     let mut updates: Vec<Update> = recording
         .services
         .iter()
         .cloned()
         .map(Update::Service)
+        .chain(recording.endpoints.iter().cloned().map(Update::Endpoints))
         .collect();
     let mut conns: Vec<_> = recording.conns.iter().enumerate().collect();
     conns.sort_by_key(|(index, conn)| (conn.start, *index));

@@ -89,4 +89,5 @@ pub fn only_node(recording: &mut Recording, node_ns: &str) {
     let inode = netns_inode(node_ns);
     recording.conns.retain(|conn| conn.netns == inode);
     recording.services.retain(|service| service.netns == inode);
+    recording.endpoints.retain(|change| change.netns == inode);
 }

@@ -370,6 +370,36 @@ impl Lab {
         Ok(())
     }
 
+    /// Puts the lab's pod `pod_ip` back into a Service port's endpoints (the pod became
+    /// ready again), in the lab's pod order, through the same partial sync as
+    /// [`Lab::remove_endpoint`].
+    pub fn add_endpoint(&mut self, service: &str, pod_ip: Ipv4Addr) -> anyhow::Result<()> {
+        let Some(pod) = self.pods.iter().find(|p| p.ip == pod_ip).cloned() else {
+            bail!("{pod_ip} is not one of the lab's pods");
+        };
+        let Some(idx) = self
+            .services
+            .iter()
+            .position(|s| s.port_name_string() == service)
+        else {
+            bail!("the lab has no Service port `{service}`");
+        };
+        let previous = self.services.clone();
+        let order: Vec<Ipv4Addr> = self.pods.iter().map(|p| p.ip).collect();
+        let svc = &mut self.services[idx];
+        if svc.endpoints.iter().any(|p| p.ip == pod_ip) {
+            bail!("{pod_ip} is already an endpoint of {service}");
+        }
+        svc.endpoints.push(pod);
+        svc.endpoints
+            .sort_by_key(|p| order.iter().position(|ip| *ip == p.ip));
+        if let Err(e) = self.sync_rules(Some(&previous)) {
+            self.services = previous;
+            return Err(e);
+        }
+        Ok(())
+    }
+
     /// Keeps the lab running after this process exits (`cargo xtask lab up`).
     pub(crate) fn detach(mut self) {
         self.detached = true;

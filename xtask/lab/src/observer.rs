@@ -57,7 +57,7 @@ impl Observer {
         }
     }
 
-    /// The process id, e.g. to SIGSTOP and SIGCONT it.
+    /// The process id: to signal it (SIGSTOP/SIGCONT) or read its CPU and memory.
     pub fn pid(&self) -> u32 {
         self.child.id()
     }

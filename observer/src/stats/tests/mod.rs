@@ -354,6 +354,7 @@ fn from_recording_uses_line_order_ids() {
             conn(Some(CHECKOUT), "10.244.1.12:8080", 1, 1.0),
         ],
         services: vec![three_endpoints()],
+        endpoints: vec![],
         summary: None,
         cut: None,
     };

@@ -6,6 +6,10 @@ use chrono::{DateTime, Utc};
 
 use super::{App, CONN_ROWS, ServiceKey, millis};
 use crate::model::record::{Close, ConnRecord};
+use crate::sinks::timeline::{arrival_marker, marker};
+
+/// Endpoint changes marked on the Service screen (the latest).
+pub const CHANGE_MARKS: usize = 3;
 
 /// Upper bounds (ms) and labels of the lifetime histogram's buckets.
 pub const LIFETIME_BUCKETS: [(f64, &str); 6] = [
@@ -80,6 +84,9 @@ pub struct Detail {
     pub histogram: Histogram,
     /// The connection kept for display that stayed pinned longest.
     pub longest: Option<ConnRow>,
+    /// The latest endpoint changes, newest first ("10.244.1.13 left 12 s ago, 2
+    /// connections still pinned").
+    pub changes: Vec<String>,
 }
 
 impl App {
@@ -137,6 +144,26 @@ impl App {
             closed: closed_count,
             histogram,
             longest,
+            changes: self.changes(key, clock),
         }
+    }
+
+    /// The latest endpoint changes of Service `key`, newest first.
+    fn changes(&self, key: &ServiceKey, clock: DateTime<Utc>) -> Vec<String> {
+        let timeline = self.timeline.service(&key.0, key.1);
+        let mut marks: Vec<(DateTime<Utc>, String)> = timeline
+            .departures
+            .iter()
+            .map(|d| (d.left, marker(d, clock)))
+            .chain(
+                timeline
+                    .arrivals
+                    .iter()
+                    .map(|a| (a.joined, arrival_marker(a, clock))),
+            )
+            .collect();
+        marks.sort_by_key(|(time, _)| std::cmp::Reverse(*time));
+        marks.truncate(CHANGE_MARKS);
+        marks.into_iter().map(|(_, text)| text).collect()
     }
 }

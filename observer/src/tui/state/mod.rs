@@ -20,6 +20,7 @@ use self::rows::Sample;
 use crate::model::record::{ConnRecord, Proto, ServiceRecord};
 use crate::model::update::{CaptureStats, Update};
 use crate::stats::Aggregator;
+use crate::stats::timeline::Timeline;
 
 pub use self::detail::{ConnRow, Detail, Histogram, LIFETIME_BUCKETS};
 pub use self::rows::{ServiceRow, SortKey};
@@ -114,6 +115,8 @@ pub struct App {
     conns: ConnTable,
     /// Closed-connection lifetimes per Service, counted as they close.
     histograms: HashMap<ServiceKey, Histogram>,
+    /// Endpoints that left or joined the rules, with their pins and first connections.
+    timeline: Timeline,
     pub(crate) capture: CaptureStats,
     /// Lost events at the last reset.
     lost_baseline: u64,
@@ -148,6 +151,7 @@ impl App {
             service_records: BTreeMap::new(),
             conns: ConnTable::new(CLOSED_KEPT),
             histograms: HashMap::new(),
+            timeline: Timeline::default(),
             capture: CaptureStats::default(),
             lost_baseline: 0,
             samples: VecDeque::new(),
@@ -214,6 +218,7 @@ impl App {
                 });
                 self.see_time(last);
                 self.aggregator.apply(id, &record);
+                self.timeline.conn(id, &record);
                 let key = conn_key(&record);
                 let duration = record.duration_ms;
                 if self.conns.apply(id, record) == Change::Closed {
@@ -229,6 +234,10 @@ impl App {
                 );
             }
             Update::Stats(stats) => self.capture = stats,
+            Update::Endpoints(change) => {
+                self.see_time(change.time);
+                self.timeline.change(&change);
+            }
         }
     }
 

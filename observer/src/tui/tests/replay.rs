@@ -76,3 +76,37 @@ fn replay_turns_a_recording_into_updates() {
     assert_eq!(detail.conns[0].age_ms, 4087.655);
     assert_eq!(detail.conns[0].idle_ms, Some(0.0));
 }
+
+/// A replayed flip shows on the Service screen like a live one.
+#[test]
+fn replay_marks_endpoint_changes() {
+    let mut recording = Recording::default();
+    recording
+        .services
+        .push(service(CHECKOUT, "10.96.35.226:80", &PODS));
+    recording
+        .endpoints
+        .push(crate::model::record::EndpointsRecord {
+            service: CHECKOUT.to_owned(),
+            proto: Proto::Tcp,
+            netns: 4026532301,
+            added: vec![],
+            removed: vec![addr(PODS[0])],
+            time: at(2000),
+        });
+    recording.conns.push(keep_alive(9000.0, 30, Close::Fin));
+    let updates = replay_updates(&recording);
+    assert_eq!(
+        updates[1],
+        Update::Endpoints(recording.endpoints[0].clone())
+    );
+    let mut app = App::new("replay", None, true, at(0));
+    for update_ in updates {
+        live(&mut app, update_);
+    }
+    tick(&mut app, 0);
+    assert_eq!(key(&mut app, KeyCode::Enter), None);
+    let changes = &app.shown.detail.as_ref().unwrap().changes;
+    // The replay's clock is the data's: the connection's end, 9.5 s after t0.
+    assert_eq!(changes, &["10.244.1.13 left 7 s ago".to_owned()]);
+}

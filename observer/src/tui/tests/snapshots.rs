@@ -159,3 +159,51 @@ fn snapshot_help_and_replay_status() {
     keys(&mut app, "?");
     assert_snapshot("help_replay", &screen(&app, 80, 24));
 }
+
+/// A readiness flip on the Service screen: the pod left the rules 12 s ago and the
+/// keep-alive connection is still pinned to it; another pod joined since.
+#[test]
+fn snapshot_endpoint_left_with_a_pin() {
+    let mut app = steady();
+    let change = |ms, added: &[&str], removed: &[&str]| {
+        Update::Endpoints(crate::model::record::EndpointsRecord {
+            service: CHECKOUT.to_owned(),
+            proto: Proto::Tcp,
+            netns: 4026532301,
+            added: added.iter().map(|a| addr(a)).collect(),
+            removed: removed.iter().map(|a| addr(a)).collect(),
+            time: at(ms),
+        })
+    };
+    // As the capture sends them: the new definition, then the change.
+    let mut left = service(CHECKOUT, "10.96.35.226:80", &PODS[1..]);
+    left.time = at(2000);
+    live(&mut app, Update::Service(left));
+    live(&mut app, change(2000, &[], &[PODS[0]]));
+    let mut joined = service(
+        CHECKOUT,
+        "10.96.35.226:80",
+        &[PODS[1], PODS[2], "10.244.4.2:3000"],
+    );
+    joined.time = at(9000);
+    live(&mut app, Update::Service(joined));
+    live(&mut app, change(9000, &["10.244.4.2:3000"], &[]));
+    let mut first = conn(
+        CHECKOUT,
+        "10.244.1.9:50000",
+        "10.244.4.2:3000",
+        9250,
+        10.0,
+        1,
+        Close::Fin,
+    );
+    first.endpoint_in_rules = Some(true);
+    live_conn(&mut app, 2, first);
+    live_conn(&mut app, 1, keep_alive(13000.0, 90, Close::Open));
+    tick(&mut app, 14000);
+    assert_eq!(key(&mut app, KeyCode::Enter), None);
+    let text = screen(&app, 80, 24);
+    assert!(text.contains("! 10.244.1.13 left 12 s ago, 1 connection still pinned"));
+    assert!(text.contains("! 10.244.4.2 joined 5 s ago, first connection 250.0ms after"));
+    assert_snapshot("endpoint_left_with_a_pin", &text);
+}

@@ -29,6 +29,14 @@ pub(super) fn service_screen(
         .min(((height.saturating_sub(fixed_lines)) / 2).max(1));
     let mut lines = backend_lines(backends, backend_rows, width, compact);
     lines.push(Line::raw(truncate(&longest_text(detail), width)));
+    // Endpoint changes, only when there were any: the rest moves down.
+    let yellow = Style::default().fg(Color::Yellow);
+    for change in &detail.changes {
+        lines.push(Line::styled(
+            truncate(&format!("! {change}"), width),
+            yellow,
+        ));
+    }
     if fixed_lines == 5 {
         lines.push(Line::raw(truncate(
             &histogram_text(&detail.histogram),

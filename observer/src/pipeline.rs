@@ -225,6 +225,7 @@ impl Session {
         );
         record.service = naming.service;
         record.endpoint_in_rules = naming.endpoint_in_rules;
+        record.frontend = naming.frontend;
         for warning in namer.take_warnings() {
             (self.warn)(warning);
         }

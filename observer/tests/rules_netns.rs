@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use observer::model::record::{LogLine, Proto};
+use observer::model::record::{FrontendKind, LogLine, Proto};
 use observer::naming::{Namer, NamerConfig, Naming, SystemSource, netns_inode};
 
 const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/rules");
@@ -73,6 +73,14 @@ fn named(service: &str, current: bool) -> Naming {
     Naming {
         service: Some(service.to_owned()),
         endpoint_in_rules: Some(current),
+        frontend: Some(FrontendKind::ClusterIp),
+    }
+}
+
+fn node_port(naming: Naming) -> Naming {
+    Naming {
+        frontend: Some(FrontendKind::NodePort),
+        ..naming
     }
 }
 
@@ -138,7 +146,7 @@ fn names_connections_from_rules_in_real_namespaces() {
             Proto::Tcp,
             "10.0.0.5:30443",
             "10.244.9.9:8443",
-            named("web-team/front-end.v2:https-alt", false),
+            node_port(named("web-team/front-end.v2:https-alt", false)),
         ),
         (
             ipt_inode,
@@ -159,7 +167,7 @@ fn names_connections_from_rules_in_real_namespaces() {
             Proto::Udp,
             "[fd00:1::2]:30053",
             "[fd00:10:244::2]:53",
-            named("kube-system/kube-dns:dns", true),
+            node_port(named("kube-system/kube-dns:dns", true)),
         ),
         (
             nft_inode,

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use chrono::Utc;
 
-use crate::model::record::{EndpointShare, Frontend, Proto, ServiceRecord};
+use crate::model::record::{EndpointShare, Frontend, FrontendKind, Proto, ServiceRecord};
 use rules::ServiceMap;
 
 pub mod rules;
@@ -30,6 +30,8 @@ pub struct Naming {
     pub service: Option<String>,
     /// Whether the backend is still an endpoint in the rules; `None` with no service.
     pub endpoint_in_rules: Option<bool>,
+    /// Which kind of Service address the client dialed; `None` with no service.
+    pub frontend: Option<FrontendKind>,
 }
 
 /// Which parser a dump needs.
@@ -163,14 +165,12 @@ impl Namer {
         original_dst: SocketAddr,
         backend: SocketAddr,
     ) -> Naming {
-        match self
-            .spaces
-            .get(&netns)
-            .and_then(|space| space.map.lookup(proto, original_dst, backend))
-        {
+        let map = self.spaces.get(&netns).map(|space| &space.map);
+        match map.and_then(|map| map.lookup(proto, original_dst, backend)) {
             Some((port, current)) => Naming {
                 service: Some(port.name.clone()),
                 endpoint_in_rules: Some(current),
+                frontend: map.and_then(|map| map.frontend_kind(proto, original_dst)),
             },
             None => Naming::default(),
         }

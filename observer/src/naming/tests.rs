@@ -61,6 +61,7 @@ fn named(service: &str, current: bool) -> Naming {
     Naming {
         service: Some(service.to_owned()),
         endpoint_in_rules: Some(current),
+        frontend: Some(FrontendKind::ClusterIp),
     }
 }
 

@@ -74,9 +74,12 @@ fn conn(
     ConnRecord {
         proto: Proto::Tcp,
         client: addr(client),
+        client_pod: None,
         original_dst: addr("10.96.35.226:80"),
         backend: addr(pod),
+        backend_pod: None,
         service: Some(name.to_owned()),
+        frontend: None,
         endpoint_in_rules: Some(true),
         netns: 4026532301,
         start: at(start_ms),

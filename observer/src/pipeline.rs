@@ -16,6 +16,7 @@ use crate::model::record::{ConnRecord, SummaryRecord};
 use crate::model::tracker::{Clock, Tracker};
 use crate::model::update::{CaptureStats, ConnId, Update};
 use crate::naming::Namer;
+use crate::naming::pod_source::PodNamer;
 use crate::sinks::log::LogWriter;
 
 /// How often the ring buffer is drained without a wake-up: the live view's latency.
@@ -30,6 +31,8 @@ pub struct SessionOptions {
     pub updates: Option<mpsc::Sender<Update>>,
     /// Names connections from the node's rules; `None` leaves `service` null.
     pub namer: Option<Namer>,
+    /// Names client and backend addresses by pod; `None` leaves them null.
+    pub pods: Option<PodNamer>,
     /// Where warnings go (e.g. rules that cannot be read): once each.
     pub warn: Box<dyn FnMut(String) + Send>,
 }
@@ -47,6 +50,7 @@ struct Session {
     log: Option<LogWriter>,
     updates: Option<mpsc::Sender<Update>>,
     namer: Option<Namer>,
+    pods: Option<PodNamer>,
     warn: Box<dyn FnMut(String) + Send>,
     netns_seen: std::collections::HashSet<u32>,
     /// Final records and Service definitions the live view has not taken yet: they are
@@ -74,6 +78,7 @@ pub async fn run(
         log: options.log,
         updates: options.updates,
         namer: options.namer,
+        pods: options.pods,
         warn: options.warn,
         netns_seen: Default::default(),
         pending: Default::default(),
@@ -210,6 +215,15 @@ impl Session {
     /// made the decision; writes new or changed Service definitions first.
     fn name(&mut self, record: &mut ConnRecord) -> anyhow::Result<()> {
         self.netns_seen.insert(record.netns);
+        if let Some(pods) = self.pods.as_mut() {
+            // Map look-ups; an unknown address asks the background thread to re-read.
+            let now = Instant::now();
+            record.client_pod = pods.name(record.client.ip(), now);
+            record.backend_pod = pods.name(record.backend.ip(), now);
+            for warning in pods.take_warnings() {
+                (self.warn)(warning);
+            }
+        }
         let Some(namer) = self.namer.as_mut() else {
             return Ok(());
         };

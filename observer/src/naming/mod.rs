@@ -18,6 +18,8 @@ use chrono::Utc;
 use crate::model::record::{EndpointShare, Frontend, FrontendKind, Proto, ServiceRecord};
 use rules::ServiceMap;
 
+pub mod pod_source;
+pub mod pods;
 pub mod rules;
 pub mod source;
 

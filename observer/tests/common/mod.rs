@@ -104,4 +104,6 @@ pub fn netns_inode(name: &str) -> u32 {
 pub fn only_node(recording: &mut Recording, node_ns: &str) {
     let inode = netns_inode(node_ns);
     recording.conns.retain(|conn| conn.netns == inode);
+    // Other tests' labs define Services of the same names in their own nodes.
+    recording.services.retain(|service| service.netns == inode);
 }

@@ -55,6 +55,7 @@ mod sys;
 pub mod cli;
 pub mod iptables;
 pub mod nftables;
+pub mod runtime;
 pub mod spec;
 
 use std::fs::File;
@@ -266,6 +267,33 @@ impl Lab {
         &self.pods
     }
 
+    /// The client pod (not a server).
+    pub fn client_pod(&self) -> Pod {
+        Pod {
+            name: "client".into(),
+            ns: self.client_ns.clone(),
+            ip: CLIENT_IP,
+            http_port: spec::HTTP_PORT,
+            udp_port: spec::UDP_PORT,
+        }
+    }
+
+    /// Every pod's address and `namespace/name` (the client's too), as the runtime
+    /// state under [`Lab::runtime_root`] names them.
+    pub fn pod_names(&self) -> std::collections::BTreeMap<Ipv4Addr, String> {
+        self.pods
+            .iter()
+            .chain(std::iter::once(&self.client_pod()))
+            .map(|pod| (pod.ip, runtime::pod_name(pod)))
+            .collect()
+    }
+
+    /// The directory of containerd-style sandbox bundles for this lab's pods (observer's
+    /// `--runtime-root`).
+    pub fn runtime_root(&self) -> PathBuf {
+        runtime::root(&self.state_dir)
+    }
+
     fn all_namespaces(&self) -> Vec<String> {
         let mut all = vec![self.node_ns.clone(), self.client_ns.clone()];
         all.extend(self.pods.iter().map(|p| p.ns.clone()));
@@ -419,13 +447,7 @@ impl Lab {
 
     fn build_topology(&mut self) -> anyhow::Result<()> {
         let bridged = self.config.topology == Topology::Bridged;
-        let client = Pod {
-            name: "client".into(),
-            ns: self.client_ns.clone(),
-            ip: CLIENT_IP,
-            http_port: spec::HTTP_PORT,
-            udp_port: spec::UDP_PORT,
-        };
+        let client = self.client_pod();
         let members: Vec<Pod> = self
             .pods
             .iter()
@@ -489,6 +511,7 @@ impl Lab {
             }
         }
         self.ip_batch(&node, &node_cmds)?;
+        runtime::write(&self.state_dir, &self.config.prefix, &members)?;
         for pod in &members {
             let cmds = if bridged {
                 vec![

@@ -365,4 +365,5 @@ fn from_recording_uses_line_order_ids() {
     assert_eq!(s.skew, Some(3.0));
 }
 
+mod doors;
 mod window;

@@ -2,7 +2,7 @@
 //! ClusterIP and through its NodePort (30080 on the node's address), in both rule
 //! formats. Every record must say `frontend` exactly (`cluster_ip` / `node_port`), name
 //! the client and backend pods from the runtime state the lab writes as containerd does,
-//! and `observer summary` must count the connections per door.
+//! and the summary must count the connections per door.
 
 mod common;
 
@@ -57,13 +57,10 @@ fn doors(topology: Topology, rules: RuleMode, tag: &str) {
         }
     }
 
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_observer"))
-        .arg("summary")
-        .arg(dir.path().join("conns.jsonl"))
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let text = String::from_utf8(out.stdout).unwrap();
+    // What `observer summary` prints, for this lab's node only (other labs may run).
+    let services = observer::stats::Aggregator::from_recording(&recording).services();
+    let text =
+        observer::sinks::summary::render("conns.jsonl", recording.summary.as_ref(), &services);
     assert!(
         text.contains("  doors: ClusterIP 6, NodePort 4\n"),
         "{text}"

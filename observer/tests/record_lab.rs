@@ -128,7 +128,11 @@ fn scenario(topology: Topology, rules: RuleMode, tag: &str) {
         std::net::IpAddr::V6(_) => None,
     };
     for conn in &recording.conns {
-        assert_eq!(conn.client_pod.as_deref(), Some("default/client"), "{conn:?}");
+        assert_eq!(
+            conn.client_pod.as_deref(),
+            Some("default/client"),
+            "{conn:?}"
+        );
         assert_eq!(conn.client_pod, pod_of(conn.client), "{conn:?}");
         assert!(conn.backend_pod.is_some(), "{conn:?}");
         assert_eq!(conn.backend_pod, pod_of(conn.backend), "{conn:?}");
@@ -215,7 +219,10 @@ fn scenario(topology: Topology, rules: RuleMode, tag: &str) {
         let conn = by_port[&(Proto::Udp, answer.client_port)];
         assert_eq!(conn.backend, pod_ip[&answer.pod]);
         assert_eq!(conn.original_dst, SocketAddr::V4(dns));
-        assert_eq!(conn.backend_pod, Some(format!("kube-system/{}", answer.pod)));
+        assert_eq!(
+            conn.backend_pod,
+            Some(format!("kube-system/{}", answer.pod))
+        );
         assert_eq!(
             (
                 conn.requests,

@@ -54,7 +54,8 @@ pub fn bundle(prefix: &str, pod: &Pod, sandbox: bool) -> serde_json::Value {
     let (args, network) = if sandbox {
         annotations["io.kubernetes.cri.sandbox-log-directory"] =
             format!("/var/log/pods/{namespace}_{}_uid", pod.name).into();
-        annotations["io.kubernetes.cri.podsandbox.image-name"] = "registry.k8s.io/pause:3.10".into();
+        annotations["io.kubernetes.cri.podsandbox.image-name"] =
+            "registry.k8s.io/pause:3.10".into();
         annotations["io.kubernetes.cri.container-type"] = "sandbox".into();
         (
             vec!["/pause"],

@@ -51,7 +51,10 @@ fn backends_carry_the_pod_name_the_records_give() {
         "shop/checkout:http",
         &[("10.244.1.12:8080", 0.5), ("10.244.1.13:8080", 0.5)],
     ));
-    aggregator.apply(id(1), &via(None, "10.244.1.12:8080", Some("shop/checkout-a")));
+    aggregator.apply(
+        id(1),
+        &via(None, "10.244.1.12:8080", Some("shop/checkout-a")),
+    );
     // A later record that could not name the pod does not forget the name.
     aggregator.apply(id(2), &via(None, "10.244.1.12:8080", None));
     let services = aggregator.services();

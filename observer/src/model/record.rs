@@ -127,6 +127,18 @@ pub enum FrontendKind {
     LoadBalancer,
 }
 
+impl FrontendKind {
+    /// As the log writes it: `cluster_ip`, `node_port`, `external_ip`, `load_balancer`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FrontendKind::ClusterIp => "cluster_ip",
+            FrontendKind::NodePort => "node_port",
+            FrontendKind::ExternalIp => "external_ip",
+            FrontendKind::LoadBalancer => "load_balancer",
+        }
+    }
+}
+
 /// One address of a Service. `ip` is null for a NodePort (any local address).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct Frontend {
@@ -318,6 +330,17 @@ mod tests {
         assert_eq!(conn.client_pod.as_deref(), Some("shop/client"));
         assert_eq!(conn.backend_pod.as_deref(), Some("shop/checkout-b"));
         assert_eq!(conn.frontend, Some(FrontendKind::NodePort));
+        for kind in [
+            FrontendKind::ClusterIp,
+            FrontendKind::NodePort,
+            FrontendKind::ExternalIp,
+            FrontendKind::LoadBalancer,
+        ] {
+            assert_eq!(
+                serde_json::to_string(&kind).unwrap(),
+                format!("\"{}\"", kind.as_str())
+            );
+        }
         assert_eq!(serde_json::to_string(&LogLine::Conn(conn)).unwrap(), line);
     }
 

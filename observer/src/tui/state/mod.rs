@@ -133,6 +133,8 @@ pub struct App {
     pub(crate) sort: SortKey,
     pub(crate) paused: bool,
     pub(crate) help: bool,
+    /// Addresses shown as `namespace/pod` where the pod is known (`n` toggles).
+    pub(crate) pod_names: bool,
     pub(crate) ended: bool,
     /// A one-line notice (export written, counters reset...).
     pub(crate) message: Option<String>,
@@ -164,6 +166,7 @@ impl App {
             sort: SortKey::Name,
             paused: false,
             help: false,
+            pod_names: false,
             ended: false,
             message: None,
         }

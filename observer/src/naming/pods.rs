@@ -151,7 +151,7 @@ mod tests {
     use super::*;
 
     /// A sandbox bundle as containerd's CRI plugin writes it (trimmed).
-    pub(crate) fn containerd_sandbox(namespace: &str, name: &str, netns: &str) -> String {
+    fn containerd_sandbox(namespace: &str, name: &str, netns: &str) -> String {
         serde_json::json!({
             "ociVersion": "1.1.0",
             "process": {"args": ["/pause"]},
@@ -253,6 +253,26 @@ mod tests {
                 "io.kubernetes.cri.sandbox-namespace"
             ))
         );
+    }
+
+    #[test]
+    fn the_labs_bundles_read_as_containerd_sandboxes() {
+        let pod = observer_lab::Pod {
+            name: "checkout-a".into(),
+            ns: "lab1-pod-checkout-a".into(),
+            ip: std::net::Ipv4Addr::new(10, 244, 1, 12),
+            http_port: 8080,
+            udp_port: 5353,
+        };
+        let sandbox = observer_lab::runtime::bundle("lab1", &pod, true).to_string();
+        let sandbox = parse_bundle(&sandbox).unwrap().unwrap();
+        assert_eq!(sandbox.pod(), "shop/checkout-a");
+        assert_eq!(
+            sandbox.netns,
+            Some(PathBuf::from("/run/netns/lab1-pod-checkout-a"))
+        );
+        let container = observer_lab::runtime::bundle("lab1", &pod, false).to_string();
+        assert_eq!(parse_bundle(&container), Ok(None));
     }
 
     #[test]

@@ -106,7 +106,7 @@ fn scan_dir(node_root: &Path, dir: &Path, scan: &mut PodScan) {
                 let Some(netns) = &sandbox.netns else {
                     continue;
                 };
-                let path = node_root.join(netns.strip_prefix("/").unwrap_or(netns));
+                let path = within(node_root, netns);
                 match netns_addresses(&path) {
                     Ok(addresses) => scan.add(&sandbox, &addresses),
                     Err(err) => scan.skipped.push(format!("{}: {err}", path.display())),
@@ -116,6 +116,43 @@ fn scan_dir(node_root: &Path, dir: &Path, scan: &mut PodScan) {
             Err(err) => scan.skipped.push(format!("{}: {err}", config.display())),
         }
     }
+}
+
+/// `path` as seen from `node_root`: absolute symlinks on the way (a node's `/var/run` is
+/// usually a link to `/run`) resolve inside the node's root, not ours.
+fn within(node_root: &Path, path: &Path) -> PathBuf {
+    // Components still to walk, last first; `..` stays a component.
+    fn parts(path: &Path) -> impl Iterator<Item = std::ffi::OsString> + '_ {
+        path.components().rev().filter_map(|c| match c {
+            std::path::Component::Normal(name) => Some(name.to_owned()),
+            std::path::Component::ParentDir => Some("..".into()),
+            _ => None,
+        })
+    }
+    let mut resolved = node_root.to_path_buf();
+    let mut pending: Vec<std::ffi::OsString> = parts(path).collect();
+    let mut hops = 0;
+    while let Some(name) = pending.pop() {
+        if name == ".." {
+            if resolved != node_root {
+                resolved.pop();
+            }
+            continue;
+        }
+        let next = resolved.join(&name);
+        match std::fs::read_link(&next) {
+            // A loop ends as an unresolved path, which then fails to open.
+            Ok(target) if hops < 40 => {
+                hops += 1;
+                if target.is_absolute() {
+                    resolved = node_root.to_path_buf();
+                }
+                pending.extend(parts(&target));
+            }
+            _ => resolved = next,
+        }
+    }
+    resolved
 }
 
 /// The addresses of the interfaces in the network namespace at `path`, read on a thread

@@ -165,3 +165,31 @@ fn missing_roots_are_no_problem() {
     let mut source = RuntimeSource::new(vec![PathBuf::from("/nonexistent/observer/runtime")]);
     assert_eq!(source.scan(), PodScan::default());
 }
+
+#[test]
+fn absolute_links_resolve_inside_the_node_root() {
+    // A kind node's /var/run is a link to /run: from the host it must stay in the node.
+    let node = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(node.path().join("run/netns")).unwrap();
+    std::fs::create_dir_all(node.path().join("var")).unwrap();
+    std::os::unix::fs::symlink("/run", node.path().join("var/run")).unwrap();
+    std::fs::write(node.path().join("run/netns/cni-1"), "").unwrap();
+    assert_eq!(
+        within(node.path(), Path::new("/var/run/netns/cni-1")),
+        node.path().join("run/netns/cni-1")
+    );
+    std::os::unix::fs::symlink("../run/netns", node.path().join("var/ns")).unwrap();
+    assert_eq!(
+        within(node.path(), Path::new("/var/ns/cni-1")),
+        node.path().join("run/netns/cni-1")
+    );
+    assert_eq!(
+        within(node.path(), Path::new("/../../etc")),
+        node.path().join("etc"),
+        "`..` never leaves the node's root"
+    );
+    assert_eq!(
+        within(Path::new("/"), Path::new("/run/netns/x")),
+        PathBuf::from("/run/netns/x")
+    );
+}

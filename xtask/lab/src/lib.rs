@@ -41,6 +41,8 @@
 //! - [`Lab::up`], [`Lab::node_ns`], [`Lab::client_ns`], [`Lab::services`], [`Lab::pods`],
 //!   [`Lab::run_in`], [`Lab::remove_endpoint`], [`Lab::rules_dump`]; dropping a [`Lab`]
 //!   tears it down.
+//! - Pods by name: [`Lab::runtime_root`] holds containerd-style sandbox bundles for every
+//!   pod (see [`runtime`]), [`Lab::pod_names`] the `namespace/pod` each address must get.
 //! - [`ConntrackWatch`]: `conntrack -E -e NEW` in a namespace, parsed into [`CtEvent`]s.
 //! - Clients, each returning its own ground truth: [`http_fresh`], [`http_keepalive`],
 //!   [`node_fetch`], [`udp_queries`].
@@ -74,7 +76,7 @@ pub use clients::{
 pub use conntrack::{ConntrackWatch, CtEvent};
 pub use spec::{Pod, Proto, Service};
 
-use spec::{CLIENT_IP, NODE_IP};
+use spec::NODE_IP;
 use sys::{Tools, end_process, in_netns, is_lab_netns, list_netns, run, run_with_input, state_dir};
 
 const POD_SERVER_PY: &str = include_str!("../scripts/pod_server.py");
@@ -265,33 +267,6 @@ impl Lab {
     /// The serving pods (the client is not one of them).
     pub fn pods(&self) -> &[Pod] {
         &self.pods
-    }
-
-    /// The client pod (not a server).
-    pub fn client_pod(&self) -> Pod {
-        Pod {
-            name: "client".into(),
-            ns: self.client_ns.clone(),
-            ip: CLIENT_IP,
-            http_port: spec::HTTP_PORT,
-            udp_port: spec::UDP_PORT,
-        }
-    }
-
-    /// Every pod's address and `namespace/name` (the client's too), as the runtime
-    /// state under [`Lab::runtime_root`] names them.
-    pub fn pod_names(&self) -> std::collections::BTreeMap<Ipv4Addr, String> {
-        self.pods
-            .iter()
-            .chain(std::iter::once(&self.client_pod()))
-            .map(|pod| (pod.ip, runtime::pod_name(pod)))
-            .collect()
-    }
-
-    /// The directory of containerd-style sandbox bundles for this lab's pods (observer's
-    /// `--runtime-root`).
-    pub fn runtime_root(&self) -> PathBuf {
-        runtime::root(&self.state_dir)
     }
 
     fn all_namespaces(&self) -> Vec<String> {

@@ -12,7 +12,37 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use sha2::{Digest, Sha256};
 
+use crate::Lab;
 use crate::spec::Pod;
+
+impl Lab {
+    /// The client pod (not a server).
+    pub fn client_pod(&self) -> Pod {
+        Pod {
+            name: "client".into(),
+            ns: self.client_ns.clone(),
+            ip: crate::spec::CLIENT_IP,
+            http_port: crate::spec::HTTP_PORT,
+            udp_port: crate::spec::UDP_PORT,
+        }
+    }
+
+    /// Every pod's address and `namespace/name` (the client's too), as the runtime
+    /// state under [`Lab::runtime_root`] names them.
+    pub fn pod_names(&self) -> std::collections::BTreeMap<std::net::Ipv4Addr, String> {
+        self.pods
+            .iter()
+            .chain(std::iter::once(&self.client_pod()))
+            .map(|pod| (pod.ip, pod_name(pod)))
+            .collect()
+    }
+
+    /// The directory of containerd-style sandbox bundles for this lab's pods (observer's
+    /// `--runtime-root`).
+    pub fn runtime_root(&self) -> PathBuf {
+        root(&self.state_dir)
+    }
+}
 
 /// The Kubernetes namespace of a lab pod.
 pub fn kube_namespace(pod: &str) -> &'static str {

@@ -60,7 +60,8 @@ pub enum Msg {
     Key(KeyEvent),
     /// Time to refresh what is shown; `now` is injected so tests are deterministic.
     Tick(DateTime<Utc>),
-    Live(Update),
+    /// Boxed: a connection record is large next to a key or a tick.
+    Live(Box<Update>),
     /// The capture side stopped sending (capture ended, or a replay was fully loaded).
     UpdatesClosed,
     /// `run` finished writing an export.
@@ -304,7 +305,7 @@ pub fn update(app: &mut App, msg: Msg) -> Option<Effect> {
                 app.refresh(false);
             }
         }
-        Msg::Live(update) => app.apply(update),
+        Msg::Live(update) => app.apply(*update),
         Msg::UpdatesClosed => app.ended = true,
         Msg::Exported { path, result } => {
             app.message = Some(match result {

@@ -115,7 +115,7 @@ fn id(n: u64) -> ConnId {
 }
 
 fn live(app: &mut App, update_: Update) {
-    assert_eq!(update(app, Msg::Live(update_)), None);
+    assert_eq!(update(app, Msg::Live(Box::new(update_))), None);
 }
 
 /// Feeds connection `n`'s latest record.

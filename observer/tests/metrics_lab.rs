@@ -6,23 +6,14 @@ mod common;
 
 use std::{
     collections::BTreeMap,
-    io::{BufRead, BufReader, Read, Write},
+    io::{Read, Write},
     net::{SocketAddr, TcpStream},
-    process::{Command, Stdio},
+    process::Command,
     time::{Duration, Instant},
 };
 
 use common::{prefix, require_root};
-use observer_lab::{Lab, LabConfig, RuleMode, Topology, http_fresh, http_keepalive};
-
-struct Server(std::process::Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use observer_lab::{Lab, LabConfig, Observer, RuleMode, Topology, http_fresh, http_keepalive};
 
 fn scrape(addr: &str) -> String {
     let mut stream = TcpStream::connect(addr).expect("connect to observer serve");
@@ -58,22 +49,9 @@ fn metrics_count_what_the_clients_saw() {
     })
     .expect("lab up");
     let addr = format!("127.0.0.1:{}", 20000 + std::process::id() % 20000);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_observer"))
-        .args(["serve", "--listen", &addr])
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let _server = Server(child);
-    let mut lines = BufReader::new(stderr).lines();
-    loop {
-        match lines.next() {
-            Some(Ok(line)) if line.contains("attached") => break,
-            Some(Ok(_)) => continue,
-            other => panic!("observer serve did not attach: {other:?}"),
-        }
-    }
-    std::thread::spawn(move || lines.for_each(drop));
+    let mut serve = Command::new(env!("CARGO_BIN_EXE_observer"));
+    serve.args(["serve", "--listen", &addr]);
+    let _server = Observer::start(serve, false).expect("observer serve attaches");
 
     let service = lab.service("checkout").unwrap().clone();
     let keepalive = http_keepalive(&lab, service.cluster_addr(), 30).unwrap();

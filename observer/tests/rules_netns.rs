@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use observer::model::record::{FrontendKind, LogLine, Proto};
+use observer::model::record::FrontendKind::{ClusterIp, NodePort};
+use observer::model::record::{LogLine, Proto};
 use observer::naming::{Namer, NamerConfig, Naming, SystemSource, netns_inode};
 
 const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/rules");
@@ -65,25 +66,6 @@ fn run(program: &str, args: &[&str], stdin: Option<std::fs::File>) {
     );
 }
 
-fn sa(text: &str) -> SocketAddr {
-    text.parse().unwrap()
-}
-
-fn named(service: &str, current: bool) -> Naming {
-    Naming {
-        service: Some(service.to_owned()),
-        endpoint_in_rules: Some(current),
-        frontend: Some(FrontendKind::ClusterIp),
-    }
-}
-
-fn node_port(naming: Naming) -> Naming {
-    Naming {
-        frontend: Some(FrontendKind::NodePort),
-        ..naming
-    }
-}
-
 /// What `observer rules ARGS` prints; it must succeed.
 fn rendered(args: &[&str]) -> String {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_observer"))
@@ -117,36 +99,46 @@ fn names_connections_from_rules_in_real_namespaces() {
     let ipt_inode = netns_inode(&ipt.path()).unwrap();
     let nft_inode = netns_inode(&nft.path()).unwrap();
 
-    let mut namer = Namer::new(NamerConfig::default(), Box::new(SystemSource::new()));
-    let now = Instant::now();
-    let cases = [
+    namer_reads_both(ipt_inode, nft_inode);
+    rules_table_of_one_namespace(&ipt, ipt_inode);
+    rules_json_of_one_namespace(nft_inode);
+
+    // Default: every namespace with kube-proxy rules, ours among them.
+    let all = rendered(&[]);
+    assert!(all.contains(&format!("netns {ipt_inode} (")), "{all}");
+    assert!(all.contains(&format!("netns {nft_inode} (")), "{all}");
+}
+
+/// (netns, protocol, dialed, backend, expected naming) of connections in both namespaces.
+fn cases(ipt_inode: u32, nft_inode: u32) -> [(u32, Proto, &'static str, &'static str, Naming); 8] {
+    [
         (
             ipt_inode,
             Proto::Tcp,
             "10.96.35.226:80",
             "10.244.1.14:3000",
-            named("shop/checkout:http", true),
+            Naming::named("shop/checkout:http", true).via(ClusterIp),
         ),
         (
             ipt_inode,
             Proto::Tcp,
             "[fd00:10:96::a]:80",
             "[fd00:10:244:2::7]:3000",
-            named("shop/checkout:http", true),
+            Naming::named("shop/checkout:http", true).via(ClusterIp),
         ),
         (
             ipt_inode,
             Proto::Udp,
             "10.96.0.10:53",
             "10.244.0.3:53",
-            named("kube-system/kube-dns:dns", true),
+            Naming::named("kube-system/kube-dns:dns", true).via(ClusterIp),
         ),
         (
             ipt_inode,
             Proto::Tcp,
             "10.0.0.5:30443",
             "10.244.9.9:8443",
-            node_port(named("web-team/front-end.v2:https-alt", false)),
+            Naming::named("web-team/front-end.v2:https-alt", false).via(NodePort),
         ),
         (
             ipt_inode,
@@ -160,26 +152,35 @@ fn names_connections_from_rules_in_real_namespaces() {
             Proto::Tcp,
             "10.96.35.226:80",
             "10.244.2.7:3000",
-            named("shop/checkout:http", true),
+            Naming::named("shop/checkout:http", true).via(ClusterIp),
         ),
         (
             nft_inode,
             Proto::Udp,
             "[fd00:1::2]:30053",
             "[fd00:10:244::2]:53",
-            node_port(named("kube-system/kube-dns:dns", true)),
+            Naming::named("kube-system/kube-dns:dns", true).via(NodePort),
         ),
         (
             nft_inode,
             Proto::Tcp,
             "10.96.200.1:80",
             "10.244.1.1:80",
-            named("shop/empty:http", false),
+            Naming::named("shop/empty:http", false).via(ClusterIp),
         ),
-    ];
+    ]
+}
+
+/// The namer, with the system's tools, names connections in both namespaces.
+fn namer_reads_both(ipt_inode: u32, nft_inode: u32) {
+    let mut namer = Namer::new(NamerConfig::default(), Box::new(SystemSource::new()));
+    let now = Instant::now();
+    let cases = cases(ipt_inode, nft_inode);
     for (netns, proto, dst, backend, want) in cases {
+        let (dst, backend): (SocketAddr, SocketAddr) =
+            (dst.parse().unwrap(), backend.parse().unwrap());
         assert_eq!(
-            namer.name(netns, proto, sa(dst), sa(backend), now),
+            namer.name(netns, proto, dst, backend, now),
             want,
             "{netns} {proto} {dst} -> {backend}"
         );
@@ -198,13 +199,9 @@ fn names_connections_from_rules_in_real_namespaces() {
     );
 
     // An inode no process or /run/netns entry holds: service null and one warning.
-    let gone = namer.name(
-        1,
-        Proto::Tcp,
-        sa("10.96.35.226:80"),
-        sa("10.244.1.14:3000"),
-        now,
-    );
+    let dst: SocketAddr = "10.96.35.226:80".parse().unwrap();
+    let backend: SocketAddr = "10.244.1.14:3000".parse().unwrap();
+    let gone = namer.name(1, Proto::Tcp, dst, backend, now);
     assert_eq!(gone, Naming::default());
     assert_eq!(
         namer.take_warnings(),
@@ -212,8 +209,10 @@ fn names_connections_from_rules_in_real_namespaces() {
             "cannot name connections in netns 1: no process or /run/netns entry is in this namespace; records get service null"
         ]
     );
+}
 
-    // `observer rules --netns PATH`: the table.
+/// `observer rules --netns PATH`: the table.
+fn rules_table_of_one_namespace(ipt: &Netns, ipt_inode: u32) {
     let ipt_path = ipt.path().display().to_string();
     let table = rendered(&["-o", "table", "--netns", &ipt_path]);
     let header = format!("netns {ipt_inode} ({})", ipt.path().display());
@@ -243,8 +242,10 @@ fn names_connections_from_rules_in_real_namespaces() {
     ] {
         assert!(rows.contains(&row), "no row {row:?} in\n{table}");
     }
+}
 
-    // `observer rules -o json --netns INODE`: service records of that namespace only.
+/// `observer rules -o json --netns INODE`: service records of that namespace only.
+fn rules_json_of_one_namespace(nft_inode: u32) {
     let json = rendered(&["-o", "json", "--netns", &nft_inode.to_string()]);
     let records: Vec<_> = json
         .lines()
@@ -262,9 +263,4 @@ fn names_connections_from_rules_in_real_namespaces() {
         .find(|r| r.service == "shop/checkout:http")
         .unwrap();
     assert_eq!(checkout.endpoints.len(), 5);
-
-    // Default: every namespace with kube-proxy rules, ours among them.
-    let all = rendered(&[]);
-    assert!(all.contains(&format!("netns {ipt_inode} (")), "{all}");
-    assert!(all.contains(&format!("netns {nft_inode} (")), "{all}");
 }

@@ -9,15 +9,14 @@
 //! open and an RST close for every connection.
 
 use std::{
-    io::{BufRead, BufReader},
     net::{Ipv4Addr, SocketAddr},
     path::Path,
-    process::{Child, Command, Stdio},
+    process::{Child, Command},
     time::Duration,
 };
 
 use anyhow::{Context as _, bail};
-use observer_lab::{self as lab, Lab, LabConfig, Proto, RuleMode, Service, Topology};
+use observer_lab::{self as lab, Lab, LabConfig, Observer, Proto, RuleMode, Service, Topology};
 
 use crate::load::LoadReport;
 
@@ -266,39 +265,23 @@ fn children_cpu_seconds() -> f64 {
 
 /// `observer record` writing into `dir`, started and attached.
 struct Recorder {
-    child: Child,
+    observer: Observer,
     log: std::path::PathBuf,
 }
 
 impl Recorder {
     fn start(observer: &Path, dir: &Path) -> anyhow::Result<Recorder> {
         let log = dir.join("conns.jsonl");
-        let mut child = Command::new(observer)
-            .args(["record", "--output"])
-            .arg(&log)
-            .stderr(Stdio::piped())
-            .spawn()?;
-        let stderr = child.stderr.take().context("observer's stderr")?;
-        let mut lines = BufReader::new(stderr).lines();
-        loop {
-            match lines.next() {
-                Some(Ok(line)) if line.contains("attached") => break,
-                Some(Ok(_)) => continue,
-                _ => bail!("observer record exited before attaching"),
-            }
-        }
-        // Keep draining stderr so observer never blocks on it.
-        std::thread::spawn(move || lines.for_each(drop));
-        Ok(Recorder { child, log })
+        let mut command = Command::new(observer);
+        command.args(["record", "--output"]).arg(&log);
+        let observer = Observer::start(command, false)?;
+        Ok(Recorder { observer, log })
     }
 
     fn stop(mut self) -> anyhow::Result<Summary> {
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.child.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        )?;
+        // observer's CPU time counts once it is reaped, in `terminate`.
         let before = children_cpu_seconds();
-        self.child.wait()?;
+        self.observer.terminate()?;
         let cpu_seconds = children_cpu_seconds() - before;
         let text = std::fs::read_to_string(&self.log)?;
         let last = text.lines().last().context("empty connection log")?;

@@ -4,6 +4,7 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod demo;
+mod kernels;
 mod load;
 mod setup;
 mod test;
@@ -22,6 +23,9 @@ enum Task {
     Setup,
     /// Set up, then run every test, root integration tests included.
     Test {
+        /// Leave out `cargo xtask kernels` (Debian's kernels under qemu, 2-4 minutes).
+        #[arg(long)]
+        no_kernels: bool,
         /// Extra arguments for `cargo test` (e.g. a test name filter).
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
@@ -30,6 +34,8 @@ enum Task {
     Demo(demo::DemoArgs),
     /// New connections per second through the lab's DNAT with and without observer.
     Bench(bench::BenchArgs),
+    /// Boot Debian's 5.10, 6.1 and 6.12 kernels under qemu and prove observer on each.
+    Kernels(kernels::KernelsArgs),
     /// A simulated kind node (network namespaces, kube-proxy rules, pods, a client).
     Lab(observer_lab::cli::LabArgs),
     /// (benchmark internals) Accept and drop connections.
@@ -62,9 +68,10 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Task::Setup => setup::setup(),
-        Task::Test { args } => test::test(&args),
+        Task::Test { args, no_kernels } => test::test(&args, !no_kernels),
         Task::Demo(args) => demo::demo(args),
         Task::Bench(args) => bench::bench(args),
+        Task::Kernels(args) => kernels::kernels(args),
         Task::Lab(args) => observer_lab::cli::run(args),
         Task::BenchSink { port } => load::sink(port, 2),
         Task::BenchClient {

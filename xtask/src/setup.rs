@@ -1,7 +1,10 @@
 //! `cargo xtask setup`: installs what building and testing observer needs on a fresh
 //! Debian machine, and nothing when it is already there (so it is fast to re-run).
 //!
-//! - Debian packages the lab and tests use (iproute2, iptables, nftables, conntrack, tmux).
+//! - Debian packages the lab and tests use (iproute2, iptables, nftables, conntrack, tmux),
+//!   and what `cargo xtask kernels` needs (qemu-system-x86, busybox-static, bpftool, gcc,
+//!   the decompressors of Debian's kernel images and modules).
+//! - The `x86_64-unknown-linux-musl` Rust target (the static observer the VMs run).
 //! - The nightly toolchain's `rust-src` (the eBPF crate builds `core` from source).
 //! - `bpf-linker`, built against the nightly toolchain's own LLVM (Debian has no LLVM
 //!   matching rustc's), as ../shared/FACTS.md describes.
@@ -14,20 +17,33 @@ use std::{
 use anyhow::{Context as _, bail};
 
 /// Command a package provides, and the Debian package.
-const PACKAGES: [(&str, &str); 6] = [
+const PACKAGES: [(&str, &str); 12] = [
     ("ip", "iproute2"),
     ("iptables", "iptables"),
     ("nft", "nftables"),
     ("conntrack", "conntrack"),
     ("tmux", "tmux"),
     ("nsenter", "util-linux"),
+    ("qemu-system-x86_64", "qemu-system-x86"),
+    ("bpftool", "bpftool"),
+    ("gcc", "gcc"),
+    ("lz4", "lz4"),
+    ("zstd", "zstd"),
+    ("xz", "xz-utils"),
 ];
+
+/// Packages known by name only: the guest needs busybox linked statically, which the
+/// `busybox` package (same command) is not.
+const PACKAGES_BY_NAME: [&str; 1] = ["busybox-static"];
+
+const MUSL_TARGET: &str = "x86_64-unknown-linux-musl";
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
 
 pub fn setup() -> anyhow::Result<()> {
     debian_packages()?;
     nightly_rust_src()?;
+    musl_target()?;
     bpf_linker()?;
     for program in ["python3", "node"] {
         if which(program).is_none() {
@@ -71,11 +87,15 @@ fn output(command: &mut Command) -> anyhow::Result<String> {
 }
 
 fn debian_packages() -> anyhow::Result<()> {
-    let missing: Vec<&str> = PACKAGES
+    let mut missing: Vec<&str> = PACKAGES
         .iter()
         .filter(|(program, _)| which(program).is_none())
         .map(|(_, package)| *package)
         .collect();
+    missing.extend(PACKAGES_BY_NAME.iter().filter(|package| {
+        output(Command::new("dpkg-query").args(["-W", "-f", "${Status}", package]))
+            .map_or(true, |status| !status.ends_with(" installed"))
+    }));
     if missing.is_empty() {
         return Ok(());
     }
@@ -100,6 +120,15 @@ fn nightly_rust_src() -> anyhow::Result<()> {
     }
     eprintln!("setup: adding rust-src to the nightly toolchain");
     run(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))
+}
+
+fn musl_target() -> anyhow::Result<()> {
+    let installed = output(Command::new("rustup").args(["target", "list", "--installed"]))?;
+    if installed.lines().any(|line| line == MUSL_TARGET) {
+        return Ok(());
+    }
+    eprintln!("setup: adding the Rust target {MUSL_TARGET}");
+    run(Command::new("rustup").args(["target", "add", MUSL_TARGET]))
 }
 
 fn bpf_linker() -> anyhow::Result<()> {

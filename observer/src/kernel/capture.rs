@@ -19,6 +19,9 @@ static PROGRAMS: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/
 /// The tracepoints observer attaches to: (program name, tracepoint).
 const HOOKS: [(&str, &str); 1] = [("net_dev_queue", "net_dev_queue")];
 
+/// The oldest kernel observer runs on: the BPF ring buffer came with Linux 5.8.
+const MIN_KERNEL: (u32, u32) = (5, 8);
+
 /// Why capture could not start. Each message is one sentence naming cause and fix.
 #[derive(Debug, thiserror::Error)]
 pub enum CaptureError {
@@ -26,6 +29,12 @@ pub enum CaptureError {
         "loading kernel programs needs root (CAP_BPF and CAP_PERFMON, or CAP_SYS_ADMIN); run observer with sudo"
     )]
     NotPrivileged,
+    #[error(
+        "observer needs Linux {}.{} or newer for the BPF ring buffer (BPF_MAP_TYPE_RINGBUF), but this kernel is {release}",
+        MIN_KERNEL.0,
+        MIN_KERNEL.1
+    )]
+    KernelTooOld { release: String },
     #[error(
         "cannot read kernel BTF at {path} ({error}); observer needs a kernel built with CONFIG_DEBUG_INFO_BTF=y (or --btf FILE) to find conntrack's structure offsets"
     )]
@@ -107,6 +116,22 @@ pub fn check_privileges() -> Result<(), CaptureError> {
     }
 }
 
+/// Fails on a kernel older than [`MIN_KERNEL`], from its release string (`uname -r`);
+/// a release that does not parse passes, and loading says what is missing.
+pub fn check_release(release: &str) -> Result<(), CaptureError> {
+    let mut numbers = release
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|part| part.parse::<u32>().ok());
+    match (numbers.next().flatten(), numbers.next().flatten()) {
+        (Some(major), Some(minor)) if (major, minor) < MIN_KERNEL => {
+            Err(CaptureError::KernelTooOld {
+                release: release.trim().to_owned(),
+            })
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Whether the process holds the capabilities needed to load tracing programs.
 fn privileged() -> bool {
     const CAP_SYS_ADMIN: u32 = 21;
@@ -128,12 +153,19 @@ impl Capture {
     /// Checks privileges and BTF, then loads and attaches every program.
     pub fn start(options: &CaptureOptions) -> Result<Capture, CaptureError> {
         check_privileges()?;
+        if let Ok(release) = std::fs::read_to_string("/proc/sys/kernel/osrelease") {
+            check_release(&release)?;
+        }
         let btf_bytes = std::fs::read(&options.btf_path).map_err(|error| CaptureError::NoBtf {
             path: options.btf_path.display().to_string(),
             error,
         })?;
         let btf = Btf::parse(&btf_bytes).map_err(CaptureError::BadBtf)?;
         let offsets = crate::kernel::offsets::kernel_offsets(&btf).map_err(CaptureError::BadBtf)?;
+        log::debug!(
+            "kernel offsets from BTF: {}",
+            crate::kernel::offsets::describe(&offsets)
+        );
 
         let mut ebpf = EbpfLoader::new()
             .override_global("OFFSETS", &offsets, true)
@@ -298,4 +330,31 @@ fn error_chain(err: &dyn std::error::Error) -> String {
         source = cause.source();
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernels_before_5_8_are_refused_naming_the_ring_buffer() {
+        for old in ["5.7.19", "4.19.0-27-amd64", "3.10.0-1160.el7.x86_64"] {
+            let err = check_release(old).unwrap_err().to_string();
+            assert_eq!(
+                err,
+                format!(
+                    "observer needs Linux 5.8 or newer for the BPF ring buffer (BPF_MAP_TYPE_RINGBUF), but this kernel is {old}"
+                )
+            );
+        }
+        for new in [
+            "5.8.0",
+            "5.10.0-46-cloud-amd64",
+            "6.12.117+deb12-cloud-amd64\n",
+            "10.0",
+        ] {
+            assert!(check_release(new).is_ok(), "{new}");
+        }
+        assert!(check_release("unknown").is_ok());
+    }
 }

@@ -29,6 +29,35 @@ pub fn kernel_offsets(btf: &Btf) -> Result<KernelOffsets, BtfError> {
     })
 }
 
+/// Every offset as `struct.member.path=bytes`, in C's notation, space-separated: what
+/// `observer` logs at debug level so other tools can check it against their own reading.
+pub fn describe(o: &KernelOffsets) -> String {
+    let pairs: [(&str, u32); 17] = [
+        ("sk_buff._nfct", o.skb_nfct),
+        ("sk_buff.head", o.skb_head),
+        ("sk_buff.data", o.skb_data),
+        ("sk_buff.len", o.skb_len),
+        ("sk_buff.network_header", o.skb_network_header),
+        ("nf_conn.tuplehash[0].tuple", o.ct_tuple_original),
+        ("nf_conn.tuplehash[1].tuple", o.ct_tuple_reply),
+        ("nf_conn.status", o.ct_status),
+        ("nf_conn.ct_net.net", o.ct_net),
+        ("nf_conn.proto.tcp.state", o.ct_tcp_state),
+        ("net.ns.inum", o.net_ns_inum),
+        ("nf_conntrack_tuple.src.u3", o.tuple_src_addr),
+        ("nf_conntrack_tuple.src.u.all", o.tuple_src_port),
+        ("nf_conntrack_tuple.src.l3num", o.tuple_src_l3num),
+        ("nf_conntrack_tuple.dst.u3", o.tuple_dst_addr),
+        ("nf_conntrack_tuple.dst.u.all", o.tuple_dst_port),
+        ("nf_conntrack_tuple.dst.protonum", o.tuple_dst_protonum),
+    ];
+    let text: Vec<String> = pairs
+        .iter()
+        .map(|(path, offset)| format!("{path}={offset}"))
+        .collect();
+    text.join(" ")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -59,5 +88,22 @@ mod tests {
                 (104, 32, 128, 136, 224)
             );
         }
+    }
+
+    #[test]
+    fn describe_names_every_offset_in_c_notation() {
+        let data = std::fs::read(Btf::SYS_FS).expect("this kernel exposes /sys/kernel/btf/vmlinux");
+        let off = kernel_offsets(&Btf::parse(&data).unwrap()).unwrap();
+        let text = describe(&off);
+        assert_eq!(text.split(' ').count(), 17);
+        assert!(text.starts_with(&format!("sk_buff._nfct={} ", off.skb_nfct)));
+        assert!(text.contains(&format!(
+            " nf_conn.tuplehash[1].tuple={} ",
+            off.ct_tuple_reply
+        )));
+        assert!(text.ends_with(&format!(
+            " nf_conntrack_tuple.dst.protonum={}",
+            off.tuple_dst_protonum
+        )));
     }
 }

@@ -36,6 +36,26 @@ pub struct Naming {
     pub frontend: Option<FrontendKind>,
 }
 
+impl Naming {
+    /// A connection named `service`; `endpoint_in_rules` says whether its backend is
+    /// still an endpoint there.
+    pub fn named(service: impl Into<String>, endpoint_in_rules: bool) -> Naming {
+        Naming {
+            service: Some(service.into()),
+            endpoint_in_rules: Some(endpoint_in_rules),
+            frontend: None,
+        }
+    }
+
+    /// The same naming, entered through `door`.
+    pub fn via(self, door: impl Into<Option<FrontendKind>>) -> Naming {
+        Naming {
+            frontend: door.into(),
+            ..self
+        }
+    }
+}
+
 /// Which parser a dump needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DumpFormat {
@@ -169,11 +189,8 @@ impl Namer {
     ) -> Naming {
         let map = self.spaces.get(&netns).map(|space| &space.map);
         match map.and_then(|map| map.lookup(proto, original_dst, backend)) {
-            Some((port, current)) => Naming {
-                service: Some(port.name.clone()),
-                endpoint_in_rules: Some(current),
-                frontend: map.and_then(|map| map.frontend_kind(proto, original_dst)),
-            },
+            Some((port, current)) => Naming::named(port.name.as_str(), current)
+                .via(map.and_then(|map| map.frontend_kind(proto, original_dst))),
             None => Naming::default(),
         }
     }
@@ -231,5 +248,7 @@ impl Namer {
     }
 }
 
+#[cfg(test)]
+pub(crate) mod test_support;
 #[cfg(test)]
 mod tests;

@@ -3,16 +3,11 @@
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
+use super::test_support::{fixture, sa};
 use super::*;
 
-const V4: &str = include_str!(concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/tests/data/rules/iptables/mixed-v4-nat.saved"
-));
-const NFT_V6: &str = include_str!(concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/tests/data/rules/nftables/mixed-v6.json"
-));
+const V4: &str = fixture!("iptables/mixed-v4-nat.saved");
+const NFT_V6: &str = fixture!("nftables/mixed-v6.json");
 
 /// Fixture text per namespace, swappable mid-test; counts reads.
 #[derive(Clone, Default)]
@@ -53,16 +48,9 @@ fn iptables(text: &str) -> Result<Dumps, String> {
     })
 }
 
-fn sa(text: &str) -> SocketAddr {
-    text.parse().unwrap()
-}
-
-fn named(service: &str, current: bool) -> Naming {
-    Naming {
-        service: Some(service.to_owned()),
-        endpoint_in_rules: Some(current),
-        frontend: Some(FrontendKind::ClusterIp),
-    }
+/// What the namer says of a TCP connection to `dst` that conntrack sent to `backend`.
+fn name_tcp(namer: &mut Namer, netns: u32, dst: &str, backend: &str, at: Instant) -> Naming {
+    namer.name(netns, Proto::Tcp, sa(dst), sa(backend), at)
 }
 
 const NS: u32 = 4026532301;
@@ -84,24 +72,18 @@ fn names_from_injected_dumps_and_publishes_services_once() {
     let mut namer = namer(&fake);
     let t0 = Instant::now();
     assert_eq!(
-        namer.name(
-            NS,
-            Proto::Tcp,
-            sa("10.96.35.226:80"),
-            sa("10.244.1.14:3000"),
-            t0
-        ),
-        named("shop/checkout:http", true)
+        name_tcp(&mut namer, NS, "10.96.35.226:80", "10.244.1.14:3000", t0),
+        Naming::named("shop/checkout:http", true).via(FrontendKind::ClusterIp)
     );
     assert_eq!(
-        namer.name(
+        name_tcp(
+            &mut namer,
             NS,
-            Proto::Tcp,
-            sa("[fd00:10:96::a]:80"),
-            sa("[fd00:10:244:2::7]:3000"),
+            "[fd00:10:96::a]:80",
+            "[fd00:10:244:2::7]:3000",
             t0
         ),
-        named("shop/checkout:http", true)
+        Naming::named("shop/checkout:http", true).via(FrontendKind::ClusterIp)
     );
     assert_eq!(fake.reads(), 1);
     let updates = namer.take_service_updates();
@@ -131,13 +113,7 @@ fn rules_are_reread_when_old_and_changes_are_published() {
     fake.set(NS, iptables(V4));
     let mut namer = namer(&fake);
     let t0 = Instant::now();
-    namer.name(
-        NS,
-        Proto::Tcp,
-        sa("10.96.35.226:9090"),
-        sa("10.244.1.13:9100"),
-        t0,
-    );
+    name_tcp(&mut namer, NS, "10.96.35.226:9090", "10.244.1.13:9100", t0);
     namer.take_service_updates();
     // The metrics endpoint moves to another pod.
     fake.set(
@@ -146,27 +122,21 @@ fn rules_are_reread_when_old_and_changes_are_published() {
     );
     let young = t0 + Duration::from_secs(9);
     assert_eq!(
-        namer.name(
+        name_tcp(
+            &mut namer,
             NS,
-            Proto::Tcp,
-            sa("10.96.35.226:9090"),
-            sa("10.244.1.13:9100"),
+            "10.96.35.226:9090",
+            "10.244.1.13:9100",
             young
         ),
-        named("shop/checkout:metrics", true),
+        Naming::named("shop/checkout:metrics", true).via(FrontendKind::ClusterIp),
         "rules younger than max_age and a hit: no re-read"
     );
     assert_eq!(fake.reads(), 1);
     let old = t0 + Duration::from_secs(10);
     assert_eq!(
-        namer.name(
-            NS,
-            Proto::Tcp,
-            sa("10.96.35.226:9090"),
-            sa("10.244.1.13:9100"),
-            old
-        ),
-        named("shop/checkout:metrics", false),
+        name_tcp(&mut namer, NS, "10.96.35.226:9090", "10.244.1.13:9100", old),
+        Naming::named("shop/checkout:metrics", false).via(FrontendKind::ClusterIp),
         "the old pod is now a stale pin"
     );
     assert_eq!(fake.reads(), 2);
@@ -182,15 +152,8 @@ fn a_miss_rereads_at_most_every_min_interval() {
     fake.set(NS, iptables(V4));
     let mut namer = namer(&fake);
     let t0 = Instant::now();
-    let unknown = |namer: &mut Namer, at| {
-        namer.name(
-            NS,
-            Proto::Tcp,
-            sa("10.96.99.99:80"),
-            sa("10.244.5.5:80"),
-            at,
-        )
-    };
+    let unknown =
+        |namer: &mut Namer, at| name_tcp(namer, NS, "10.96.99.99:80", "10.244.5.5:80", at);
     assert_eq!(unknown(&mut namer, t0), Naming::default());
     assert_eq!(fake.reads(), 1);
     assert_eq!(
@@ -206,24 +169,27 @@ fn a_miss_rereads_at_most_every_min_interval() {
     fake.set(NS, iptables(&added));
     assert_eq!(
         unknown(&mut namer, t0 + Duration::from_secs(2)),
-        named("new/svc:web", true)
+        Naming::named("new/svc:web", true).via(FrontendKind::ClusterIp)
     );
     assert_eq!(fake.reads(), 2);
     // A stale pin is a miss too, but again rate-limited.
-    let stale = namer.name(
+    let stale = name_tcp(
+        &mut namer,
         NS,
-        Proto::Tcp,
-        sa("10.96.35.226:80"),
-        sa("10.244.9.9:3000"),
+        "10.96.35.226:80",
+        "10.244.9.9:3000",
         t0 + Duration::from_secs(3),
     );
-    assert_eq!(stale, named("shop/checkout:http", false));
+    assert_eq!(
+        stale,
+        Naming::named("shop/checkout:http", false).via(FrontendKind::ClusterIp)
+    );
     assert_eq!(fake.reads(), 2);
-    namer.name(
+    name_tcp(
+        &mut namer,
         NS,
-        Proto::Tcp,
-        sa("10.96.35.226:80"),
-        sa("10.244.9.9:3000"),
+        "10.96.35.226:80",
+        "10.244.9.9:3000",
         t0 + Duration::from_secs(4),
     );
     assert_eq!(fake.reads(), 3);
@@ -238,21 +204,9 @@ fn unreadable_rules_warn_once_per_namespace_and_cause() {
     let t0 = Instant::now();
     for step in 0..5 {
         let at = t0 + Duration::from_secs(3 * step);
-        let naming = namer.name(
-            NS,
-            Proto::Tcp,
-            sa("10.96.35.226:80"),
-            sa("10.244.1.14:3000"),
-            at,
-        );
+        let naming = name_tcp(&mut namer, NS, "10.96.35.226:80", "10.244.1.14:3000", at);
         assert_eq!(naming, Naming::default());
-        namer.name(
-            7,
-            Proto::Tcp,
-            sa("10.96.35.226:80"),
-            sa("10.244.1.14:3000"),
-            at,
-        );
+        name_tcp(&mut namer, 7, "10.96.35.226:80", "10.244.1.14:3000", at);
     }
     assert_eq!(fake.reads(), 10);
     assert_eq!(
@@ -271,24 +225,12 @@ fn a_failed_reread_keeps_the_last_good_rules() {
     fake.set(NS, iptables(V4));
     let mut namer = namer(&fake);
     let t0 = Instant::now();
-    namer.name(
-        NS,
-        Proto::Tcp,
-        sa("10.96.35.226:80"),
-        sa("10.244.1.14:3000"),
-        t0,
-    );
+    name_tcp(&mut namer, NS, "10.96.35.226:80", "10.244.1.14:3000", t0);
     fake.set(NS, Err("nsenter not found".to_owned()));
     let later = t0 + Duration::from_secs(60);
     assert_eq!(
-        namer.name(
-            NS,
-            Proto::Tcp,
-            sa("10.96.35.226:80"),
-            sa("10.244.1.14:3000"),
-            later
-        ),
-        named("shop/checkout:http", true)
+        name_tcp(&mut namer, NS, "10.96.35.226:80", "10.244.1.14:3000", later),
+        Naming::named("shop/checkout:http", true).via(FrontendKind::ClusterIp)
     );
     assert_eq!(namer.take_warnings().len(), 1);
 }
@@ -308,20 +250,8 @@ fn missing_tools_warn_only_when_nothing_was_found() {
     );
     let mut namer = namer(&fake);
     let t0 = Instant::now();
-    namer.name(
-        NS,
-        Proto::Tcp,
-        sa("10.96.35.226:80"),
-        sa("10.244.1.14:3000"),
-        t0,
-    );
-    namer.name(
-        8,
-        Proto::Tcp,
-        sa("10.96.35.226:80"),
-        sa("10.244.1.14:3000"),
-        t0,
-    );
+    name_tcp(&mut namer, NS, "10.96.35.226:80", "10.244.1.14:3000", t0);
+    name_tcp(&mut namer, 8, "10.96.35.226:80", "10.244.1.14:3000", t0);
     assert_eq!(
         namer.take_warnings(),
         ["cannot name connections in netns 8: iptables-save not found; records get service null"]

@@ -5,14 +5,12 @@
 #![allow(dead_code)]
 
 use std::{
-    io::{BufRead, BufReader},
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
-    sync::mpsc,
-    time::Duration,
+    process::{Command, Stdio},
 };
 
 use observer::model::record::Recording;
+use observer_lab::Observer;
 
 /// Root tests fail, never skip, without root: CI runs as root and must run them.
 pub fn require_root() {
@@ -29,9 +27,8 @@ pub fn prefix(test: &str) -> String {
 
 /// `observer record` running in the background; killed on drop.
 pub struct Recorder {
-    child: Child,
+    observer: Observer,
     pub output: PathBuf,
-    stderr: mpsc::Receiver<String>,
 }
 
 impl Recorder {
@@ -39,54 +36,22 @@ impl Recorder {
     /// waits for its `attached` line.
     pub fn start(dir: &Path, extra: &[&str]) -> Recorder {
         let output = dir.join("conns.jsonl");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_observer"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_observer"));
+        command
             .arg("record")
             .arg("--output")
             .arg(&output)
             .args(extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start observer record");
-        let (send, stderr) = mpsc::channel();
-        let pipe = child.stderr.take().unwrap();
-        std::thread::spawn(move || {
-            for line in BufReader::new(pipe).lines().map_while(Result::ok) {
-                eprintln!("[observer] {line}");
-                let _ = send.send(line);
-            }
-        });
-        let recorder = Recorder {
-            child,
-            output,
-            stderr,
-        };
-        loop {
-            match recorder.stderr.recv_timeout(Duration::from_secs(60)) {
-                Ok(line) if line.contains("attached") => return recorder,
-                Ok(_) => continue,
-                Err(err) => panic!("observer record never said `attached`: {err}"),
-            }
-        }
+            .stdout(Stdio::null());
+        let observer = Observer::start(command, true).expect("observer record attaches");
+        Recorder { observer, output }
     }
 
     /// SIGTERM, wait for a clean exit, read the log.
     pub fn stop(mut self) -> Recording {
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.child.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        )
-        .unwrap();
-        let status = self.child.wait().unwrap();
+        let status = self.observer.terminate().unwrap();
         assert!(status.success(), "observer record exited with {status}");
         Recording::read(&self.output).expect("a readable connection log")
-    }
-}
-
-impl Drop for Recorder {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

@@ -47,12 +47,18 @@
 //! - Clients, each returning its own ground truth: [`http_fresh`], [`http_keepalive`],
 //!   [`node_fetch`], [`udp_queries`].
 //! - Pure rule generation, unit-tested without root: [`iptables::sync`], [`nftables::sync`].
+//! - [`Observer`]: the observer binary started and `attached` (it is only run: this crate
+//!   does not depend on the observer crate).
 //! - [`down`] removes a lab by prefix (also a crashed one); [`namespaces`] lists what exists.
 
 mod clients;
 mod conntrack;
 mod names;
+mod node_rules;
+mod observer;
+mod process;
 mod sys;
+mod topology;
 
 pub mod cli;
 pub mod iptables;
@@ -60,12 +66,10 @@ pub mod nftables;
 pub mod runtime;
 pub mod spec;
 
-use std::fs::File;
 use std::net::Ipv4Addr;
-use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Child, Output};
+use std::time::Instant;
 
 use anyhow::{Context, bail};
 use serde::{Deserialize, Serialize};
@@ -74,10 +78,10 @@ pub use clients::{
     Answer, http_fresh, http_keepalive, http_keepalive_paced, node_fetch, udp_queries,
 };
 pub use conntrack::{ConntrackWatch, CtEvent};
+pub use observer::Observer;
 pub use spec::{Pod, Proto, Service};
 
-use spec::NODE_IP;
-use sys::{Tools, end_process, in_netns, is_lab_netns, list_netns, run, run_with_input, state_dir};
+use sys::{Tools, in_netns, is_lab_netns, list_netns, state_dir};
 
 const POD_SERVER_PY: &str = include_str!("../scripts/pod_server.py");
 const CLIENTS_PY: &str = include_str!("../scripts/clients.py");
@@ -169,11 +173,6 @@ fn check_root() -> anyhow::Result<()> {
         bail!("the lab needs root: it creates network namespaces and loads netfilter rules");
     }
     Ok(())
-}
-
-/// The host-side veth of a pod (interface names have at most 15 bytes).
-fn veth_name(pod: &str) -> String {
-    format!("veth-{pod}").chars().take(15).collect()
 }
 
 /// The namespaces of the lab with this prefix that exist now.
@@ -290,10 +289,6 @@ impl Lab {
             .with_context(|| format!("could not run `{program}` in {netns}"))
     }
 
-    /// Takes `pod_ip` out of a Service port's endpoints (`"ns/name:port"`) and rewrites
-    /// the rules as kube-proxy does after the readiness flip: a partial sync through
-    /// `iptables-restore --noflush` or one `nft -f` transaction, then, for UDP, deleting
-    /// the conntrack entries that still point at the removed endpoint.
     /// The Service called `name` (e.g. `checkout`).
     pub fn service(&self, name: &str) -> anyhow::Result<&Service> {
         self.services
@@ -324,6 +319,10 @@ impl Lab {
         Ok(())
     }
 
+    /// Takes `pod_ip` out of a Service port's endpoints (`"ns/name:port"`) and rewrites
+    /// the rules as kube-proxy does after the readiness flip: a partial sync through
+    /// `iptables-restore --noflush` or one `nft -f` transaction, then, for UDP, deleting
+    /// the conntrack entries that still point at the removed endpoint.
     pub fn remove_endpoint(&mut self, service: &str, pod_ip: Ipv4Addr) -> anyhow::Result<()> {
         let Some(idx) = self
             .services
@@ -361,21 +360,6 @@ impl Lab {
         Ok(())
     }
 
-    /// The node's NAT rules: `iptables-save -t nat`, or `nft -j list table ip kube-proxy`.
-    pub fn rules_dump(&self) -> anyhow::Result<String> {
-        let out = match self.config.rules {
-            RuleMode::Iptables => {
-                run(
-                    in_netns(&self.tools.ip, &self.node_ns, &self.tools.iptables_save)
-                        .args(["-t", "nat"]),
-                )?
-            }
-            RuleMode::Nftables => run(in_netns(&self.tools.ip, &self.node_ns, &self.tools.nft)
-                .args(["-j", "list", "table", "ip", "kube-proxy"]))?,
-        };
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    }
-
     /// Keeps the lab running after this process exits (`cargo xtask lab up`).
     pub(crate) fn detach(mut self) {
         self.detached = true;
@@ -397,304 +381,6 @@ impl Lab {
         self.sync_rules(None)?;
         self.start_servers()?;
         self.wait_until_answering()
-    }
-
-    fn ip_batch(&self, netns: &str, commands: &[String]) -> anyhow::Result<()> {
-        let mut input = commands.join("\n");
-        input.push('\n');
-        run_with_input(
-            Command::new(&self.tools.ip).args(["-n", netns, "-batch", "-"]),
-            &input,
-        )
-        .with_context(|| format!("could not configure {netns}"))?;
-        Ok(())
-    }
-
-    fn sysctls(&self, netns: &str, settings: &[(&str, &str)]) -> anyhow::Result<()> {
-        let script: Vec<String> = settings
-            .iter()
-            .map(|(k, v)| format!("echo {v} > /proc/sys/{k}"))
-            .collect();
-        run(in_netns(&self.tools.ip, netns, "/bin/sh").args(["-c", &script.join(" && ")]))
-            .with_context(|| format!("could not set sysctls in {netns}"))?;
-        Ok(())
-    }
-
-    fn build_topology(&mut self) -> anyhow::Result<()> {
-        let bridged = self.config.topology == Topology::Bridged;
-        let client = self.client_pod();
-        let members: Vec<Pod> = self
-            .pods
-            .iter()
-            .cloned()
-            .chain(std::iter::once(client))
-            .collect();
-        // No IPv6: nothing but the lab's IPv4 traffic reaches conntrack.
-        let no_ipv6 = [
-            ("net/ipv6/conf/all/disable_ipv6", "1"),
-            ("net/ipv6/conf/default/disable_ipv6", "1"),
-        ];
-        for ns in self.all_namespaces() {
-            run(Command::new(&self.tools.ip).args(["netns", "add", &ns]))?;
-            self.sysctls(&ns, &no_ipv6)?;
-        }
-        let node = self.node_ns.clone();
-        self.sysctls(
-            &node,
-            &[
-                ("net/ipv4/ip_forward", "1"),
-                ("net/ipv4/conf/all/route_localnet", "1"),
-            ],
-        )?;
-        let mut node_cmds = vec!["link set lo up".to_string()];
-        if bridged {
-            let has_bridge_nf = in_netns(&self.tools.ip, &node, "/bin/sh")
-                .args(["-c", "test -d /proc/sys/net/bridge"])
-                .status()
-                .context("could not look for /proc/sys/net/bridge")?
-                .success();
-            if !has_bridge_nf {
-                bail!(
-                    "the bridged topology needs br_netfilter, but /proc/sys/net/bridge does not exist in {node} (load the br_netfilter module, or use --topology routed)"
-                );
-            }
-            self.sysctls(&node, &[("net/bridge/bridge-nf-call-iptables", "1")])?;
-            node_cmds.extend([
-                "link add cni0 type bridge".to_string(),
-                format!("addr add {NODE_IP}/24 dev cni0"),
-                "link set cni0 up".to_string(),
-            ]);
-        }
-        for pod in &members {
-            let veth = veth_name(&pod.name);
-            node_cmds.push(format!(
-                "link add {veth} type veth peer name eth0 netns {}",
-                pod.ns
-            ));
-            if bridged {
-                node_cmds.extend([
-                    format!("link set {veth} master cni0"),
-                    format!("link set {veth} type bridge_slave hairpin on"),
-                    format!("link set {veth} up"),
-                ]);
-            } else {
-                node_cmds.extend([
-                    format!("addr add {NODE_IP}/32 dev {veth}"),
-                    format!("link set {veth} up"),
-                    format!("route add {}/32 dev {veth}", pod.ip),
-                ]);
-            }
-        }
-        self.ip_batch(&node, &node_cmds)?;
-        runtime::write(&self.state_dir, &self.config.prefix, &members)?;
-        for pod in &members {
-            let cmds = if bridged {
-                vec![
-                    "link set lo up".to_string(),
-                    format!("addr add {}/24 dev eth0", pod.ip),
-                    "link set eth0 up".to_string(),
-                    format!("route add default via {NODE_IP} dev eth0"),
-                ]
-            } else {
-                vec![
-                    "link set lo up".to_string(),
-                    format!("addr add {}/32 dev eth0", pod.ip),
-                    "link set eth0 up".to_string(),
-                    format!("route add default via {NODE_IP} dev eth0 onlink"),
-                ]
-            };
-            self.ip_batch(&pod.ns, &cmds)?;
-        }
-        Ok(())
-    }
-
-    /// Writes the rules for the current Services, as kube-proxy's sync loop does:
-    /// `previous = None` is its first (full) sync.
-    fn sync_rules(&mut self, previous: Option<&[Service]>) -> anyhow::Result<()> {
-        let ip = self.tools.ip.clone();
-        match self.config.rules {
-            RuleMode::Iptables => {
-                let restore = || {
-                    let mut cmd = in_netns(&ip, &self.node_ns, &self.tools.iptables_restore);
-                    cmd.args(["-w", "5", "--noflush", "--counters"]);
-                    cmd
-                };
-                let existing = match previous {
-                    None => {
-                        run_with_input(&mut restore(), &iptables::setup())
-                            .context("could not load kube-proxy's iptables jump rules")?;
-                        Vec::new()
-                    }
-                    Some(_) => {
-                        let save = run(in_netns(&ip, &self.node_ns, &self.tools.iptables_save)
-                            .args(["-t", "nat"]))?;
-                        iptables::chains_in_save(&String::from_utf8_lossy(&save.stdout))
-                    }
-                };
-                run_with_input(
-                    &mut restore(),
-                    &iptables::sync(&self.services, previous, &existing),
-                )
-                .context("could not load kube-proxy's iptables rules")?;
-            }
-            RuleMode::Nftables => {
-                let nft_f = || {
-                    let mut cmd = in_netns(&ip, &self.node_ns, &self.tools.nft);
-                    cmd.args(["-f", "-"]);
-                    cmd
-                };
-                let second_ago = Instant::now() - Duration::from_secs(1);
-                let (old, young): (Vec<_>, Vec<_>) = std::mem::take(&mut self.stale_nft_chains)
-                    .into_iter()
-                    .partition(|(_, t)| *t < second_ago);
-                self.stale_nft_chains = young;
-                if !old.is_empty() {
-                    let chains: Vec<String> = old.into_iter().map(|(c, _)| c).collect();
-                    run_with_input(&mut nft_f(), &nftables::delete_chains(&chains))
-                        .context("could not delete stale nftables chains")?;
-                }
-                let existing = match previous {
-                    None => Vec::new(),
-                    Some(_) => {
-                        let list = run(in_netns(&ip, &self.node_ns, &self.tools.nft)
-                            .args(["-j", "list", "chains", "ip"]))?;
-                        nftables::chains_in_json(&String::from_utf8_lossy(&list.stdout))
-                            .context("could not read `nft -j list chains`")?
-                    }
-                };
-                let sync = nftables::sync(&self.services, previous, &existing);
-                run_with_input(&mut nft_f(), &sync.script)
-                    .context("could not load kube-proxy's nftables rules")?;
-                let now = Instant::now();
-                self.stale_nft_chains
-                    .extend(sync.stale_chains.into_iter().map(|c| (c, now)));
-            }
-        }
-        Ok(())
-    }
-
-    fn start_servers(&mut self) -> anyhow::Result<()> {
-        let script = self.state_dir.join("pod_server.py");
-        for pod in &self.pods {
-            let log_path = self.state_dir.join(format!("{}.log", pod.name));
-            let log = File::create(&log_path)
-                .with_context(|| format!("could not create {}", log_path.display()))?;
-            let child = in_netns(&self.tools.ip, &pod.ns, &self.tools.python3)
-                .arg("-u")
-                .arg(&script)
-                .args(["--name", &pod.name])
-                .args([
-                    "--http-port",
-                    &pod.http_port.to_string(),
-                    "--udp-port",
-                    &pod.udp_port.to_string(),
-                ])
-                .arg("--ready-file")
-                .arg(self.ready_file(pod))
-                .stdin(Stdio::null())
-                .stdout(log.try_clone()?)
-                .stderr(log)
-                // Not in the terminal's process group: ^C after `lab up` leaves it running.
-                .process_group(0)
-                .spawn()
-                .with_context(|| format!("could not start the server of pod {}", pod.name))?;
-            self.servers.push(child);
-        }
-        let state = LabState {
-            topology: self.config.topology,
-            rules: self.config.rules,
-            server_pids: self.servers.iter().map(Child::id).collect(),
-        };
-        std::fs::write(
-            self.state_dir.join("lab.json"),
-            serde_json::to_string_pretty(&state)?,
-        )?;
-        Ok(())
-    }
-
-    fn ready_file(&self, pod: &Pod) -> PathBuf {
-        self.state_dir.join(format!("{}.ready", pod.name))
-    }
-
-    fn wait_until_answering(&mut self) -> anyhow::Result<()> {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        for (i, pod) in self.pods.iter().enumerate() {
-            while !self.ready_file(pod).exists() {
-                if let Some(status) = self.servers[i].try_wait()? {
-                    let log =
-                        std::fs::read_to_string(self.state_dir.join(format!("{}.log", pod.name)))
-                            .unwrap_or_default();
-                    bail!(
-                        "the server of pod {} exited ({status}): {}",
-                        pod.name,
-                        log.trim()
-                    );
-                }
-                if Instant::now() > deadline {
-                    bail!("the server of pod {} did not start within 10 s", pod.name);
-                }
-                std::thread::sleep(Duration::from_millis(10));
-            }
-        }
-        // Every pod directly, then every Service through the node's rules.
-        let mut targets: Vec<(String, Option<&str>)> = Vec::new();
-        for pod in &self.pods {
-            targets.push((format!("tcp:{}:{}", pod.ip, pod.http_port), Some(&pod.name)));
-            targets.push((format!("udp:{}:{}", pod.ip, pod.udp_port), Some(&pod.name)));
-        }
-        for svc in &self.services {
-            targets.push((
-                format!("{}:{}:{}", svc.proto, svc.cluster_ip, svc.port),
-                None,
-            ));
-            if let Some(np) = svc.node_port {
-                targets.push((format!("{}:{NODE_IP}:{np}", svc.proto), None));
-            }
-        }
-        let script = self.state_dir.join("clients.py");
-        let out = run(
-            in_netns(&self.tools.ip, &self.client_ns, &self.tools.python3)
-                .arg(&script)
-                .arg("probe")
-                .args(targets.iter().map(|(t, _)| t)),
-        )
-        .context("the lab's servers do not answer")?;
-        let answers: std::collections::BTreeMap<String, String> =
-            serde_json::from_slice(&out.stdout)?;
-        for (target, want) in &targets {
-            let got = answers.get(target).map(String::as_str);
-            if want.is_some() && got != *want {
-                bail!("{target} answered {got:?}, expected {want:?}");
-            }
-        }
-        Ok(())
-    }
-
-    fn teardown(&mut self) -> anyhow::Result<()> {
-        for child in &mut self.servers {
-            if let Ok(pid) = i32::try_from(child.id()) {
-                end_process(pid);
-            }
-            let _ = child.wait();
-        }
-        self.servers.clear();
-        let mut first_error = None;
-        for ns in self.all_namespaces() {
-            if list_netns(&self.tools.ip)?.contains(&ns)
-                && let Err(e) = sys::remove_netns(&self.tools.ip, &ns)
-            {
-                first_error.get_or_insert(e);
-            }
-        }
-        if self.state_dir.exists()
-            && let Err(e) = std::fs::remove_dir_all(&self.state_dir)
-        {
-            first_error.get_or_insert(
-                anyhow::Error::new(e)
-                    .context(format!("could not remove {}", self.state_dir.display())),
-            );
-        }
-        first_error.map_or(Ok(()), Err)
     }
 }
 

@@ -2,10 +2,11 @@
 //! pkg/proxy/iptables/proxier.go writes for our Services (Cluster traffic policies, no
 //! session affinity, `--cluster-cidr` local detection, NodePorts on every local address).
 
+mod chains;
+
 use std::collections::BTreeSet;
 
-use super::names::{ipt_ext_chain, ipt_sep_chain, ipt_svc_chain};
-use super::spec::{CLUSTER_CIDR, Service};
+use crate::spec::Service;
 
 /// `fmt.Sprintf("%#08x", 1<<14)`: kube-proxy's default masquerade bit.
 const MASQ_MARK: &str = "0x004000";
@@ -33,107 +34,108 @@ fn chain_line(chain: &str) -> String {
     format!(":{chain} - [0:0]")
 }
 
+/// (table, destination chain, source chain, comment, extra match) of each jump
+/// kube-proxy prepends (`iptablesJumpChains`), then the kubelet's `KUBE-FIREWALL` jumps.
+const JUMPS: [(&str, &str, &str, &str, &str); 14] = [
+    (
+        "filter",
+        KUBE_EXTERNAL_SERVICES,
+        "INPUT",
+        "kubernetes externally-visible service portals",
+        NEW,
+    ),
+    (
+        "filter",
+        KUBE_EXTERNAL_SERVICES,
+        "FORWARD",
+        "kubernetes externally-visible service portals",
+        NEW,
+    ),
+    (
+        "filter",
+        KUBE_NODEPORTS,
+        "INPUT",
+        "kubernetes health check service ports",
+        "",
+    ),
+    (
+        "filter",
+        KUBE_SERVICES,
+        "FORWARD",
+        "kubernetes service portals",
+        NEW,
+    ),
+    (
+        "filter",
+        KUBE_SERVICES,
+        "OUTPUT",
+        "kubernetes service portals",
+        NEW,
+    ),
+    (
+        "filter",
+        KUBE_FORWARD,
+        "FORWARD",
+        "kubernetes forwarding rules",
+        "",
+    ),
+    (
+        "filter",
+        KUBE_PROXY_FIREWALL,
+        "INPUT",
+        "kubernetes load balancer firewall",
+        NEW,
+    ),
+    (
+        "filter",
+        KUBE_PROXY_FIREWALL,
+        "OUTPUT",
+        "kubernetes load balancer firewall",
+        NEW,
+    ),
+    (
+        "filter",
+        KUBE_PROXY_FIREWALL,
+        "FORWARD",
+        "kubernetes load balancer firewall",
+        NEW,
+    ),
+    (
+        "nat",
+        KUBE_SERVICES,
+        "OUTPUT",
+        "kubernetes service portals",
+        "",
+    ),
+    (
+        "nat",
+        KUBE_SERVICES,
+        "PREROUTING",
+        "kubernetes service portals",
+        "",
+    ),
+    (
+        "nat",
+        KUBE_POSTROUTING,
+        "POSTROUTING",
+        "kubernetes postrouting rules",
+        "",
+    ),
+    // The kubelet's firewall chain: no comment.
+    ("filter", KUBE_FIREWALL, "INPUT", "", ""),
+    ("filter", KUBE_FIREWALL, "OUTPUT", "", ""),
+];
+const NEW: &str = "-m conntrack --ctstate NEW ";
+
 /// Input for `iptables-restore --noflush` doing what kube-proxy does before its first
 /// sync: the canary chains of its monitor, `EnsureChain` for each top-level chain and
-/// `EnsureRule(Prepend, ...)` for the jumps into them (`iptablesJumpChains`, then the
-/// kubelet's `KUBE-FIREWALL` jumps).
+/// `EnsureRule(Prepend, ...)` for the jumps into them ([`JUMPS`]).
 pub fn setup() -> String {
-    const NEW: &str = "-m conntrack --ctstate NEW ";
-    // (table, destination chain, source chain, comment, extra match)
-    let jumps: [(&str, &str, &str, &str, &str); 14] = [
-        (
-            "filter",
-            KUBE_EXTERNAL_SERVICES,
-            "INPUT",
-            "kubernetes externally-visible service portals",
-            NEW,
-        ),
-        (
-            "filter",
-            KUBE_EXTERNAL_SERVICES,
-            "FORWARD",
-            "kubernetes externally-visible service portals",
-            NEW,
-        ),
-        (
-            "filter",
-            KUBE_NODEPORTS,
-            "INPUT",
-            "kubernetes health check service ports",
-            "",
-        ),
-        (
-            "filter",
-            KUBE_SERVICES,
-            "FORWARD",
-            "kubernetes service portals",
-            NEW,
-        ),
-        (
-            "filter",
-            KUBE_SERVICES,
-            "OUTPUT",
-            "kubernetes service portals",
-            NEW,
-        ),
-        (
-            "filter",
-            KUBE_FORWARD,
-            "FORWARD",
-            "kubernetes forwarding rules",
-            "",
-        ),
-        (
-            "filter",
-            KUBE_PROXY_FIREWALL,
-            "INPUT",
-            "kubernetes load balancer firewall",
-            NEW,
-        ),
-        (
-            "filter",
-            KUBE_PROXY_FIREWALL,
-            "OUTPUT",
-            "kubernetes load balancer firewall",
-            NEW,
-        ),
-        (
-            "filter",
-            KUBE_PROXY_FIREWALL,
-            "FORWARD",
-            "kubernetes load balancer firewall",
-            NEW,
-        ),
-        (
-            "nat",
-            KUBE_SERVICES,
-            "OUTPUT",
-            "kubernetes service portals",
-            "",
-        ),
-        (
-            "nat",
-            KUBE_SERVICES,
-            "PREROUTING",
-            "kubernetes service portals",
-            "",
-        ),
-        (
-            "nat",
-            KUBE_POSTROUTING,
-            "POSTROUTING",
-            "kubernetes postrouting rules",
-            "",
-        ),
-        // The kubelet's firewall chain: no comment.
-        ("filter", KUBE_FIREWALL, "INPUT", "", ""),
-        ("filter", KUBE_FIREWALL, "OUTPUT", "", ""),
-    ];
     let mut out = format!("*mangle\n{}\nCOMMIT\n", chain_line(KUBE_PROXY_CANARY));
     for table in ["filter", "nat"] {
         let mut chains = vec![KUBE_PROXY_CANARY];
         let mut rules = Vec::new();
-        for (_, dst, src, comment, extra) in jumps.iter().filter(|j| j.0 == table) {
+        for (_, dst, src, comment, extra) in JUMPS.iter().filter(|j| j.0 == table) {
             if !chains.contains(dst) {
                 chains.push(dst);
             }
@@ -145,12 +147,8 @@ pub fn setup() -> String {
             rules.push(format!("-I {src} {extra}{comment}-j {dst}"));
         }
         out.push_str(&format!("*{table}\n"));
-        for c in chains {
-            out.push_str(&chain_line(c));
-            out.push('\n');
-        }
-        for r in rules {
-            out.push_str(&r);
+        for line in chains.iter().map(|c| chain_line(c)).chain(rules) {
+            out.push_str(&line);
             out.push('\n');
         }
         out.push_str("COMMIT\n");
@@ -175,162 +173,113 @@ pub fn sync(
     previous: Option<&[Service]>,
     existing_nat_chains: &[String],
 ) -> String {
-    let mut filter_chains: Vec<String> = [
-        KUBE_SERVICES,
-        KUBE_EXTERNAL_SERVICES,
-        KUBE_FORWARD,
-        KUBE_NODEPORTS,
-        KUBE_PROXY_FIREWALL,
-    ]
-    .iter()
-    .map(|c| chain_line(c))
-    .collect();
-    let mut filter_rules: Vec<String> = Vec::new();
-    let mut nat_chains: Vec<String> = [
-        KUBE_SERVICES,
-        KUBE_NODEPORTS,
-        KUBE_POSTROUTING,
-        KUBE_MARK_MASQ,
-    ]
-    .iter()
-    .map(|c| chain_line(c))
-    .collect();
-    let mut nat_rules: Vec<String> = vec![
-        format!("-A {KUBE_POSTROUTING} -m mark ! --mark {MASQ_MARK}/{MASQ_MARK} -j RETURN"),
-        format!("-A {KUBE_POSTROUTING} -j MARK --xor-mark {MASQ_MARK}"),
-        format!(
-            "-A {KUBE_POSTROUTING} -m comment --comment \"kubernetes service traffic requiring SNAT\" -j MASQUERADE --random-fully"
-        ),
-        format!("-A {KUBE_MARK_MASQ} -j MARK --or-mark {MASQ_MARK}"),
-    ];
-    // IPv4 with localhost NodePorts allowed (the default): the kubelet's anti-martian rule.
-    filter_chains.push(chain_line(KUBE_FIREWALL));
-    filter_rules.push(format!(
-        "-A {KUBE_FIREWALL} -m comment --comment \"block incoming localnet connections\" -d 127.0.0.0/8 ! -s 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP"
-    ));
-
+    let mut tables = Tables::top_level();
     let mut active: BTreeSet<String> = BTreeSet::new();
     for svc in services {
-        let spn = svc.port_name_string();
-        let proto = svc.proto.as_str();
-        let endpoints = svc.endpoint_addrs();
-        let has_endpoints = !endpoints.is_empty();
-        let svc_chain = ipt_svc_chain(&spn, proto);
-        let ext_chain = ipt_ext_chain(&spn, proto);
-        let uses_ext_chain = has_endpoints && svc.node_port.is_some();
-        let (cip, port) = (svc.cluster_ip, svc.port);
-
-        if has_endpoints {
-            nat_rules.push(format!(
-                "-A {KUBE_SERVICES} -m comment --comment \"{spn} cluster IP\" -m {proto} -p {proto} -d {cip} --dport {port} -j {svc_chain}"
-            ));
-        } else {
-            filter_rules.push(format!(
-                "-A {KUBE_SERVICES} -m comment --comment \"{spn} has no endpoints\" -m {proto} -p {proto} -d {cip} --dport {port} -j REJECT"
-            ));
-        }
-        if let Some(np) = svc.node_port {
-            if has_endpoints {
-                nat_rules.push(format!(
-                    "-A {KUBE_NODEPORTS} -m comment --comment {spn} -m {proto} -p {proto} --dport {np} -j {ext_chain}"
-                ));
-            } else {
-                filter_rules.push(format!(
-                    "-A {KUBE_EXTERNAL_SERVICES} -m comment --comment \"{spn} has no endpoints\" -m addrtype --dst-type LOCAL -m {proto} -p {proto} --dport {np} -j REJECT"
-                ));
-            }
-        }
-
+        chains::frontend_rules(svc, &mut tables);
         // A partial sync computes unchanged Services' chains but throws them away.
         let changed = previous.is_none_or(|prev| !prev.contains(svc));
-        let mut skipped_chains = Vec::new();
-        let mut skipped_rules = Vec::new();
-        let (chains, rules) = if changed {
-            (&mut nat_chains, &mut nat_rules)
+        let mut skipped = Chains::default();
+        let into = if changed {
+            &mut tables.nat
         } else {
-            (&mut skipped_chains, &mut skipped_rules)
+            &mut skipped
         };
-
-        if has_endpoints {
-            rules.push(format!(
-                "-A {svc_chain} -m comment --comment \"{spn} cluster IP\" -m {proto} -p {proto} -d {cip} --dport {port} ! -s {CLUSTER_CIDR} -j {KUBE_MARK_MASQ}"
-            ));
-        }
-        if uses_ext_chain {
-            chains.push(chain_line(&ext_chain));
-            active.insert(ext_chain.clone());
-            rules.push(format!(
-                "-A {ext_chain} -m comment --comment \"masquerade traffic for {spn} external destinations\" -j {KUBE_MARK_MASQ}"
-            ));
-            rules.push(format!("-A {ext_chain} -j {svc_chain}"));
-        }
-        if has_endpoints {
-            chains.push(chain_line(&svc_chain));
-            active.insert(svc_chain.clone());
-            let n = endpoints.len();
-            for (i, ep) in endpoints.iter().enumerate() {
-                let sep = ipt_sep_chain(&spn, proto, &ep.to_string());
-                let statistic = if i < n - 1 {
-                    format!(
-                        " -m statistic --mode random --probability {}",
-                        probability(n - i)
-                    )
-                } else {
-                    String::new()
-                };
-                rules.push(format!(
-                    "-A {svc_chain} -m comment --comment \"{spn} -> {ep}\"{statistic} -j {sep}"
-                ));
-            }
-        }
-        for ep in &endpoints {
-            let sep = ipt_sep_chain(&spn, proto, &ep.to_string());
-            chains.push(chain_line(&sep));
-            active.insert(sep.clone());
-            rules.push(format!(
-                "-A {sep} -m comment --comment {spn} -s {} -j {KUBE_MARK_MASQ}",
-                ep.ip()
-            ));
-            rules.push(format!(
-                "-A {sep} -m comment --comment {spn} -m {proto} -p {proto} -j DNAT --to-destination {ep}"
-            ));
-        }
+        chains::service_chains(svc, into, &mut active);
     }
-
     for chain in existing_nat_chains {
         let ours = SERVICE_CHAIN_PREFIXES.iter().any(|p| chain.starts_with(p));
         if ours && !active.contains(chain) {
-            nat_chains.push(chain_line(chain));
-            nat_rules.push(format!("-X {chain}"));
+            tables.nat.chains.push(chain_line(chain));
+            tables.nat.rules.push(format!("-X {chain}"));
         }
     }
+    tables.close();
+    tables.render()
+}
 
-    nat_rules.push(format!(
-        "-A {KUBE_SERVICES} -m comment --comment \"kubernetes service nodeports; NOTE: this must be the last rule in this chain\" -m addrtype --dst-type LOCAL -j {KUBE_NODEPORTS}"
-    ));
-    // nf_conntrack_tcp_be_liberal is 0: drop INVALID packets.
-    filter_rules.push(format!(
-        "-A {KUBE_FORWARD} -m conntrack --ctstate INVALID -j DROP"
-    ));
-    filter_rules.push(format!(
-        "-A {KUBE_FORWARD} -m comment --comment \"kubernetes forwarding rules\" -m mark --mark {MASQ_MARK}/{MASQ_MARK} -j ACCEPT"
-    ));
-    filter_rules.push(format!(
-        "-A {KUBE_FORWARD} -m comment --comment \"kubernetes forwarding conntrack rule\" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT"
-    ));
+/// One table's chain declarations and rules, in `iptables-restore` order.
+#[derive(Default)]
+struct Chains {
+    chains: Vec<String>,
+    rules: Vec<String>,
+}
 
-    let mut out = String::from("*filter\n");
-    for line in filter_chains.iter().chain(&filter_rules) {
-        out.push_str(line);
-        out.push('\n');
+impl Chains {
+    fn declaring(names: &[&str]) -> Chains {
+        Chains {
+            chains: names.iter().map(|c| chain_line(c)).collect(),
+            rules: Vec::new(),
+        }
     }
-    out.push_str("COMMIT\n*nat\n");
-    for line in nat_chains.iter().chain(&nat_rules) {
-        out.push_str(line);
-        out.push('\n');
+}
+
+struct Tables {
+    filter: Chains,
+    nat: Chains,
+}
+
+impl Tables {
+    /// The top-level chains with the rules that do not depend on the Services.
+    fn top_level() -> Tables {
+        let mut filter = Chains::declaring(&[
+            KUBE_SERVICES,
+            KUBE_EXTERNAL_SERVICES,
+            KUBE_FORWARD,
+            KUBE_NODEPORTS,
+            KUBE_PROXY_FIREWALL,
+        ]);
+        let mut nat = Chains::declaring(&[
+            KUBE_SERVICES,
+            KUBE_NODEPORTS,
+            KUBE_POSTROUTING,
+            KUBE_MARK_MASQ,
+        ]);
+        nat.rules = vec![
+            format!("-A {KUBE_POSTROUTING} -m mark ! --mark {MASQ_MARK}/{MASQ_MARK} -j RETURN"),
+            format!("-A {KUBE_POSTROUTING} -j MARK --xor-mark {MASQ_MARK}"),
+            format!(
+                "-A {KUBE_POSTROUTING} -m comment --comment \"kubernetes service traffic requiring SNAT\" -j MASQUERADE --random-fully"
+            ),
+            format!("-A {KUBE_MARK_MASQ} -j MARK --or-mark {MASQ_MARK}"),
+        ];
+        // IPv4 with localhost NodePorts allowed (the default): the kubelet's anti-martian rule.
+        filter.chains.push(chain_line(KUBE_FIREWALL));
+        filter.rules.push(format!(
+            "-A {KUBE_FIREWALL} -m comment --comment \"block incoming localnet connections\" -d 127.0.0.0/8 ! -s 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP"
+        ));
+        Tables { filter, nat }
     }
-    out.push_str("COMMIT\n");
-    out
+
+    /// The rules that end the sync: the NodePort jump last in KUBE-SERVICES, KUBE-FORWARD.
+    fn close(&mut self) {
+        self.nat.rules.push(format!(
+            "-A {KUBE_SERVICES} -m comment --comment \"kubernetes service nodeports; NOTE: this must be the last rule in this chain\" -m addrtype --dst-type LOCAL -j {KUBE_NODEPORTS}"
+        ));
+        // nf_conntrack_tcp_be_liberal is 0: drop INVALID packets.
+        self.filter.rules.extend([
+            format!("-A {KUBE_FORWARD} -m conntrack --ctstate INVALID -j DROP"),
+            format!(
+                "-A {KUBE_FORWARD} -m comment --comment \"kubernetes forwarding rules\" -m mark --mark {MASQ_MARK}/{MASQ_MARK} -j ACCEPT"
+            ),
+            format!(
+                "-A {KUBE_FORWARD} -m comment --comment \"kubernetes forwarding conntrack rule\" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT"
+            ),
+        ]);
+    }
+
+    fn render(&self) -> String {
+        let mut out = String::new();
+        for (name, table) in [("filter", &self.filter), ("nat", &self.nat)] {
+            out.push_str(&format!("*{name}\n"));
+            for line in table.chains.iter().chain(&table.rules) {
+                out.push_str(line);
+                out.push('\n');
+            }
+            out.push_str("COMMIT\n");
+        }
+        out
+    }
 }
 
 /// Chain names from `iptables-save` output (`:NAME POLICY [p:b]` lines).
@@ -344,8 +293,9 @@ pub fn chains_in_save(save: &str) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::spec::{pods, services};
     use super::*;
+    use crate::names::{ipt_ext_chain, ipt_sep_chain, ipt_svc_chain};
+    use crate::spec::{pods, services};
 
     fn lines(s: &str) -> Vec<&str> {
         s.lines().collect()

@@ -1,0 +1,134 @@
+//! `iptables-save` text as kube-proxy's iptables mode writes it (pkg/proxy/iptables):
+//! KUBE-SERVICES / KUBE-NODEPORTS frontends jump to per-Service-port chains that share
+//! one hash (KUBE-SVC-H, KUBE-SVL-H, KUBE-EXT-H, KUBE-FW-H); KUBE-SVC-H / KUBE-SVL-H hold
+//! the `--probability` waterfall to KUBE-SEP-* chains, which DNAT. iptables-nft and
+//! legacy print the same text; option order differs between kube-proxy's input and
+//! iptables-save's output, so rules are read as option sets, not by position.
+
+mod services;
+mod tokenize;
+mod waterfall;
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+
+use super::{RulesError, ServicePort};
+
+/// One `-A` line, reduced to the options kube-proxy's chains use.
+#[derive(Debug, Default)]
+struct Rule {
+    line: usize,
+    /// `-d` when not negated: (address, prefix length).
+    dst: Option<(IpAddr, u8)>,
+    proto: Option<String>,
+    dport: Option<String>,
+    jump: Option<String>,
+    comment: Option<String>,
+    probability: Option<String>,
+    to_destination: Option<String>,
+    /// `-m recent --rcheck`: a session-affinity shortcut, not part of the waterfall.
+    rcheck: bool,
+    /// `--dst-type LOCAL`: a NodePort-style match on any local address.
+    dst_local: bool,
+}
+
+#[derive(Default)]
+struct Table {
+    chains: BTreeMap<String, Vec<Rule>>,
+}
+
+fn err(line: usize, message: impl Into<String>) -> RulesError {
+    RulesError::Iptables {
+        line,
+        message: message.into(),
+    }
+}
+
+pub(super) fn parse(text: &str) -> Result<Vec<ServicePort>, RulesError> {
+    let tables = read_tables(text)?;
+    let mut ports = match tables.get("nat") {
+        Some(nat) => services::from_nat(nat)?,
+        None => Vec::new(),
+    };
+    if let Some(filter) = tables.get("filter") {
+        services::add_no_endpoint_services(filter, &mut ports)?;
+    }
+    Ok(ports)
+}
+
+/// Every `*table` ... `COMMIT` block, by table name.
+fn read_tables(text: &str) -> Result<HashMap<String, Table>, RulesError> {
+    let mut tables: HashMap<String, Table> = HashMap::new();
+    let mut current: Option<String> = None;
+    let mut last_line = 0;
+    for (index, raw) in text.lines().enumerate() {
+        let line = index + 1;
+        last_line = line;
+        let trimmed = raw.trim();
+        if trimmed.is_empty() || trimmed.starts_with('#') {
+            continue;
+        }
+        if let Some(name) = trimmed.strip_prefix('*') {
+            if let Some(open) = &current {
+                return Err(err(
+                    line,
+                    format!("table {name} starts before table {open} got its COMMIT"),
+                ));
+            }
+            current = Some(name.to_owned());
+            tables.entry(name.to_owned()).or_default();
+            continue;
+        }
+        let Some(table_name) = &current else {
+            return Err(err(
+                line,
+                format!(
+                    "not iptables-save output (outside any *table): {}",
+                    clip(trimmed)
+                ),
+            ));
+        };
+        if trimmed == "COMMIT" {
+            current = None;
+        } else {
+            let table = tables.entry(table_name.clone()).or_default();
+            read_line(table, trimmed, line)?;
+        }
+    }
+    if let Some(name) = current {
+        return Err(err(
+            last_line,
+            format!("table {name} has no COMMIT (truncated dump?)"),
+        ));
+    }
+    Ok(tables)
+}
+
+/// A chain declaration or an `-A` rule inside a table.
+fn read_line(table: &mut Table, trimmed: &str, line: usize) -> Result<(), RulesError> {
+    if let Some(declaration) = trimmed.strip_prefix(':') {
+        let chain = declaration.split_whitespace().next().unwrap_or_default();
+        if chain.is_empty() {
+            return Err(err(line, "chain declaration without a name"));
+        }
+        table.chains.entry(chain.to_owned()).or_default();
+    } else if trimmed.starts_with("-A ") {
+        let words = tokenize::tokenize(trimmed, line)?;
+        let (chain, rule) = tokenize::parse_rule(&words, line)?;
+        table.chains.entry(chain).or_default().push(rule);
+    } else {
+        return Err(err(
+            line,
+            format!("not an iptables-save line: {}", clip(trimmed)),
+        ));
+    }
+    Ok(())
+}
+
+fn clip(text: &str) -> String {
+    const MAX: usize = 60;
+    match text.char_indices().nth(MAX) {
+        Some((cut, _)) => format!("{}...", &text[..cut]),
+        None => text.to_owned(),
+    }
+}

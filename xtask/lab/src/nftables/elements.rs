@@ -1,0 +1,110 @@
+//! What a Service port puts into kube-proxy's sets and maps, and its chains' names.
+
+use super::{REJECT_CHAIN, TABLE};
+use crate::names::{nft_endpoint_base, nft_service_base};
+use crate::spec::Service;
+
+/// One element of a set or map: what kube-proxy's `ensureElem` is handed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Element {
+    pub(super) container: &'static str,
+    pub(super) key: String,
+    pub(super) value: Option<String>,
+    pub(super) comment: Option<String>,
+}
+
+impl Element {
+    pub(super) fn add(&self) -> String {
+        let comment = self
+            .comment
+            .as_ref()
+            .map(|c| format!(" comment \"{c}\""))
+            .unwrap_or_default();
+        let value = self
+            .value
+            .as_ref()
+            .map(|v| format!(" : {v}"))
+            .unwrap_or_default();
+        format!(
+            "add element {TABLE} {} {{ {}{comment}{value} }}",
+            self.container, self.key
+        )
+    }
+
+    pub(super) fn delete(container: &str, key: &str) -> String {
+        format!("delete element {TABLE} {container} {{ {key} }}")
+    }
+}
+
+/// The chain names kube-proxy derives for one Service port.
+pub(super) struct Names {
+    pub(super) service: String,
+    pub(super) external: String,
+    pub(super) endpoints: Vec<(std::net::SocketAddrV4, String)>,
+}
+
+pub(super) fn names(svc: &Service) -> Names {
+    let proto = svc.proto.as_str();
+    let base = nft_service_base(&svc.namespace, &svc.name, proto, &svc.port_name);
+    Names {
+        service: format!("service-{base}"),
+        external: format!("external-{base}"),
+        endpoints: svc
+            .endpoint_addrs()
+            .into_iter()
+            .map(|ep| {
+                let b = nft_endpoint_base(&svc.namespace, &svc.name, proto, &svc.port_name, ep);
+                (ep, format!("endpoint-{b}"))
+            })
+            .collect(),
+    }
+}
+
+/// The elements a Service port puts into kube-proxy's sets and maps.
+pub(super) fn elements(svc: &Service) -> Vec<Element> {
+    let n = names(svc);
+    let proto = svc.proto.as_str();
+    let has_endpoints = !svc.endpoints.is_empty();
+    let spn = svc.port_name_string();
+    let ip_key = format!("{} . {proto} . {}", svc.cluster_ip, svc.port);
+    let mut out = vec![Element {
+        container: "cluster-ips",
+        key: svc.cluster_ip.to_string(),
+        value: None,
+        comment: None,
+    }];
+    if has_endpoints {
+        out.push(Element {
+            container: "service-ips",
+            key: ip_key,
+            value: Some(format!("goto {}", n.service)),
+            comment: None,
+        });
+    } else {
+        out.push(Element {
+            container: "no-endpoint-services",
+            key: ip_key,
+            value: Some(format!("goto {REJECT_CHAIN}")),
+            comment: Some(spn.clone()),
+        });
+    }
+    if let Some(np) = svc.node_port {
+        let key = format!("{proto} . {np}");
+        if has_endpoints {
+            out.push(Element {
+                container: "service-nodeports",
+                key,
+                value: Some(format!("goto {}", n.external)),
+                comment: None,
+            });
+        } else {
+            out.push(Element {
+                container: "no-endpoint-nodeports",
+                key,
+                value: Some(format!("goto {REJECT_CHAIN}")),
+                comment: Some(spn),
+            });
+        }
+    }
+    out
+}

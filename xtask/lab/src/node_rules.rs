@@ -1,0 +1,99 @@
+//! Loading the generated kube-proxy rules into the node, as kube-proxy's sync loop does,
+//! and reading them back.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+
+use crate::spec::Service;
+use crate::sys::{in_netns, run, run_with_input};
+use crate::{Lab, RuleMode, iptables, nftables};
+
+impl Lab {
+    /// The node's NAT rules: `iptables-save -t nat`, or `nft -j list table ip kube-proxy`.
+    pub fn rules_dump(&self) -> anyhow::Result<String> {
+        let out = match self.config.rules {
+            RuleMode::Iptables => {
+                run(
+                    in_netns(&self.tools.ip, &self.node_ns, &self.tools.iptables_save)
+                        .args(["-t", "nat"]),
+                )?
+            }
+            RuleMode::Nftables => run(in_netns(&self.tools.ip, &self.node_ns, &self.tools.nft)
+                .args(["-j", "list", "table", "ip", "kube-proxy"]))?,
+        };
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Writes the rules for the current Services, as kube-proxy's sync loop does:
+    /// `previous = None` is its first (full) sync.
+    pub(crate) fn sync_rules(&mut self, previous: Option<&[Service]>) -> anyhow::Result<()> {
+        match self.config.rules {
+            RuleMode::Iptables => self.sync_iptables(previous),
+            RuleMode::Nftables => self.sync_nftables(previous),
+        }
+    }
+
+    fn sync_iptables(&self, previous: Option<&[Service]>) -> anyhow::Result<()> {
+        let ip = &self.tools.ip;
+        let restore = || {
+            let mut cmd = in_netns(ip, &self.node_ns, &self.tools.iptables_restore);
+            cmd.args(["-w", "5", "--noflush", "--counters"]);
+            cmd
+        };
+        let existing = match previous {
+            None => {
+                run_with_input(&mut restore(), &iptables::setup())
+                    .context("could not load kube-proxy's iptables jump rules")?;
+                Vec::new()
+            }
+            Some(_) => {
+                let save = run(
+                    in_netns(ip, &self.node_ns, &self.tools.iptables_save).args(["-t", "nat"])
+                )?;
+                iptables::chains_in_save(&String::from_utf8_lossy(&save.stdout))
+            }
+        };
+        run_with_input(
+            &mut restore(),
+            &iptables::sync(&self.services, previous, &existing),
+        )
+        .context("could not load kube-proxy's iptables rules")?;
+        Ok(())
+    }
+
+    fn sync_nftables(&mut self, previous: Option<&[Service]>) -> anyhow::Result<()> {
+        let ip = self.tools.ip.clone();
+        let nft_f = || {
+            let mut cmd = in_netns(&ip, &self.node_ns, &self.tools.nft);
+            cmd.args(["-f", "-"]);
+            cmd
+        };
+        let second_ago = Instant::now() - Duration::from_secs(1);
+        let (old, young): (Vec<_>, Vec<_>) = std::mem::take(&mut self.stale_nft_chains)
+            .into_iter()
+            .partition(|(_, t)| *t < second_ago);
+        self.stale_nft_chains = young;
+        if !old.is_empty() {
+            let chains: Vec<String> = old.into_iter().map(|(c, _)| c).collect();
+            run_with_input(&mut nft_f(), &nftables::delete_chains(&chains))
+                .context("could not delete stale nftables chains")?;
+        }
+        let existing = match previous {
+            None => Vec::new(),
+            Some(_) => {
+                let list = run(in_netns(&ip, &self.node_ns, &self.tools.nft)
+                    .args(["-j", "list", "chains", "ip"]))?;
+                nftables::chains_in_json(&String::from_utf8_lossy(&list.stdout))
+                    .context("could not read `nft -j list chains`")?
+            }
+        };
+        let sync = nftables::sync(&self.services, previous, &existing);
+        run_with_input(&mut nft_f(), &sync.script)
+            .context("could not load kube-proxy's nftables rules")?;
+        let now = Instant::now();
+        self.stale_nft_chains
+            .extend(sync.stale_chains.into_iter().map(|c| (c, now)));
+        Ok(())
+    }
+}

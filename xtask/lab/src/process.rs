@@ -1,0 +1,140 @@
+//! The lab's processes: a server in every pod, waiting until each answers, and tearing
+//! everything down again.
+
+use std::fs::File;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+
+use crate::spec::{NODE_IP, Pod};
+use crate::sys::{self, end_process, in_netns, list_netns, run};
+use crate::{Lab, LabState};
+
+impl Lab {
+    pub(crate) fn start_servers(&mut self) -> anyhow::Result<()> {
+        let script = self.state_dir.join("pod_server.py");
+        for pod in &self.pods {
+            let log_path = self.state_dir.join(format!("{}.log", pod.name));
+            let log = File::create(&log_path)
+                .with_context(|| format!("could not create {}", log_path.display()))?;
+            let child = in_netns(&self.tools.ip, &pod.ns, &self.tools.python3)
+                .arg("-u")
+                .arg(&script)
+                .args(["--name", &pod.name])
+                .args([
+                    "--http-port",
+                    &pod.http_port.to_string(),
+                    "--udp-port",
+                    &pod.udp_port.to_string(),
+                ])
+                .arg("--ready-file")
+                .arg(self.ready_file(pod))
+                .stdin(Stdio::null())
+                .stdout(log.try_clone()?)
+                .stderr(log)
+                // Not in the terminal's process group: ^C after `lab up` leaves it running.
+                .process_group(0)
+                .spawn()
+                .with_context(|| format!("could not start the server of pod {}", pod.name))?;
+            self.servers.push(child);
+        }
+        let state = LabState {
+            topology: self.config.topology,
+            rules: self.config.rules,
+            server_pids: self.servers.iter().map(Child::id).collect(),
+        };
+        std::fs::write(
+            self.state_dir.join("lab.json"),
+            serde_json::to_string_pretty(&state)?,
+        )?;
+        Ok(())
+    }
+
+    fn ready_file(&self, pod: &Pod) -> PathBuf {
+        self.state_dir.join(format!("{}.ready", pod.name))
+    }
+
+    pub(crate) fn wait_until_answering(&mut self) -> anyhow::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for (i, pod) in self.pods.iter().enumerate() {
+            while !self.ready_file(pod).exists() {
+                if let Some(status) = self.servers[i].try_wait()? {
+                    let log =
+                        std::fs::read_to_string(self.state_dir.join(format!("{}.log", pod.name)))
+                            .unwrap_or_default();
+                    bail!(
+                        "the server of pod {} exited ({status}): {}",
+                        pod.name,
+                        log.trim()
+                    );
+                }
+                if Instant::now() > deadline {
+                    bail!("the server of pod {} did not start within 10 s", pod.name);
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        // Every pod directly, then every Service through the node's rules.
+        let mut targets: Vec<(String, Option<&str>)> = Vec::new();
+        for pod in &self.pods {
+            targets.push((format!("tcp:{}:{}", pod.ip, pod.http_port), Some(&pod.name)));
+            targets.push((format!("udp:{}:{}", pod.ip, pod.udp_port), Some(&pod.name)));
+        }
+        for svc in &self.services {
+            targets.push((
+                format!("{}:{}:{}", svc.proto, svc.cluster_ip, svc.port),
+                None,
+            ));
+            if let Some(np) = svc.node_port {
+                targets.push((format!("{}:{NODE_IP}:{np}", svc.proto), None));
+            }
+        }
+        let script = self.state_dir.join("clients.py");
+        let out = run(
+            in_netns(&self.tools.ip, &self.client_ns, &self.tools.python3)
+                .arg(&script)
+                .arg("probe")
+                .args(targets.iter().map(|(t, _)| t)),
+        )
+        .context("the lab's servers do not answer")?;
+        let answers: std::collections::BTreeMap<String, String> =
+            serde_json::from_slice(&out.stdout)?;
+        for (target, want) in &targets {
+            let got = answers.get(target).map(String::as_str);
+            if want.is_some() && got != *want {
+                bail!("{target} answered {got:?}, expected {want:?}");
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn teardown(&mut self) -> anyhow::Result<()> {
+        for child in &mut self.servers {
+            if let Ok(pid) = i32::try_from(child.id()) {
+                end_process(pid);
+            }
+            let _ = child.wait();
+        }
+        self.servers.clear();
+        let mut first_error = None;
+        for ns in self.all_namespaces() {
+            if list_netns(&self.tools.ip)?.contains(&ns)
+                && let Err(e) = sys::remove_netns(&self.tools.ip, &ns)
+            {
+                first_error.get_or_insert(e);
+            }
+        }
+        if self.state_dir.exists()
+            && let Err(e) = std::fs::remove_dir_all(&self.state_dir)
+        {
+            first_error.get_or_insert(
+                anyhow::Error::new(e)
+                    .context(format!("could not remove {}", self.state_dir.display())),
+            );
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+}

@@ -1,0 +1,147 @@
+//! The lab's namespaces and links: the node with a bridge or point-to-point veths, and
+//! one veth per pod (the client is a pod too).
+
+use std::process::Command;
+
+use anyhow::{Context, bail};
+
+use crate::spec::{NODE_IP, Pod};
+use crate::sys::{in_netns, run, run_with_input};
+use crate::{Lab, Topology};
+
+/// The host-side veth of a pod (interface names have at most 15 bytes).
+fn veth_name(pod: &str) -> String {
+    format!("veth-{pod}").chars().take(15).collect()
+}
+
+impl Lab {
+    pub(crate) fn build_topology(&mut self) -> anyhow::Result<()> {
+        let bridged = self.config.topology == Topology::Bridged;
+        let client = self.client_pod();
+        let members: Vec<Pod> = self
+            .pods
+            .iter()
+            .cloned()
+            .chain(std::iter::once(client))
+            .collect();
+        self.create_namespaces()?;
+        let node = self.node_ns.clone();
+        let mut node_cmds = vec!["link set lo up".to_string()];
+        if bridged {
+            self.enable_bridge_netfilter()?;
+            node_cmds.extend([
+                "link add cni0 type bridge".to_string(),
+                format!("addr add {NODE_IP}/24 dev cni0"),
+                "link set cni0 up".to_string(),
+            ]);
+        }
+        for pod in &members {
+            node_cmds.extend(node_side(pod, bridged));
+        }
+        self.ip_batch(&node, &node_cmds)?;
+        crate::runtime::write(&self.state_dir, &self.config.prefix, &members)?;
+        for pod in &members {
+            self.ip_batch(&pod.ns, &pod_side(pod, bridged))?;
+        }
+        Ok(())
+    }
+
+    /// Every namespace, without IPv6 (nothing but the lab's IPv4 traffic reaches
+    /// conntrack), and the node forwarding.
+    fn create_namespaces(&self) -> anyhow::Result<()> {
+        let no_ipv6 = [
+            ("net/ipv6/conf/all/disable_ipv6", "1"),
+            ("net/ipv6/conf/default/disable_ipv6", "1"),
+        ];
+        for ns in self.all_namespaces() {
+            run(Command::new(&self.tools.ip).args(["netns", "add", &ns]))?;
+            self.sysctls(&ns, &no_ipv6)?;
+        }
+        self.sysctls(
+            &self.node_ns,
+            &[
+                ("net/ipv4/ip_forward", "1"),
+                ("net/ipv4/conf/all/route_localnet", "1"),
+            ],
+        )
+    }
+
+    /// br_netfilter on in the node, so bridged traffic meets kube-proxy's rules.
+    fn enable_bridge_netfilter(&self) -> anyhow::Result<()> {
+        let node = &self.node_ns;
+        let has_bridge_nf = in_netns(&self.tools.ip, node, "/bin/sh")
+            .args(["-c", "test -d /proc/sys/net/bridge"])
+            .status()
+            .context("could not look for /proc/sys/net/bridge")?
+            .success();
+        if !has_bridge_nf {
+            bail!(
+                "the bridged topology needs br_netfilter, but /proc/sys/net/bridge does not exist in {node} (load the br_netfilter module, or use --topology routed)"
+            );
+        }
+        self.sysctls(node, &[("net/bridge/bridge-nf-call-iptables", "1")])
+    }
+
+    fn ip_batch(&self, netns: &str, commands: &[String]) -> anyhow::Result<()> {
+        let mut input = commands.join("\n");
+        input.push('\n');
+        run_with_input(
+            Command::new(&self.tools.ip).args(["-n", netns, "-batch", "-"]),
+            &input,
+        )
+        .with_context(|| format!("could not configure {netns}"))?;
+        Ok(())
+    }
+
+    fn sysctls(&self, netns: &str, settings: &[(&str, &str)]) -> anyhow::Result<()> {
+        let script: Vec<String> = settings
+            .iter()
+            .map(|(k, v)| format!("echo {v} > /proc/sys/{k}"))
+            .collect();
+        run(in_netns(&self.tools.ip, netns, "/bin/sh").args(["-c", &script.join(" && ")]))
+            .with_context(|| format!("could not set sysctls in {netns}"))?;
+        Ok(())
+    }
+}
+
+/// `ip -batch` lines in the node for one pod's veth: a bridge port, or a /32 route.
+fn node_side(pod: &Pod, bridged: bool) -> Vec<String> {
+    let veth = veth_name(&pod.name);
+    let mut cmds = vec![format!(
+        "link add {veth} type veth peer name eth0 netns {}",
+        pod.ns
+    )];
+    if bridged {
+        cmds.extend([
+            format!("link set {veth} master cni0"),
+            format!("link set {veth} type bridge_slave hairpin on"),
+            format!("link set {veth} up"),
+        ]);
+    } else {
+        cmds.extend([
+            format!("addr add {NODE_IP}/32 dev {veth}"),
+            format!("link set {veth} up"),
+            format!("route add {}/32 dev {veth}", pod.ip),
+        ]);
+    }
+    cmds
+}
+
+/// `ip -batch` lines in a pod: its address and the default route via the node.
+fn pod_side(pod: &Pod, bridged: bool) -> Vec<String> {
+    if bridged {
+        vec![
+            "link set lo up".to_string(),
+            format!("addr add {}/24 dev eth0", pod.ip),
+            "link set eth0 up".to_string(),
+            format!("route add default via {NODE_IP} dev eth0"),
+        ]
+    } else {
+        vec![
+            "link set lo up".to_string(),
+            format!("addr add {}/32 dev eth0", pod.ip),
+            "link set eth0 up".to_string(),
+            format!("route add default via {NODE_IP} dev eth0 onlink"),
+        ]
+    }
+}

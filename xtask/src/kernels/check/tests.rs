@@ -1,0 +1,143 @@
+use super::*;
+
+fn expected() -> Expected {
+    Expected {
+        release: "6.1.0-57-cloud-amd64".into(),
+        backends: [("a", "10.244.1.12:8080"), ("b", "10.244.1.13:8080")]
+            .map(|(n, a)| (n.to_owned(), a.to_owned()))
+            .into(),
+        client_ip: "10.244.1.9".into(),
+        service_addr: "10.96.35.226:80".into(),
+        service: "shop/checkout:http".into(),
+        connections: 2,
+        offsets: [("sk_buff._nfct", 104), ("net.ns.inum", 144)]
+            .map(|(p, o)| (p.to_owned(), o))
+            .into(),
+    }
+}
+
+fn conn(port: u16, backend: &str, sent: u64, received: u64) -> String {
+    format!(
+        r#"{{"type":"conn","proto":"tcp","client":"10.244.1.9:{port}","original_dst":"10.96.35.226:80","backend":"{backend}","service":"shop/checkout:http","endpoint_in_rules":true,"netns":1,"start":"t","end":"t","duration_ms":1.0,"requests":1,"bytes_to_backend":{sent},"bytes_from_backend":{received},"close":"fin","start_seen":true}}"#
+    )
+}
+
+/// What a guest where everything works reports.
+fn good() -> String {
+    let mut lines = vec!["RELEASE 6.1.0-57-cloud-amd64".to_owned()];
+    for s in SCENARIOS {
+        lines.extend([
+            format!("CLIENT {s} 1 48 219 b"),
+            format!("CLIENT {s} 2 49 219 a"),
+            format!("EXIT {s} 0"),
+            format!("STDERR {s} [DEBUG] kernel offsets from BTF: sk_buff._nfct=104 net.ns.inum=144"),
+            format!("LOG {s} {}", conn(40000, "10.244.1.12:8080", 49, 219)),
+            format!("LOG {s} {}", conn(40001, "10.244.1.13:8080", 48, 219)),
+            format!(
+                r#"LOG {s} {{"type":"summary","connections":2,"dnat_events":2,"lost_events":0,"read_errors":0}}"#
+            ),
+            format!("STDERR {s} observer: attached 2 kernel program(s); recording DNATed connections to /tmp/x"),
+            format!("PROGS {s} 1 3 1 0"),
+        ]);
+    }
+    lines.push("NOBTF 2 observer: cannot read kernel BTF at /nonexistent (...); observer needs a kernel built with CONFIG_DEBUG_INFO_BTF=y".into());
+    lines.push("DONE".into());
+    lines.join("\n")
+}
+
+#[test]
+fn a_report_where_everything_holds_passes() {
+    assert_eq!(check(&good(), &expected()), Vec::<String>::new());
+}
+
+#[test]
+fn each_wrong_fact_is_one_line_naming_it() {
+    let cases: [(&str, &str, &str); 9] = [
+        ("DONE", "", "the guest did not finish its scenarios"),
+        (
+            "EXIT iptables 0",
+            "EXIT iptables 1",
+            "iptables: observer record exited with Some(\"1\"), expected 0",
+        ),
+        (
+            "net.ns.inum=144",
+            "net.ns.inum=136",
+            "iptables: offset net.ns.inum: observer read Some(136), the C compiler says 144",
+        ),
+        (
+            "PROGS nftables 1 3 1 0",
+            "PROGS nftables 1 3 3 0",
+            "nftables: not attached and detached cleanly: observer attached Some(2) programs; bpftool counted before, during, after, pinned objects: [1, 3, 3, 0]",
+        ),
+        (
+            "PROGS iptables 1 3 1 0",
+            "PROGS iptables 0 0 0 0",
+            "iptables: not attached and detached cleanly",
+        ),
+        (
+            "PROGS nftables 1 3 1 0",
+            "PROGS nftables 1 3 1 1",
+            "nftables: not attached and detached cleanly",
+        ),
+        (
+            "\"bytes_from_backend\":219,\"close\":\"fin\",\"start_seen\":true}\nLOG iptables {\"type\":\"conn\",\"proto\":\"tcp\",\"client\":\"10.244.1.9:40001\"",
+            "\"bytes_from_backend\":218,\"close\":\"fin\",\"start_seen\":true}\nLOG iptables {\"type\":\"conn\",\"proto\":\"tcp\",\"client\":\"10.244.1.9:40001\"",
+            "iptables: bytes_from_backend wrong for the connection that sent 49 bytes to 10.244.1.12:8080 and got 219",
+        ),
+        ("NOBTF 2", "NOBTF 1", "--btf /nonexistent: expected exit 2"),
+        (
+            "\"dnat_events\":2",
+            "\"dnat_events\":3",
+            "iptables: summary should count 2 connections and DNAT events",
+        ),
+    ];
+    for (from, to, want) in cases {
+        let report = good().replacen(from, to, 1);
+        assert_ne!(report, good(), "{from}");
+        let failures = check(&report, &expected());
+        assert_eq!(failures.len(), 1, "{from}: {failures:#?}");
+        assert!(failures[0].starts_with(want), "{from}: {failures:#?}");
+    }
+}
+
+#[test]
+fn a_record_on_another_backend_than_the_client_saw_fails() {
+    let report = good().replacen(
+        r#""backend":"10.244.1.12:8080""#,
+        r#""backend":"10.244.1.13:8080""#,
+        1,
+    );
+    let failures = check(&report, &expected());
+    assert_eq!(failures.len(), 1, "{failures:#?}");
+    assert!(
+        failures[0].starts_with("iptables: backend wrong"),
+        "{failures:#?}"
+    );
+}
+
+#[test]
+fn missing_records_and_unanswered_clients_are_counted() {
+    let report = good()
+        .replacen("CLIENT iptables 2 49 219 a", "CLIENT iptables 2 49 0 ", 1)
+        .replacen(
+            &format!(
+                "LOG nftables {}\n",
+                conn(40001, "10.244.1.13:8080", 48, 219)
+            ),
+            "",
+            1,
+        );
+    let failures = check(&report, &expected());
+    assert!(
+        failures.contains(&"iptables: client got no answer from a known pod: 2 49 0 ".to_owned()),
+        "{failures:#?}"
+    );
+    assert!(
+        failures.contains(&"iptables: 1 clients were answered, expected 2".to_owned()),
+        "{failures:#?}"
+    );
+    assert!(
+        failures.contains(&"nftables: 1 conn records for 2 client connections".to_owned()),
+        "{failures:#?}"
+    );
+}

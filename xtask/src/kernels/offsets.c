@@ -1,0 +1,27 @@
+/* The offsets observer reads from BTF, computed by the C compiler from `bpftool btf dump
+ * format c` of the same kernel: an independent reading (bpftool parses the BTF, gcc lays
+ * the structures out). Output: `path=bytes` per line, in observer's notation. */
+#define BPF_NO_PRESERVE_ACCESS_INDEX
+#include VMLINUX_H
+int printf(const char *, ...);
+#define P(t, m) printf("%s.%s=%lu\n", #t, #m, (unsigned long)__builtin_offsetof(struct t, m))
+int main(void) {
+    P(sk_buff, _nfct);
+    P(sk_buff, head);
+    P(sk_buff, data);
+    P(sk_buff, len);
+    P(sk_buff, network_header);
+    P(nf_conn, tuplehash[0].tuple);
+    P(nf_conn, tuplehash[1].tuple);
+    P(nf_conn, status);
+    P(nf_conn, ct_net.net);
+    P(nf_conn, proto.tcp.state);
+    P(net, ns.inum);
+    P(nf_conntrack_tuple, src.u3);
+    P(nf_conntrack_tuple, src.u.all);
+    P(nf_conntrack_tuple, src.l3num);
+    P(nf_conntrack_tuple, dst.u3);
+    P(nf_conntrack_tuple, dst.u.all);
+    P(nf_conntrack_tuple, dst.protonum);
+    return 0;
+}

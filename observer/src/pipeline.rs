@@ -15,12 +15,21 @@ use crate::kernel::capture::Capture;
 use crate::model::record::{ConnRecord, SummaryRecord};
 use crate::model::tracker::{Clock, Tracker};
 use crate::model::update::{CaptureStats, ConnId, Update};
-use crate::naming::Namer;
 use crate::naming::pod_source::PodNamer;
+use crate::naming::{FIRST_READ, Namer, hold::Hold};
 use crate::sinks::log::LogWriter;
 
 /// How often the ring buffer is drained without a wake-up: the live view's latency.
 const DRAIN_INTERVAL: Duration = Duration::from_millis(50);
+
+/// How long a finished connection may wait for a re-read of its namespace's rules
+/// before it is named from the rules read before.
+const NAME_WAIT: Duration = Duration::from_secs(2);
+
+/// How long it may wait for the first read of its namespace's rules before it is
+/// written without a name (`nft -j` of 5,000 Services took 6 s on a busy lab machine).
+/// Bounds the memory held: connections closing meanwhile.
+const FIRST_NAME_WAIT: Duration = Duration::from_secs(15);
 
 pub struct SessionOptions {
     /// UDP (and unanswered TCP) connections end after this much silence.
@@ -53,6 +62,8 @@ struct Session {
     pods: Option<PodNamer>,
     warn: Box<dyn FnMut(String) + Send>,
     netns_seen: std::collections::HashSet<u32>,
+    /// Finished connections waiting (briefly) for their rules to be read.
+    held: Hold<ConnId>,
     /// Final records and Service definitions the live view has not taken yet: they are
     /// never dropped (progress updates are, the next sweep repeats them).
     pending: std::collections::VecDeque<Update>,
@@ -81,6 +92,7 @@ pub async fn run(
         pods: options.pods,
         warn: options.warn,
         netns_seen: Default::default(),
+        held: Hold::new(NAME_WAIT, FIRST_NAME_WAIT),
         pending: Default::default(),
         malformed: 0,
         events: 0,
@@ -114,6 +126,7 @@ pub async fn run(
     {
         session.finished(id, record)?;
     }
+    session.release_held_at_end()?;
     let counters = session.capture.counters();
     let summary = SummaryRecord {
         connections: session.log.as_ref().map_or(0, LogWriter::connections),
@@ -142,7 +155,7 @@ impl Session {
                 Err(_) => self.malformed += 1,
             }
         }
-        Ok(())
+        self.release_held()
     }
 
     fn sweep(&mut self) -> anyhow::Result<()> {
@@ -159,6 +172,7 @@ impl Session {
                 self.finished(id, record)?;
             }
         }
+        self.release_held()?;
         if let Some(log) = self.log.as_mut() {
             log.flush()
                 .with_context(|| format!("cannot write the connection log to {}", log.name))?;
@@ -188,8 +202,12 @@ impl Session {
             self.netns_seen.insert(record.netns);
             return;
         }
-        if let Err(err) = self.name(&mut record) {
-            (self.warn)(format!("{err:#}"));
+        match self.name(&mut record) {
+            // Its namespace's rules are being read for the first time: rather than a row
+            // without a name, the view gets it named from a later sweep.
+            Ok(Some(FIRST_READ)) => return,
+            Ok(_) => {}
+            Err(err) => (self.warn)(format!("{err:#}")),
         }
         // A full channel means the view is behind: it gets this connection's counters
         // from the next sweep.
@@ -201,8 +219,17 @@ impl Session {
         }
     }
 
+    /// Names a finished connection and writes it, or holds it while the rules its name
+    /// depends on are being read.
     fn finished(&mut self, id: ConnId, mut record: ConnRecord) -> anyhow::Result<()> {
-        self.name(&mut record)?;
+        let wait_for = self.name(&mut record)?;
+        match self.held.push(id, record, wait_for, Instant::now()) {
+            Some((id, record)) => self.write(id, record),
+            None => Ok(()),
+        }
+    }
+
+    fn write(&mut self, id: ConnId, record: ConnRecord) -> anyhow::Result<()> {
         if let Some(log) = self.log.as_mut() {
             log.conn(&record)
                 .with_context(|| format!("cannot write the connection log to {}", log.name))?;
@@ -211,35 +238,97 @@ impl Session {
         Ok(())
     }
 
-    /// Fills in `service` and `endpoint_in_rules` from the rules of the namespace that
-    /// made the decision; writes new or changed Service definitions first.
-    fn name(&mut self, record: &mut ConnRecord) -> anyhow::Result<()> {
-        self.netns_seen.insert(record.netns);
-        if let Some(pods) = self.pods.as_mut() {
-            // Map look-ups; an unknown address asks the background thread to re-read.
-            let now = Instant::now();
-            record.client_pod = pods.name(record.client.ip(), now);
-            record.backend_pod = pods.name(record.backend.ip(), now);
-            for warning in pods.take_warnings() {
-                (self.warn)(warning);
-            }
-        }
+    /// Writes the held connections whose rules were read meanwhile, or whose wait is over.
+    fn release_held(&mut self) -> anyhow::Result<()> {
         let Some(namer) = self.namer.as_mut() else {
             return Ok(());
         };
-        // A lookup is a map access; at most every 2 s per namespace it re-reads the rules
-        // (a few milliseconds of iptables-save/nft), during which the ring buffer holds
-        // the kernel's events.
-        let naming = namer.name(
+        namer.poll();
+        let ready = self.held.release(namer, Instant::now());
+        self.publish_naming()?;
+        for (id, record) in ready {
+            self.write(id, record)?;
+        }
+        Ok(())
+    }
+
+    /// At the end of a session: waits for the rules held connections wait for (each at
+    /// most its own deadline), then writes them all.
+    fn release_held_at_end(&mut self) -> anyhow::Result<()> {
+        // A re-read is a moment; a first read of a big rule set may take seconds: say so.
+        if let Some(deadline) = self.held.next_deadline()
+            && deadline.saturating_duration_since(Instant::now()) > NAME_WAIT
+        {
+            let seconds = deadline
+                .saturating_duration_since(Instant::now())
+                .as_secs_f64();
+            (self.warn)(format!(
+                "waiting up to {seconds:.0} s for kube-proxy's rules to name the last {} connection(s)",
+                self.held.len()
+            ));
+        }
+        while let Some(deadline) = self.held.next_deadline() {
+            let Some(namer) = self.namer.as_mut() else {
+                break;
+            };
+            if !namer.wait(deadline) {
+                break;
+            }
+            self.release_held()?;
+        }
+        let Some(namer) = self.namer.as_ref() else {
+            return Ok(());
+        };
+        for (id, record) in self.held.release_all(namer) {
+            self.write(id, record)?;
+        }
+        Ok(())
+    }
+
+    /// Fills in `service` and `endpoint_in_rules` from the rules of the namespace that
+    /// made the decision, as known now; writes new or changed Service definitions first.
+    /// Returns the generation of the rules the name waits for, if a re-read is under way.
+    fn name(&mut self, record: &mut ConnRecord) -> anyhow::Result<Option<u64>> {
+        self.netns_seen.insert(record.netns);
+        self.name_pods(record);
+        let Some(namer) = self.namer.as_mut() else {
+            return Ok(None);
+        };
+        // A lookup is a map access: rules are read on the namer's worker thread, so the
+        // ring buffer keeps being drained while `iptables-save`/`nft` run.
+        let lookup = namer.lookup(
             record.netns,
             record.proto,
             record.original_dst,
             record.backend,
             Instant::now(),
         );
-        record.service = naming.service;
-        record.endpoint_in_rules = naming.endpoint_in_rules;
-        record.frontend = naming.frontend;
+        record.service = lookup.naming.service;
+        record.endpoint_in_rules = lookup.naming.endpoint_in_rules;
+        record.frontend = lookup.naming.frontend;
+        self.publish_naming()?;
+        Ok(lookup.wait_for)
+    }
+
+    /// Fills in `client_pod` and `backend_pod`: map look-ups; an unknown address asks the
+    /// pod namer's own thread to re-read the runtime state.
+    fn name_pods(&mut self, record: &mut ConnRecord) {
+        let Some(pods) = self.pods.as_mut() else {
+            return;
+        };
+        let now = Instant::now();
+        record.client_pod = pods.name(record.client.ip(), now);
+        record.backend_pod = pods.name(record.backend.ip(), now);
+        for warning in pods.take_warnings() {
+            (self.warn)(warning);
+        }
+    }
+
+    /// Passes on the namer's warnings and writes its new or changed Services.
+    fn publish_naming(&mut self) -> anyhow::Result<()> {
+        let Some(namer) = self.namer.as_mut() else {
+            return Ok(());
+        };
         for warning in namer.take_warnings() {
             (self.warn)(warning);
         }

@@ -151,3 +151,103 @@ fn missing_replay_file() {
     let out = observer(&["--replay", "/nonexistent/conns.jsonl"]);
     assert_one_sentence(&out, "/nonexistent/conns.jsonl: cannot read");
 }
+
+#[test]
+fn a_failed_start_leaves_an_existing_log_intact() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test needs root to get past the privilege check"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let keep = dir.path().join("keep.jsonl");
+    let before = std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/logs/mixed.jsonl"
+    ))
+    .unwrap();
+    std::fs::write(&keep, &before).unwrap();
+    let keep_arg = keep.to_str().unwrap();
+    let out = observer(&[
+        "record",
+        "-o",
+        keep_arg,
+        "--duration",
+        "1",
+        "--btf",
+        "/nonexistent",
+    ]);
+    assert_one_sentence(&out, "cannot read kernel BTF at /nonexistent");
+    assert_eq!(std::fs::read(&keep).unwrap(), before, "the log was touched");
+    // Nothing else was left beside it (the writability probe is removed).
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    // An unwritable path still fails before anything is attached.
+    let out = observer(&[
+        "record",
+        "-o",
+        dir.path().to_str().unwrap(),
+        "--btf",
+        "/nonexistent",
+    ]);
+    assert_one_sentence(&out, "cannot write the connection log to");
+}
+
+#[test]
+fn a_cut_log_is_summarized_with_a_warning() {
+    let cut = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/logs/cut.jsonl");
+    let out = observer(&["summary", cut]);
+    let text = stderr(&out);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert_eq!(
+        text.trim(),
+        format!(
+            "observer: warning: {cut}:3: the log was cut at line 3 (observer did not exit cleanly): read up to the line before it; counts are incomplete"
+        )
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("shop/checkout:http"));
+    let out = observer(&["check", cut]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "recording: the log was cut at line 3 (observer did not exit cleanly): counts are incomplete\n"
+    );
+    // The replay reads it too (and then stops at the missing terminal).
+    let out = observer(&["--replay", cut]);
+    assert!(stderr(&out).contains("cut.jsonl:3: the log was cut at line 3"));
+    assert!(stderr(&out).contains("needs a terminal"));
+}
+
+#[test]
+fn btf_that_is_not_btf_fails_at_once() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test needs root to get past the privilege check"
+    );
+    // /dev/zero never ends: the reader must look at the header, not read it all.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_observer"))
+        .args([
+            "record",
+            "-o",
+            "-",
+            "--duration",
+            "60",
+            "--btf",
+            "/dev/zero",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("observer kept reading /dev/zero for 10 s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert_one_sentence(
+        &out,
+        "cannot use kernel BTF at /dev/zero: not BTF (starts with 00 00",
+    );
+}

@@ -10,13 +10,14 @@ use super::session::{CaptureArgs, runtime};
 use crate::kernel::capture::check_privileges;
 use crate::model::record::{Recording, SummaryRecord};
 use crate::pipeline;
-use crate::sinks::log::LogWriter;
+use crate::sinks::log::LogTarget;
 use crate::tui::{self, TuiOptions};
 
 /// The live view (no subcommand).
 #[derive(clap::Args)]
 pub struct LiveArgs {
-    /// Also write the connection log to FILE while showing it.
+    /// Also write the connection log to FILE while showing it (an existing FILE is
+    /// replaced only once the kernel programs are attached).
     #[arg(long, value_name = "FILE", conflicts_with = "replay")]
     pub record: Option<String>,
     /// Show a recorded log instead of live traffic (no root needed).
@@ -36,6 +37,10 @@ pub fn run(args: LiveArgs) -> anyhow::Result<Outcome> {
 /// Shows a recorded log; every check that can fail comes before the screen is taken.
 fn replay(path: &std::path::Path) -> anyhow::Result<Outcome> {
     let recording = Recording::read(path)?;
+    let cut = recording.cut_warning(&path.display().to_string());
+    if let Some(warning) = &cut {
+        eprintln!("observer: warning: {warning}");
+    }
     tui::check_terminal()?;
     let updates = tui::replay_updates(&recording);
     let (send, receive) = tokio::sync::mpsc::channel(updates.len() + 1);
@@ -49,20 +54,25 @@ fn replay(path: &std::path::Path) -> anyhow::Result<Outcome> {
         replay: true,
     };
     runtime()?.block_on(tui::run(receive, options))?;
+    // The view took the screen: repeat the warning where it stays visible.
+    if let Some(warning) = cut {
+        eprintln!("observer: warning: {warning}");
+    }
     Ok(Outcome::Success)
 }
 
 fn live(args: LiveArgs) -> anyhow::Result<Outcome> {
     check_privileges()?;
     tui::check_terminal()?;
-    let log = args.record.as_deref().map(LogWriter::create).transpose()?;
+    // Checked now, replaced only once the programs are attached.
+    let target = args.record.as_deref().map(LogTarget::check).transpose()?;
     let warnings = Arc::new(Mutex::new(Vec::<String>::new()));
     let (send, receive) = tokio::sync::mpsc::channel(65536);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let collected = warnings.clone();
     // The screen belongs to the view: warnings are printed after it closes.
     let mut options = args.capture.session_options(
-        log,
+        None,
         Box::new(move |warning| {
             if let Ok(mut list) = collected.lock() {
                 list.push(warning);
@@ -77,7 +87,11 @@ fn live(args: LiveArgs) -> anyhow::Result<Outcome> {
     let capture_args = args.capture.clone();
     let capture_thread = std::thread::spawn(move || -> anyhow::Result<SummaryRecord> {
         runtime()?.block_on(async move {
-            let capture = match capture_args.start_capture() {
+            let started = capture_args.start_capture().and_then(|capture| {
+                options.log = target.map(LogTarget::open).transpose()?;
+                Ok(capture)
+            });
+            let capture = match started {
                 Ok(capture) => capture,
                 Err(err) => {
                     let _ = attached.send(Err(err));

@@ -7,11 +7,13 @@ use super::args::duration_seconds;
 use super::session::{CaptureArgs, runtime, stderr_warnings, stop_signal};
 use crate::kernel::capture::check_privileges;
 use crate::pipeline;
-use crate::sinks::log::LogWriter;
+use crate::sinks::log::LogTarget;
 
 #[derive(clap::Args)]
 pub struct RecordArgs {
-    /// Where to write the connection log (`-` for standard output).
+    /// Where to write the connection log (`-` for standard output). An existing file is
+    /// replaced only once the kernel programs are attached; a killed run leaves the lines
+    /// written so far.
     #[arg(short, long, value_name = "PATH")]
     pub output: String,
     /// Stop after this many seconds (otherwise at Ctrl-C or SIGTERM).
@@ -23,9 +25,11 @@ pub struct RecordArgs {
 
 pub fn run(args: RecordArgs) -> anyhow::Result<Outcome> {
     check_privileges()?;
-    let log = LogWriter::create(&args.output)?;
+    // Checked before attaching, replaced only after: a failed start keeps the old file.
+    let target = LogTarget::check(&args.output)?;
     runtime()?.block_on(async {
         let capture = args.capture.start_capture()?;
+        let log = target.open()?;
         eprintln!(
             "observer: attached {} kernel program(s); recording DNATed connections to {}",
             capture.hooks_attached(),

@@ -62,7 +62,8 @@ impl CaptureArgs {
             max_age: Duration::from_secs(2),
             ..NamerConfig::default()
         };
-        (!self.no_names).then(|| Namer::new(config, Box::new(SystemSource::new())))
+        // Reads run on a thread of their own: never on the loop that drains the kernel.
+        (!self.no_names).then(|| Namer::spawn(config, Box::new(SystemSource::new())))
     }
 
     fn pods(&self) -> Option<PodNamer> {

@@ -32,6 +32,10 @@ pub struct SummaryArgs {
 pub fn run(args: &SummaryArgs) -> anyhow::Result<Outcome> {
     let recording = Recording::read(&args.file)?;
     let file = args.file.display().to_string();
+    // A cut log is still worth a report: say so, on stderr so that JSON stays JSON.
+    if let Some(warning) = recording.cut_warning(&file) {
+        eprintln!("observer: warning: {warning}");
+    }
     let mut services = Aggregator::from_recording(&recording).services();
     if let Some(name) = &args.service {
         let known: Vec<String> = services.iter().map(|s| s.service.clone()).collect();

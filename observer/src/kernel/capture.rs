@@ -40,9 +40,12 @@ pub enum CaptureError {
     )]
     NoBtf { path: String, error: std::io::Error },
     #[error(
-        "cannot read the kernel's BTF: {0}; observer needs it to find conntrack's structure offsets"
+        "cannot use kernel BTF at {path}: {error}; observer needs the kernel's BTF (or --btf FILE) to find conntrack's structure offsets"
     )]
-    BadBtf(crate::kernel::btf::BtfError),
+    BadBtf {
+        path: String,
+        error: crate::kernel::btf::BtfError,
+    },
     #[error("the kernel refused observer's programs: {0}")]
     Load(String),
     #[error("the kernel refused to attach to tracepoint {hook}: {reason}")]
@@ -156,12 +159,17 @@ impl Capture {
         if let Ok(release) = std::fs::read_to_string("/proc/sys/kernel/osrelease") {
             check_release(&release)?;
         }
-        let btf_bytes = std::fs::read(&options.btf_path).map_err(|error| CaptureError::NoBtf {
-            path: options.btf_path.display().to_string(),
+        let path = options.btf_path.display().to_string();
+        let file = std::fs::File::open(&options.btf_path).map_err(|error| CaptureError::NoBtf {
+            path: path.clone(),
             error,
         })?;
-        let btf = Btf::parse(&btf_bytes).map_err(CaptureError::BadBtf)?;
-        let offsets = crate::kernel::offsets::kernel_offsets(&btf).map_err(CaptureError::BadBtf)?;
+        let bad = |error| CaptureError::BadBtf {
+            path: path.clone(),
+            error,
+        };
+        let btf = Btf::read(file).map_err(bad)?;
+        let offsets = crate::kernel::offsets::kernel_offsets(&btf).map_err(bad)?;
         log::debug!(
             "kernel offsets from BTF: {}",
             crate::kernel::offsets::describe(&offsets)

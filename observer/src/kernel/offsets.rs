@@ -4,27 +4,99 @@ use observer_common::offsets::KernelOffsets;
 
 use crate::kernel::btf::{Btf, BtfError};
 
-/// Looks up every offset in `KernelOffsets`.
+/// Finds `reads` (member path, bytes the kernel programs read there) in struct `name`
+/// and checks each width: a member whose size is not what observer-ebpf reads would be
+/// read wrongly, so it is an error naming it. Returns the struct's size and the offsets.
+fn offsets<const N: usize>(
+    btf: &Btf,
+    name: &str,
+    reads: [(&str, u32); N],
+) -> Result<(u32, [u32; N]), BtfError> {
+    let paths = reads.map(|(path, _)| path);
+    let (size, fields) = btf.fields(name, &paths)?;
+    let mut found = [0; N];
+    for (index, ((path, expected), field)) in reads.iter().zip(fields).enumerate() {
+        if field.size != *expected {
+            return Err(BtfError::Width {
+                name: name.to_owned(),
+                path: (*path).to_owned(),
+                found: field.size,
+                expected: *expected,
+            });
+        }
+        found[index] = field.offset;
+    }
+    Ok((size, found))
+}
+
+/// Looks up every offset in `KernelOffsets`, with the width of each read in
+/// observer-ebpf (`kernel.rs`, `packet.rs`, `hooks/dev_queue.rs`).
 pub fn kernel_offsets(btf: &Btf) -> Result<KernelOffsets, BtfError> {
-    let tuple = |path: &str| btf.offset_of("nf_conntrack_tuple", path);
+    let (_, [skb_nfct, skb_head, skb_data, skb_len, skb_network_header]) = offsets(
+        btf,
+        "sk_buff",
+        [
+            // unsigned long: the nf_conn pointer and ctinfo in the low 3 bits.
+            ("_nfct", 8),
+            ("head", 8),
+            ("data", 8),
+            ("len", 4),
+            ("network_header", 2),
+        ],
+    )?;
+    let (
+        tuple_size,
+        [
+            src_addr,
+            src_port,
+            src_l3num,
+            dst_addr,
+            dst_port,
+            dst_protonum,
+        ],
+    ) = offsets(
+        btf,
+        "nf_conntrack_tuple",
+        [
+            // union nf_inet_addr: 16 bytes (IPv4 in the first 4).
+            ("src.u3", 16),
+            ("src.u.all", 2),
+            ("src.l3num", 2),
+            ("dst.u3", 16),
+            ("dst.u.all", 2),
+            ("dst.protonum", 1),
+        ],
+    )?;
+    let (_, [tuple_original, tuple_reply, status, net, tcp_state]) = offsets(
+        btf,
+        "nf_conn",
+        [
+            ("tuplehash[0].tuple", tuple_size),
+            ("tuplehash[1].tuple", tuple_size),
+            ("status", 8),
+            ("ct_net.net", 8),
+            ("proto.tcp.state", 1),
+        ],
+    )?;
+    let (_, [ns_inum]) = offsets(btf, "net", [("ns.inum", 4)])?;
     Ok(KernelOffsets {
-        skb_nfct: btf.offset_of("sk_buff", "_nfct")?,
-        skb_head: btf.offset_of("sk_buff", "head")?,
-        skb_data: btf.offset_of("sk_buff", "data")?,
-        skb_len: btf.offset_of("sk_buff", "len")?,
-        skb_network_header: btf.offset_of("sk_buff", "network_header")?,
-        ct_tuple_original: btf.offset_of("nf_conn", "tuplehash[0].tuple")?,
-        ct_tuple_reply: btf.offset_of("nf_conn", "tuplehash[1].tuple")?,
-        ct_status: btf.offset_of("nf_conn", "status")?,
-        ct_net: btf.offset_of("nf_conn", "ct_net.net")?,
-        ct_tcp_state: btf.offset_of("nf_conn", "proto.tcp.state")?,
-        net_ns_inum: btf.offset_of("net", "ns.inum")?,
-        tuple_src_addr: tuple("src.u3")?,
-        tuple_src_port: tuple("src.u.all")?,
-        tuple_src_l3num: tuple("src.l3num")?,
-        tuple_dst_addr: tuple("dst.u3")?,
-        tuple_dst_port: tuple("dst.u.all")?,
-        tuple_dst_protonum: tuple("dst.protonum")?,
+        skb_nfct,
+        skb_head,
+        skb_data,
+        skb_len,
+        skb_network_header,
+        ct_tuple_original: tuple_original,
+        ct_tuple_reply: tuple_reply,
+        ct_status: status,
+        ct_net: net,
+        ct_tcp_state: tcp_state,
+        net_ns_inum: ns_inum,
+        tuple_src_addr: src_addr,
+        tuple_src_port: src_port,
+        tuple_src_l3num: src_l3num,
+        tuple_dst_addr: dst_addr,
+        tuple_dst_port: dst_port,
+        tuple_dst_protonum: dst_protonum,
         valid: 1,
     })
 }
@@ -61,14 +133,49 @@ pub fn describe(o: &KernelOffsets) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernel::btf::tests::Builder;
+
+    /// BTF with just `struct sk_buff`, its `_nfct` `nfct_bytes` wide.
+    fn skb_only(nfct_bytes: u32) -> Btf {
+        let mut b = Builder::new();
+        let nfct = b.int("nfct_t", nfct_bytes);
+        let (int, short, pointer) = (b.int("u32", 4), b.int("__u16", 2), b.pointer());
+        b.structure(
+            "sk_buff",
+            32,
+            &[
+                ("_nfct", nfct, 0),
+                ("head", pointer, 64),
+                ("data", pointer, 128),
+                ("len", int, 192),
+                ("network_header", short, 224),
+            ],
+        );
+        Btf::parse(&b.finish()).unwrap()
+    }
+
+    /// A kernel whose `sk_buff._nfct` were 4 bytes wide: the programs read 8 there, so
+    /// the offsets are refused, naming the member.
+    #[test]
+    fn a_member_of_another_width_is_an_error_naming_it() {
+        assert_eq!(
+            kernel_offsets(&skb_only(4)).unwrap_err().to_string(),
+            "BTF member `sk_buff._nfct` is 4 bytes; observer's kernel programs read 8"
+        );
+        // With the right width the skb passes; the next struct is missing.
+        assert_eq!(
+            kernel_offsets(&skb_only(8)),
+            Err(BtfError::NoStruct("nf_conntrack_tuple".into()))
+        );
+    }
 
     /// On the running kernel (BTF is world-readable): the offsets FACTS.md measured on
     /// Linux 6.18 must come out of BTF. Other kernels may differ, so only the
     /// structural relations are asserted there.
     #[test]
     fn running_kernel_offsets() {
-        let data = std::fs::read(Btf::SYS_FS).expect("this kernel exposes /sys/kernel/btf/vmlinux");
-        let btf = Btf::parse(&data).unwrap();
+        let file = std::fs::File::open(Btf::SYS_FS).expect("this kernel exposes its BTF");
+        let btf = Btf::read(file).unwrap();
         let off = kernel_offsets(&btf).unwrap();
         assert_eq!(off.ct_tuple_reply - off.ct_tuple_original, 56);
         assert_eq!(off.tuple_src_port, 16);

@@ -206,30 +206,52 @@ pub struct Recording {
     /// Service lines in file order (a later line for the same service and netns wins).
     pub services: Vec<ServiceRecord>,
     pub summary: Option<SummaryRecord>,
+    /// The line number of a last line that was cut short (observer killed, disk full):
+    /// everything before it was read.
+    pub cut: Option<usize>,
 }
 
 impl Recording {
     /// Parses JSON Lines text; `path` only names the source in errors.
     pub fn parse(path: &str, text: &str) -> Result<Recording, ReadError> {
+        Recording::parse_bytes(path, text.as_bytes())
+    }
+
+    /// Parses JSON Lines. A last line without its newline that does not parse (even in
+    /// the middle of a UTF-8 character) was cut short: the lines before it are kept and
+    /// `cut` names it. Any other bad line is an error naming it.
+    pub fn parse_bytes(path: &str, data: &[u8]) -> Result<Recording, ReadError> {
         let mut recording = Recording::default();
         let mut lines = 0;
-        for (index, line) in text.lines().enumerate() {
-            if line.trim().is_empty() {
+        let unterminated = !data.is_empty() && !data.ends_with(b"\n");
+        let segments: Vec<&[u8]> = data.split(|&b| b == b'\n').collect();
+        let last = segments.len() - 1;
+        for (index, line) in segments.into_iter().enumerate() {
+            if line.iter().all(u8::is_ascii_whitespace) {
                 continue;
             }
+            let parsed: LogLine = match serde_json::from_slice(line) {
+                Ok(parsed) => parsed,
+                Err(_) if unterminated && index == last => {
+                    recording.cut = Some(index + 1);
+                    break;
+                }
+                Err(err) => {
+                    return Err(ReadError::Parse {
+                        path: path.to_owned(),
+                        line: index + 1,
+                        message: err.to_string(),
+                    });
+                }
+            };
             lines += 1;
-            let parsed: LogLine = serde_json::from_str(line).map_err(|err| ReadError::Parse {
-                path: path.to_owned(),
-                line: index + 1,
-                message: err.to_string(),
-            })?;
             match parsed {
                 LogLine::Conn(conn) => recording.conns.push(conn),
                 LogLine::Service(service) => recording.services.push(service),
                 LogLine::Summary(summary) => recording.summary = Some(summary),
             }
         }
-        if lines == 0 {
+        if lines == 0 && recording.cut.is_none() {
             return Err(ReadError::Empty {
                 path: path.to_owned(),
             });
@@ -240,11 +262,20 @@ impl Recording {
     /// Reads and parses a file.
     pub fn read(path: &std::path::Path) -> Result<Recording, ReadError> {
         let name = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| ReadError::Io {
+        let data = std::fs::read(path).map_err(|source| ReadError::Io {
             path: name.clone(),
             source,
         })?;
-        Recording::parse(&name, &text)
+        Recording::parse_bytes(&name, &data)
+    }
+
+    /// What to tell the reader of a cut log (`path` names it), once.
+    pub fn cut_warning(&self, path: &str) -> Option<String> {
+        self.cut.map(|line| {
+            format!(
+                "{path}:{line}: the log was cut at line {line} (observer did not exit cleanly): read up to the line before it; counts are incomplete"
+            )
+        })
     }
 }
 
@@ -355,6 +386,30 @@ mod tests {
         let text = format!("{EXAMPLE}\n{{\"type\":\"conn\"\n");
         let err = Recording::parse("x.jsonl", &text).unwrap_err();
         assert!(err.to_string().starts_with("x.jsonl:2: "), "{err}");
+    }
+
+    #[test]
+    fn a_cut_last_line_is_read_up_to_it() {
+        let whole = format!("{EXAMPLE}\n{EXAMPLE}\n");
+        // Cut inside the third line, and inside a multi-byte character.
+        let cut = format!("{whole}{}", &EXAMPLE[..40]);
+        let recording = Recording::parse("x.jsonl", &cut).unwrap();
+        assert_eq!((recording.conns.len(), recording.cut), (2, Some(3)));
+        assert_eq!(
+            recording.cut_warning("x.jsonl").unwrap(),
+            "x.jsonl:3: the log was cut at line 3 (observer did not exit cleanly): read up to the line before it; counts are incomplete"
+        );
+        let mut bytes = whole.clone().into_bytes();
+        bytes.extend_from_slice(&"{\"service\":\"é".as_bytes()[..13]);
+        let recording = Recording::parse_bytes("x.jsonl", &bytes).unwrap();
+        assert_eq!((recording.conns.len(), recording.cut), (2, Some(3)));
+        // A complete log is not cut; a bad line with its newline is corruption.
+        assert_eq!(Recording::parse("x.jsonl", &whole).unwrap().cut, None);
+        let err = Recording::parse("x.jsonl", &format!("{whole}{{\"type\"\n")).unwrap_err();
+        assert!(err.to_string().starts_with("x.jsonl:3: "), "{err}");
+        // Only a cut line: nothing to read, but not an error.
+        let recording = Recording::parse("x.jsonl", &EXAMPLE[..40]).unwrap();
+        assert_eq!((recording.conns.len(), recording.cut), (0, Some(1)));
     }
 
     #[test]

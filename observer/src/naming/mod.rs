@@ -8,18 +8,24 @@
 //! address or a backend not in the rules) at most every `min_interval`. Rules that
 //! cannot be read never stop capture: the connection gets `service: null` and the
 //! namer emits one warning per namespace and cause.
+//!
+//! In a session the reads run on a worker thread ([`Namer::spawn`]): a lookup names
+//! from the rules published so far and never waits. A lookup that asked for a re-read
+//! says which snapshot its name depends on ([`Lookup::wait_for`]), so that a finished
+//! connection can be held back briefly ([`hold`]) instead of being written unnamed.
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use chrono::Utc;
-
-use crate::model::record::{EndpointShare, Frontend, FrontendKind, Proto, ServiceRecord};
+use crate::model::record::{FrontendKind, Proto, ServiceRecord};
+use reader::RuleReader;
 use rules::ServiceMap;
 
+pub mod hold;
 pub mod pod_source;
 pub mod pods;
+mod reader;
 pub mod rules;
 pub mod source;
 
@@ -126,30 +132,69 @@ impl Default for NamerConfig {
 struct Space {
     map: ServiceMap,
     read_at: Instant,
+    /// How long the last read took.
+    took: Duration,
+    /// How many snapshots of this namespace were taken in: a name that waits for a
+    /// re-read waits for the next one.
+    generation: u64,
 }
 
-type Published = (Vec<Frontend>, Vec<EndpointShare>);
+/// Rules are re-read no sooner than this many times the last read's duration.
+const READ_SHARE: u32 = 4;
+
+/// Where reads happen: inline (tests, and when no thread can be started) or on a worker.
+enum Reads {
+    Inline(RuleReader),
+    Worker(reader::Worker),
+}
+
+/// The generation a name waits for when its namespace's rules were never read.
+pub const FIRST_READ: u64 = 1;
+
+/// A connection's name, and whether it should wait for a re-read of its rules.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lookup {
+    pub naming: Naming,
+    /// Set when the rules were missing, older than `max_age`, or missed the connection
+    /// and a re-read is under way: the name is final once the namespace's generation
+    /// reaches this.
+    pub wait_for: Option<u64>,
+}
 
 pub struct Namer {
     config: NamerConfig,
-    source: Box<dyn DumpSource>,
+    reads: Reads,
     spaces: HashMap<u32, Space>,
-    published: HashMap<(u32, Proto, String), Published>,
+    /// Namespaces whose re-read the worker has not answered yet.
+    in_flight: HashSet<u32>,
     updates: Vec<ServiceRecord>,
     warnings: Vec<String>,
-    warned: HashSet<(u32, String)>,
 }
 
 impl Namer {
+    /// A namer that reads rules inline, on the caller's thread.
     pub fn new(config: NamerConfig, source: Box<dyn DumpSource>) -> Self {
+        Namer::with_reads(config, Reads::Inline(RuleReader::new(source)))
+    }
+
+    /// A namer whose reads run on a worker thread: lookups never wait for them. (If
+    /// no thread can be started, it reads inline.)
+    pub fn spawn(config: NamerConfig, source: Box<dyn DumpSource>) -> Self {
+        let reads = match reader::spawn(RuleReader::new(source)) {
+            Ok(worker) => Reads::Worker(worker),
+            Err(reader) => Reads::Inline(reader),
+        };
+        Namer::with_reads(config, reads)
+    }
+
+    fn with_reads(config: NamerConfig, reads: Reads) -> Self {
         Namer {
             config,
-            source,
+            reads,
             spaces: HashMap::new(),
-            published: HashMap::new(),
+            in_flight: HashSet::new(),
             updates: Vec::new(),
             warnings: Vec::new(),
-            warned: HashSet::new(),
         }
     }
 
@@ -162,25 +207,50 @@ impl Namer {
         backend: SocketAddr,
         now: Instant,
     ) -> Naming {
-        let expired = self.spaces.get(&netns).is_none_or(|space| {
-            now.saturating_duration_since(space.read_at) >= self.config.max_age
-        });
-        if expired {
-            self.refresh(netns, now);
-        }
-        let mut naming = self.lookup(netns, proto, original_dst, backend);
-        let missed = naming.endpoint_in_rules != Some(true);
-        let may_reread = self.spaces.get(&netns).is_some_and(|space| {
-            now.saturating_duration_since(space.read_at) >= self.config.min_interval
-        });
-        if missed && may_reread {
-            self.refresh(netns, now);
-            naming = self.lookup(netns, proto, original_dst, backend);
-        }
-        naming
+        self.lookup(netns, proto, original_dst, backend, now).naming
     }
 
-    fn lookup(
+    /// Names one connection from the rules known now, asking for a re-read when they
+    /// are missing or older than `max_age`, or (at most every `min_interval`) when they
+    /// do not have the address or the backend. Never blocks on a worker.
+    pub fn lookup(
+        &mut self,
+        netns: u32,
+        proto: Proto,
+        original_dst: SocketAddr,
+        backend: SocketAddr,
+        now: Instant,
+    ) -> Lookup {
+        self.poll();
+        let mut wants = self.outdated(netns, false, now);
+        if wants {
+            self.request(netns, now);
+        }
+        let mut naming = self.cached(netns, proto, original_dst, backend);
+        if naming.endpoint_in_rules != Some(true) && self.outdated(netns, true, now) {
+            wants = true;
+            self.request(netns, now);
+            naming = self.cached(netns, proto, original_dst, backend);
+        }
+        let wait_for =
+            (wants && self.in_flight.contains(&netns)).then(|| self.generation(netns) + 1);
+        Lookup { naming, wait_for }
+    }
+
+    /// Whether the rules of `netns` are missing or too old (for a miss, `min_interval`).
+    /// Rules that take long to read are re-read less often: reading keeps the worker
+    /// busy at most a quarter of the time (a node with thousands of Services).
+    fn outdated(&self, netns: u32, missed: bool, now: Instant) -> bool {
+        self.spaces.get(&netns).is_none_or(|space| {
+            let age = now.saturating_duration_since(space.read_at);
+            let floor = space.took * READ_SHARE;
+            age >= self.config.max_age.max(floor)
+                || (missed && age >= self.config.min_interval.max(floor))
+        })
+    }
+
+    /// The name from the rules known now, without asking for anything.
+    pub fn cached(
         &self,
         netns: u32,
         proto: Proto,
@@ -195,46 +265,80 @@ impl Namer {
         }
     }
 
-    fn refresh(&mut self, netns: u32, now: Instant) {
-        let map = match self.source.dump(netns) {
-            Ok(dumps) => {
-                let (map, errors) = parse_dumps(&dumps);
-                for error in errors {
-                    self.warn(netns, error);
-                }
-                if map.is_empty() {
-                    for problem in dumps.problems {
-                        self.warn(netns, problem);
-                    }
-                }
-                map
-            }
-            Err(cause) => {
-                self.warn(netns, cause);
-                // Keep what was known: a transient failure should not un-name connections.
-                match self.spaces.remove(&netns) {
-                    Some(space) => space.map,
-                    None => ServiceMap::default(),
-                }
-            }
-        };
-        for record in map.service_records(netns, Utc::now()) {
-            let key = (netns, record.proto, record.service.clone());
-            let content = (record.frontends.clone(), record.endpoints.clone());
-            if self.published.get(&key) != Some(&content) {
-                self.published.insert(key, content);
-                self.updates.push(record);
-            }
-        }
-        self.spaces.insert(netns, Space { map, read_at: now });
+    /// How many snapshots of `netns` were taken in (0: its rules were never read).
+    pub fn generation(&self, netns: u32) -> u64 {
+        self.spaces.get(&netns).map_or(0, |space| space.generation)
     }
 
-    fn warn(&mut self, netns: u32, cause: String) {
-        if self.warned.insert((netns, cause.clone())) {
-            self.warnings.push(format!(
-                "cannot name connections in netns {netns}: {cause}; records get service null"
-            ));
+    fn request(&mut self, netns: u32, now: Instant) {
+        match &mut self.reads {
+            Reads::Inline(reader) => {
+                let snapshot = reader.read(netns, now);
+                self.absorb(snapshot);
+            }
+            Reads::Worker(worker) => {
+                if self.in_flight.insert(netns) && worker.requests.send(netns).is_err() {
+                    // The worker is gone (it cannot end on its own): keep what is known.
+                    self.in_flight.remove(&netns);
+                }
+            }
         }
+    }
+
+    /// Takes in every snapshot the worker has published, without waiting.
+    pub fn poll(&mut self) {
+        while let Some(snapshot) = self.worker_snapshot(None) {
+            self.absorb(snapshot);
+        }
+    }
+
+    /// Waits until the worker publishes a snapshot or `deadline` passes (only for the
+    /// end of a session, when nothing else is left to do). Returns whether one came.
+    pub fn wait(&mut self, deadline: Instant) -> bool {
+        match self.worker_snapshot(Some(deadline)) {
+            Some(snapshot) => {
+                self.absorb(snapshot);
+                self.poll();
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn worker_snapshot(&self, deadline: Option<Instant>) -> Option<reader::Snapshot> {
+        let Reads::Worker(worker) = &self.reads else {
+            return None;
+        };
+        match deadline {
+            None => worker.snapshots.try_recv().ok(),
+            Some(deadline) => worker
+                .snapshots
+                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+                .ok(),
+        }
+    }
+
+    fn absorb(&mut self, snapshot: reader::Snapshot) {
+        let netns = snapshot.netns;
+        self.in_flight.remove(&netns);
+        let previous = self.spaces.remove(&netns);
+        let generation = previous.as_ref().map_or(0, |space| space.generation) + 1;
+        // A failed read keeps what was known: a transient failure should not un-name.
+        let map = snapshot
+            .map
+            .or(previous.map(|space| space.map))
+            .unwrap_or_default();
+        self.spaces.insert(
+            netns,
+            Space {
+                map,
+                read_at: snapshot.read_at,
+                took: snapshot.took,
+                generation,
+            },
+        );
+        self.updates.extend(snapshot.updates);
+        self.warnings.extend(snapshot.warnings);
     }
 
     /// Services first seen, or whose frontends or endpoints changed, since the last call.
@@ -252,3 +356,5 @@ impl Namer {
 pub(crate) mod test_support;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod worker_tests;

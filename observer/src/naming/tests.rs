@@ -3,24 +3,25 @@
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use super::test_support::{fixture, sa};
+use super::test_support::fixture;
+pub(super) use super::test_support::sa;
 use super::*;
 
-const V4: &str = fixture!("iptables/mixed-v4-nat.saved");
+pub(super) const V4: &str = fixture!("iptables/mixed-v4-nat.saved");
 const NFT_V6: &str = fixture!("nftables/mixed-v6.json");
 
 /// Fixture text per namespace, swappable mid-test; counts reads.
 #[derive(Clone, Default)]
-struct Fake {
-    answers: Arc<Mutex<HashMap<u32, Result<Dumps, String>>>>,
-    reads: Arc<Mutex<Vec<u32>>>,
+pub(super) struct Fake {
+    pub(super) answers: Arc<Mutex<HashMap<u32, Result<Dumps, String>>>>,
+    pub(super) reads: Arc<Mutex<Vec<u32>>>,
 }
 
 impl Fake {
-    fn set(&self, netns: u32, answer: Result<Dumps, String>) {
+    pub(super) fn set(&self, netns: u32, answer: Result<Dumps, String>) {
         self.answers.lock().unwrap().insert(netns, answer);
     }
-    fn reads(&self) -> usize {
+    pub(super) fn reads(&self) -> usize {
         self.reads.lock().unwrap().len()
     }
 }
@@ -37,7 +38,7 @@ impl DumpSource for Fake {
     }
 }
 
-fn iptables(text: &str) -> Result<Dumps, String> {
+pub(super) fn iptables(text: &str) -> Result<Dumps, String> {
     Ok(Dumps {
         dumps: vec![Dump {
             command: "iptables-save".to_owned(),
@@ -53,7 +54,12 @@ fn name_tcp(namer: &mut Namer, netns: u32, dst: &str, backend: &str, at: Instant
     namer.name(netns, Proto::Tcp, sa(dst), sa(backend), at)
 }
 
-const NS: u32 = 4026532301;
+/// A connection to a ClusterIP named `service`, its backend in the rules or not.
+pub(super) fn named(service: &str, current: bool) -> Naming {
+    Naming::named(service, current).via(FrontendKind::ClusterIp)
+}
+
+pub(super) const NS: u32 = 4026532301;
 
 fn namer(fake: &Fake) -> Namer {
     Namer::new(NamerConfig::default(), Box::new(fake.clone()))

@@ -2,7 +2,9 @@
 //!
 //! Exit status: 0 when every condition holds; 1 with one line per violated condition;
 //! 2 when the file cannot be read (missing, empty, or a line that is not a log line:
-//! the message names the line) or the arguments are wrong.
+//! the message names the line) or the arguments are wrong. A last line cut short
+//! (observer killed, disk full) is not an error: the lines before it are checked, and
+//! the cut is a violation, as a missing summary line is.
 //!
 //! ```text
 //! $ observer check --max-skew 1.5 --min-backends 3 observer/tests/data/logs/keepalive.jsonl
@@ -16,6 +18,8 @@
 //! 0
 //! $ observer check --service shop/cart:http observer/tests/data/logs/mixed.jsonl
 //! recording: 2 lost events > --max-lost 0 (ring buffer or connection table full: counts are incomplete)
+//! $ observer check observer/tests/data/logs/cut.jsonl
+//! recording: the log was cut at line 3 (observer did not exit cleanly): counts are incomplete
 //! $ observer check observer/tests/data/logs/corrupt.jsonl
 //! observer: observer/tests/data/logs/corrupt.jsonl:3: not a connection log line: EOF while parsing an object at line 1 column 52
 //! $ echo $?
@@ -66,7 +70,7 @@ pub fn check_recording(
     args: &Conditions,
 ) -> (Vec<ServiceStats>, Vec<Violation>) {
     let mut services = Aggregator::from_recording(recording).services();
-    let found = violations(args, recording.summary.as_ref(), &services);
+    let found = violations(args, recording.cut, recording.summary.as_ref(), &services);
     if !args.service.is_empty() {
         services.retain(|s| args.service.contains(&s.service));
     }
@@ -82,12 +86,18 @@ fn label(service: &ServiceStats) -> String {
 }
 
 /// Every violated condition, whole-file ones first, then per Service in name order.
+/// `cut` is the line where a log that did not end cleanly was cut.
 pub fn violations(
     args: &Conditions,
+    cut: Option<usize>,
     summary: Option<&SummaryRecord>,
     services: &[ServiceStats],
 ) -> Vec<Violation> {
-    let mut found: Vec<Violation> = lost_events(args.max_lost, summary).into_iter().collect();
+    let mut found: Vec<Violation> = cut_log(cut).into_iter().collect();
+    // A cut log has no summary line: the cut already says so.
+    if cut.is_none() || summary.is_some() {
+        found.extend(lost_events(args.max_lost, summary));
+    }
     found.extend(unknown_services(&args.service, services));
     if args.per_service() && services.is_empty() && args.service.is_empty() {
         found.push(recording_violation(
@@ -122,6 +132,14 @@ fn recording_violation(text: String) -> Violation {
 }
 
 /// `--max-lost`, which also fails when the summary line that counts lost events is missing.
+fn cut_log(cut: Option<usize>) -> Option<Violation> {
+    cut.map(|line| {
+        recording_violation(format!(
+            "the log was cut at line {line} (observer did not exit cleanly): counts are incomplete"
+        ))
+    })
+}
+
 fn lost_events(max_lost: u64, summary: Option<&SummaryRecord>) -> Option<Violation> {
     let text = match summary {
         None => format!(

@@ -22,21 +22,85 @@ pub struct LogWriter {
     connections: u64,
 }
 
-impl LogWriter {
-    /// Creates (truncates) `path`, or writes to stdout for `-`. Fails with one sentence
-    /// naming the path before anything is attached.
-    pub fn create(path: &str) -> anyhow::Result<LogWriter> {
+/// Where the connection log will go, checked but not yet opened: an existing file is
+/// replaced only when [`LogTarget::open`] is called, after the kernel programs attached,
+/// so that a start that fails (no BTF, no privileges) leaves it byte-for-byte intact.
+///
+/// The log is then written in place, not to a temporary file renamed at the end: a run
+/// that is killed leaves every line flushed so far (at most a second behind), which
+/// `summary`, `check` and `--replay` read, saying the log was cut.
+#[derive(Clone, Debug)]
+pub struct LogTarget {
+    path: String,
+}
+
+impl LogTarget {
+    /// Fails with one sentence naming the path when the log could not be written there,
+    /// without creating, truncating or touching anything. `-` is standard output.
+    pub fn check(path: &str) -> anyhow::Result<LogTarget> {
+        if path != "-" {
+            writable(std::path::Path::new(path)).map_err(|err| {
+                anyhow::anyhow!("cannot write the connection log to {path}: {err}")
+            })?;
+        }
+        Ok(LogTarget {
+            path: path.to_owned(),
+        })
+    }
+
+    /// Creates (or replaces) the file, or takes standard output for `-`.
+    pub fn open(self) -> anyhow::Result<LogWriter> {
+        let path = self.path;
         let out: Box<dyn Write + Send> = if path == "-" {
             Box::new(std::io::BufWriter::new(std::io::stdout()))
         } else {
-            let file = std::fs::File::create(path).map_err(|err| {
+            let file = std::fs::File::create(&path).map_err(|err| {
                 anyhow::anyhow!("cannot write the connection log to {path}: {err}")
             })?;
             Box::new(std::io::BufWriter::new(file))
         };
-        Ok(LogWriter::new(out, path))
+        Ok(LogWriter::new(out, &path))
     }
 
+    pub fn name(&self) -> &str {
+        &self.path
+    }
+}
+
+/// Whether `path` could be opened for writing, leaving it as it is: an existing regular
+/// file is opened without truncation; a missing one is tried as a fresh file beside it,
+/// removed at once.
+fn writable(path: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::FileTypeExt as _;
+    match std::fs::metadata(path) {
+        Ok(meta) if meta.is_dir() => Err(std::io::Error::new(
+            std::io::ErrorKind::IsADirectory,
+            "it is a directory",
+        )),
+        Ok(meta) if meta.is_file() => std::fs::OpenOptions::new().write(true).open(path).map(drop),
+        // A FIFO or device would block or act on open: ask the kernel instead.
+        Ok(meta) if meta.file_type().is_fifo() || meta.file_type().is_char_device() => {
+            nix::unistd::access(path, nix::unistd::AccessFlags::W_OK).map_err(std::io::Error::from)
+        }
+        Ok(_) => Ok(()),
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+            let dir = match path.parent() {
+                Some(dir) if !dir.as_os_str().is_empty() => dir,
+                _ => std::path::Path::new("."),
+            };
+            let name = path.file_name().unwrap_or_default().to_string_lossy();
+            let probe = dir.join(format!(".{name}.observer-{}", std::process::id()));
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&probe)?;
+            std::fs::remove_file(&probe)
+        }
+        Err(err) => Err(err),
+    }
+}
+
+impl LogWriter {
     pub fn new(out: Box<dyn Write + Send>, name: &str) -> LogWriter {
         LogWriter {
             out,

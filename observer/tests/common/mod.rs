@@ -64,11 +64,11 @@ pub fn netns_inode(name: &str) -> u32 {
         .ino() as u32
 }
 
-/// Keeps only the connections the lab's node decided: observer sees every namespace on
-/// the host, and other labs or demos may be running beside the test.
+/// Keeps only the connections the lab's node decided, and the Services its rules
+/// define: observer sees every namespace on the host, and other labs or demos may be
+/// running beside the test (with the same Service names).
 pub fn only_node(recording: &mut Recording, node_ns: &str) {
     let inode = netns_inode(node_ns);
     recording.conns.retain(|conn| conn.netns == inode);
-    // Other tests' labs define Services of the same names in their own nodes.
     recording.services.retain(|service| service.netns == inode);
 }

@@ -300,18 +300,27 @@ impl Lab {
     /// Adds a Service port (e.g. the benchmark's sink) and syncs the rules as kube-proxy
     /// would when a Service is created.
     pub fn add_service(&mut self, service: Service) -> anyhow::Result<()> {
-        if self
+        self.add_services(vec![service])
+    }
+
+    /// Adds many Service ports in one sync (one `iptables-restore` or `nft -f`), as
+    /// kube-proxy's first sync on a big cluster writes them.
+    pub fn add_services(&mut self, services: Vec<Service>) -> anyhow::Result<()> {
+        let mut names: std::collections::HashSet<String> = self
             .services
             .iter()
-            .any(|s| s.port_name_string() == service.port_name_string())
-        {
-            bail!(
-                "the lab already has Service port `{}`",
-                service.port_name_string()
-            );
+            .map(Service::port_name_string)
+            .collect();
+        for service in &services {
+            if !names.insert(service.port_name_string()) {
+                bail!(
+                    "the lab already has Service port `{}`",
+                    service.port_name_string()
+                );
+            }
         }
         let previous = self.services.clone();
-        self.services.push(service);
+        self.services.extend(services);
         if let Err(e) = self.sync_rules(Some(&previous)) {
             self.services = previous;
             return Err(e);

@@ -204,6 +204,13 @@ fn max_lost_and_a_missing_summary_line() {
             "recording: no summary line, so lost events are unknown (the recording did not end cleanly) and --max-lost 0 cannot hold"
         ]
     );
+    // The same lines and half of one more: the cut is the violation.
+    assert_eq!(
+        lines(&args("cut.jsonl")),
+        [
+            "recording: the log was cut at line 3 (observer did not exit cleanly): counts are incomplete"
+        ]
+    );
 }
 
 #[test]
@@ -228,13 +235,16 @@ fn conditions_on_a_recording_without_services_fail() {
         min_requests: Some(1),
         ..CheckArgs::default()
     };
-    let found: Vec<String> = violations(&check.conditions(), Some(&summary), &[])
+    let found: Vec<String> = violations(&check.conditions(), None, Some(&summary), &[])
         .iter()
         .map(Violation::to_string)
         .collect();
     assert_eq!(found, ["recording: no Services or connections to check"]);
     // Without per-Service conditions an empty, loss-free recording passes.
-    assert_eq!(violations(&Conditions::default(), Some(&summary), &[]), []);
+    assert_eq!(
+        violations(&Conditions::default(), None, Some(&summary), &[]),
+        []
+    );
 }
 
 #[test]

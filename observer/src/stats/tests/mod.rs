@@ -358,6 +358,7 @@ fn from_recording_uses_line_order_ids() {
         ],
         services: vec![three_endpoints()],
         summary: None,
+        cut: None,
     };
     let s = &Aggregator::from_recording(&recording).services()[0];
     // Identical records on different lines are different connections.

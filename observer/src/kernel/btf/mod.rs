@@ -5,10 +5,19 @@
 //! Format: <https://docs.kernel.org/bpf/btf.html>.
 
 use std::collections::HashMap;
+use std::io::Read;
 
 /// Errors reading BTF or finding a member in it.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum BtfError {
+    #[error("not BTF ({0})")]
+    NotBtf(String),
+    #[error(
+        "its header declares {0} bytes of types and strings, more than the {MAX_SIZE_MIB} MiB a kernel's BTF needs"
+    )]
+    TooLarge(u64),
+    #[error("cannot read it: {0}")]
+    Io(String),
     #[error("BTF data is truncated or malformed: {0}")]
     Malformed(&'static str),
     #[error("BTF has no struct `{0}`")]
@@ -17,9 +26,32 @@ pub enum BtfError {
     NoMember(String, String),
     #[error("BTF member path `{0}` indexes a type that is not an array")]
     NotArray(String),
+    #[error(
+        "BTF has {count} different structs `{name}` with members {paths}: cannot tell which one the kernel uses"
+    )]
+    Ambiguous {
+        name: String,
+        count: usize,
+        paths: String,
+    },
+    #[error("BTF member `{0}.{1}` is a bitfield; observer's kernel programs read whole bytes")]
+    Bitfield(String, String),
+    #[error(
+        "BTF member `{name}.{path}` is {found} bytes; observer's kernel programs read {expected}"
+    )]
+    Width {
+        name: String,
+        path: String,
+        found: u32,
+        expected: u32,
+    },
 }
 
 const MAGIC: u16 = 0xeb9f;
+const HEADER_LEN: usize = 24;
+const MAX_SIZE_MIB: u64 = 64;
+/// vmlinux BTF is a few MiB (about 6 on Linux 6.18); anything far larger is not one.
+const MAX_SIZE: u64 = MAX_SIZE_MIB << 20;
 
 const KIND_INT: u32 = 1;
 const KIND_PTR: u32 = 2;
@@ -47,6 +79,15 @@ struct Member {
     ty: u32,
     /// Offset in bits from the start of the struct.
     bit_offset: u32,
+    /// Width in bits of a bitfield member; 0 for a whole-byte member.
+    bitfield_bits: u32,
+}
+
+/// Where a member is and how wide it is, in bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Field {
+    pub offset: u32,
+    pub size: u32,
 }
 
 #[derive(Clone, Debug)]
@@ -73,7 +114,8 @@ pub struct Btf {
     strings: Vec<u8>,
     /// Indexed by type id; id 0 is `void`.
     types: Vec<Type>,
-    structs: HashMap<String, u32>,
+    /// Every struct of each name: a name can occur more than once.
+    structs: HashMap<String, Vec<u32>>,
 }
 
 fn u32_at(data: &[u8], at: usize) -> Result<u32, BtfError> {
@@ -86,14 +128,29 @@ impl Btf {
     /// Where the running kernel exposes its BTF.
     pub const SYS_FS: &'static str = "/sys/kernel/btf/vmlinux";
 
+    /// Reads BTF from a file or stream, looking at its header before reading the rest:
+    /// input that is not BTF (even an endless one like `/dev/zero`) is refused after 24
+    /// bytes, and no more than the header declares (at most 64 MiB) is read.
+    pub fn read(mut input: impl Read) -> Result<Btf, BtfError> {
+        let mut data = Vec::with_capacity(HEADER_LEN);
+        (&mut input)
+            .take(HEADER_LEN as u64)
+            .read_to_end(&mut data)
+            .map_err(|err| BtfError::Io(err.to_string()))?;
+        let total = declared_size(&data)?;
+        if total > MAX_SIZE {
+            return Err(BtfError::TooLarge(total));
+        }
+        input
+            .take(total - HEADER_LEN as u64)
+            .read_to_end(&mut data)
+            .map_err(|err| BtfError::Io(err.to_string()))?;
+        Btf::parse(&data)
+    }
+
     /// Parses little-endian BTF as the kernel exposes it.
     pub fn parse(data: &[u8]) -> Result<Btf, BtfError> {
-        if data.len() < 24 {
-            return Err(BtfError::Malformed("shorter than the BTF header"));
-        }
-        if u16::from_le_bytes([data[0], data[1]]) != MAGIC {
-            return Err(BtfError::Malformed("bad magic (not little-endian BTF)"));
-        }
+        declared_size(data)?;
         let header_len = u32_at(data, 4)? as usize;
         let type_off = u32_at(data, 8)? as usize;
         let type_len = u32_at(data, 12)? as usize;
@@ -137,15 +194,17 @@ impl Btf {
                     let mut members = Vec::with_capacity(vlen);
                     for _ in 0..vlen {
                         let offset = u32_at(types_data, at + 8)?;
+                        // With kind_flag the top 8 bits hold a bitfield size.
+                        let (bit_offset, bitfield_bits) = if kind_flag {
+                            (offset & 0x00ff_ffff, offset >> 24)
+                        } else {
+                            (offset, 0)
+                        };
                         members.push(Member {
                             name: u32_at(types_data, at)?,
                             ty: u32_at(types_data, at + 4)?,
-                            // With kind_flag the top 8 bits hold a bitfield size.
-                            bit_offset: if kind_flag {
-                                offset & 0x00ff_ffff
-                            } else {
-                                offset
-                            },
+                            bit_offset,
+                            bitfield_bits,
                         });
                         at += 12;
                     }
@@ -153,7 +212,7 @@ impl Btf {
                         let id = btf.types.len() as u32;
                         let name = btf.string(name)?;
                         if !name.is_empty() {
-                            btf.structs.entry(name.to_owned()).or_insert(id);
+                            btf.structs.entry(name.to_owned()).or_default().push(id);
                         }
                     }
                     Type::Composite {
@@ -224,33 +283,31 @@ impl Btf {
     }
 
     /// Finds a member by name in a struct or union, looking through anonymous
-    /// struct/union members as C does. Returns (bit offset, type id).
-    fn member(&self, composite: u32, name: &str) -> Option<(u32, u32)> {
+    /// struct/union members as C does (a few levels deep: crafted BTF may loop).
+    fn member(&self, composite: u32, name: &str, depth: u32) -> Option<(u32, &Member)> {
         let Type::Composite { members, .. } = self.resolve(composite) else {
             return None;
         };
         for member in members {
             let member_name = self.string(member.name).ok()?;
             if member_name == name {
-                return Some((member.bit_offset, member.ty));
+                return Some((member.bit_offset, member));
             }
             if member_name.is_empty()
-                && let Some((inner, ty)) = self.member(member.ty, name)
+                && depth < 8
+                && let Some((inner, found)) = self.member(member.ty, name, depth + 1)
             {
-                return Some((member.bit_offset + inner, ty));
+                return Some((member.bit_offset.saturating_add(inner), found));
             }
         }
         None
     }
 
-    /// Byte offset of `path` in struct `name`, e.g. `offset_of("nf_conn",
-    /// "tuplehash[1].tuple")` or `offset_of("net", "ns.inum")`.
-    pub fn offset_of(&self, name: &str, path: &str) -> Result<u32, BtfError> {
-        let mut ty = *self
-            .structs
-            .get(name)
-            .ok_or_else(|| BtfError::NoStruct(name.to_owned()))?;
+    /// Where `path` is in the struct with type id `id` (called `name`), and its width.
+    fn field_in(&self, id: u32, name: &str, path: &str) -> Result<Field, BtfError> {
+        let mut ty = id;
         let mut bits = 0u32;
+        let mut bitfield = false;
         for part in path.split('.') {
             let (field, index) = match part.split_once('[') {
                 Some((field, rest)) => {
@@ -262,11 +319,12 @@ impl Btf {
                 }
                 None => (part, None),
             };
-            let (offset, member_ty) = self
-                .member(ty, field)
+            let (offset, member) = self
+                .member(ty, field, 0)
                 .ok_or_else(|| BtfError::NoMember(name.to_owned(), path.to_owned()))?;
-            bits += offset;
-            ty = member_ty;
+            bits = bits.saturating_add(offset);
+            ty = member.ty;
+            bitfield = member.bitfield_bits != 0;
             if let Some(index) = index {
                 let Type::Array { elem, .. } = self.resolve(ty) else {
                     return Err(BtfError::NotArray(path.to_owned()));
@@ -275,95 +333,106 @@ impl Btf {
                 let size = self
                     .size_of(elem)
                     .ok_or(BtfError::Malformed("array element has no size"))?;
-                bits += index * size * 8;
+                bits = bits.saturating_add(index.saturating_mul(size).saturating_mul(8));
                 ty = elem;
             }
         }
-        Ok(bits / 8)
+        if bitfield || !bits.is_multiple_of(8) {
+            return Err(BtfError::Bitfield(name.to_owned(), path.to_owned()));
+        }
+        let size = self
+            .size_of(ty)
+            .ok_or(BtfError::Malformed("member type has no size"))?;
+        Ok(Field {
+            offset: bits / 8,
+            size,
+        })
     }
+
+    /// The size of struct `name` and where each of `paths` is in it. When several
+    /// structs have that name (BTF may hold more than one), the one that has every path
+    /// is used; when more than one has them and they disagree, that is an error.
+    pub fn fields(&self, name: &str, paths: &[&str]) -> Result<(u32, Vec<Field>), BtfError> {
+        let ids = self
+            .structs
+            .get(name)
+            .ok_or_else(|| BtfError::NoStruct(name.to_owned()))?;
+        let mut found: Vec<(u32, Vec<Field>)> = Vec::new();
+        let mut first_error = None;
+        for &id in ids {
+            let fields: Result<Vec<Field>, BtfError> = paths
+                .iter()
+                .map(|path| self.field_in(id, name, path))
+                .collect();
+            match fields {
+                Ok(fields) => {
+                    let layout = (self.size_of(id).unwrap_or(0), fields);
+                    if !found.contains(&layout) {
+                        found.push(layout);
+                    }
+                }
+                Err(err) => {
+                    first_error.get_or_insert(err);
+                }
+            }
+        }
+        match found.len() {
+            0 => Err(first_error.unwrap_or_else(|| BtfError::NoStruct(name.to_owned()))),
+            1 => Ok(found.remove(0)),
+            count => Err(BtfError::Ambiguous {
+                name: name.to_owned(),
+                count,
+                paths: paths.join(", "),
+            }),
+        }
+    }
+
+    /// Byte offset of `path` in struct `name`, e.g. `offset_of("nf_conn",
+    /// "tuplehash[1].tuple")` or `offset_of("net", "ns.inum")`.
+    pub fn offset_of(&self, name: &str, path: &str) -> Result<u32, BtfError> {
+        Ok(self.fields(name, &[path])?.1[0].offset)
+    }
+}
+
+/// Checks the header (magic, version, lengths) and returns how many bytes the whole
+/// BTF takes: header, types and strings.
+fn declared_size(data: &[u8]) -> Result<u64, BtfError> {
+    let not_btf = |why: String| Err(BtfError::NotBtf(why));
+    if data.starts_with(b"\x7fELF") {
+        return not_btf(
+            "an ELF file; give the BTF itself, e.g. /sys/kernel/btf/vmlinux or the .BTF section of a vmlinux".to_owned(),
+        );
+    }
+    if data.len() < HEADER_LEN {
+        return not_btf(format!(
+            "{} bytes, shorter than BTF's {HEADER_LEN}-byte header",
+            data.len()
+        ));
+    }
+    match u16::from_le_bytes([data[0], data[1]]) {
+        MAGIC => {}
+        magic if magic == MAGIC.swap_bytes() => {
+            return not_btf("big-endian BTF; observer reads its own kernel's".to_owned());
+        }
+        _ => {
+            return not_btf(format!(
+                "starts with {:02x} {:02x}, not BTF's magic 9f eb",
+                data[0], data[1]
+            ));
+        }
+    }
+    if data[2] != 1 {
+        return not_btf(format!("version {}; observer reads version 1", data[2]));
+    }
+    let field = |at: usize| u32_at(data, at).map(u64::from);
+    let header_len = field(4)?;
+    if !(HEADER_LEN as u64..=4096).contains(&header_len) {
+        return not_btf(format!("a header of {header_len} bytes"));
+    }
+    let types_end = field(8)? + field(12)?;
+    let strings_end = field(16)? + field(20)?;
+    Ok(header_len + types_end.max(strings_end))
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Builds BTF with: 1 = int (4 bytes), 2 = struct inner { int a; int b; },
-    /// 3 = array of 2 inner, 4 = struct outer { int x; union { int y; }; inner arr[2]; },
-    /// 5 = anonymous union { int y; }.
-    fn sample() -> Vec<u8> {
-        let strings = b"\0int\0inner\0a\0b\0outer\0x\0y\0arr\0";
-        let s = |name: &str| -> u32 {
-            let needle = format!("\0{name}\0");
-            strings
-                .windows(needle.len())
-                .position(|w| w == needle.as_bytes())
-                .unwrap() as u32
-                + 1
-        };
-        let mut types: Vec<u32> = Vec::new();
-        // 1: int
-        types.extend([s("int"), KIND_INT << 24, 4, 32]);
-        // 2: struct inner
-        types.extend([s("inner"), (KIND_STRUCT << 24) | 2, 8]);
-        types.extend([s("a"), 1, 0, s("b"), 1, 32]);
-        // 3: array inner[2]
-        types.extend([0, KIND_ARRAY << 24, 0, 2, 1, 2]);
-        // 4: struct outer
-        types.extend([s("outer"), (KIND_STRUCT << 24) | 3, 24]);
-        types.extend([s("x"), 1, 0, 0, 5, 32, s("arr"), 3, 64]);
-        // 5: union { int y; }
-        types.extend([0, (KIND_UNION << 24) | 1, 4]);
-        types.extend([s("y"), 1, 0]);
-        let type_bytes: Vec<u8> = types.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let mut data = Vec::new();
-        data.extend(MAGIC.to_le_bytes());
-        data.extend([1u8, 0]);
-        for v in [
-            24u32,
-            0,
-            type_bytes.len() as u32,
-            type_bytes.len() as u32,
-            strings.len() as u32,
-        ] {
-            data.extend(v.to_le_bytes());
-        }
-        data.extend(type_bytes);
-        data.extend(strings);
-        data
-    }
-
-    #[test]
-    fn finds_members_through_anonymous_unions_and_arrays() {
-        let btf = Btf::parse(&sample()).unwrap();
-        assert_eq!(btf.offset_of("outer", "x"), Ok(0));
-        assert_eq!(btf.offset_of("outer", "y"), Ok(4));
-        assert_eq!(btf.offset_of("outer", "arr[0].a"), Ok(8));
-        assert_eq!(btf.offset_of("outer", "arr[1].b"), Ok(20));
-        assert_eq!(btf.offset_of("inner", "b"), Ok(4));
-    }
-
-    #[test]
-    fn missing_names_are_errors() {
-        let btf = Btf::parse(&sample()).unwrap();
-        assert_eq!(
-            btf.offset_of("nope", "x"),
-            Err(BtfError::NoStruct("nope".into()))
-        );
-        assert_eq!(
-            btf.offset_of("outer", "z"),
-            Err(BtfError::NoMember("outer".into(), "z".into()))
-        );
-        assert_eq!(
-            btf.offset_of("outer", "x[1]"),
-            Err(BtfError::NotArray("x[1]".into()))
-        );
-    }
-
-    #[test]
-    fn truncated_data_is_an_error_not_a_panic() {
-        let data = sample();
-        for len in [0, 10, 24, 40, data.len() - 1] {
-            assert!(Btf::parse(&data[..len]).is_err(), "length {len}");
-        }
-    }
-}
+pub(crate) mod tests;

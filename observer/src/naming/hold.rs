@@ -1,0 +1,125 @@
+//! Finished connections held back, briefly, until the rules their name depends on are
+//! read. A connection's line is written when it ends; when its namespace is brand new
+//! (or its rules are old, or do not have it) the worker is still reading them, and a
+//! moment's wait gives a name where writing at once would give `service: null`.
+//!
+//! The queue keeps the order in which connections finished: one that needs no wait
+//! but ends behind a held one waits its turn. Nothing is held longer than the limits
+//! given, whatever the worker does; the drain loop never blocks on it. A re-read gets a
+//! short limit (the rules read before still give a name); the first read of a
+//! namespace a longer one, since without it the name is null (on a loaded node,
+//! `iptables-save` of thousands of Services takes seconds).
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use super::{FIRST_READ, Namer};
+use crate::model::record::ConnRecord;
+
+struct Held<T> {
+    item: T,
+    record: ConnRecord,
+    /// The generation of the namespace's rules the name waits for.
+    wait_for: Option<u64>,
+    until: Instant,
+}
+
+pub struct Hold<T> {
+    queue: VecDeque<Held<T>>,
+    limit: Duration,
+    first_read_limit: Duration,
+}
+
+impl<T> Hold<T> {
+    /// Holds a connection at most `limit` for a re-read (after which the rules read
+    /// before name it), or `first_read_limit` for the first read of its namespace's rules
+    /// (after which it has no name).
+    pub fn new(limit: Duration, first_read_limit: Duration) -> Self {
+        Hold {
+            queue: VecDeque::new(),
+            limit,
+            first_read_limit,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.queue.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+
+    /// Hands a named, finished connection back to be written now when nothing is held
+    /// and its name is final; otherwise queues it.
+    pub fn push(
+        &mut self,
+        item: T,
+        record: ConnRecord,
+        wait_for: Option<u64>,
+        now: Instant,
+    ) -> Option<(T, ConnRecord)> {
+        if wait_for.is_none() && self.queue.is_empty() {
+            return Some((item, record));
+        }
+        let limit = if wait_for == Some(FIRST_READ) {
+            self.first_read_limit
+        } else {
+            self.limit
+        };
+        self.queue.push_back(Held {
+            item,
+            record,
+            wait_for,
+            until: now + limit,
+        });
+        None
+    }
+
+    /// The held connections that may be written now, in the order they finished: those
+    /// whose rules were read since (named again from them) or that waited long enough.
+    pub fn release(&mut self, namer: &Namer, now: Instant) -> Vec<(T, ConnRecord)> {
+        let mut ready = Vec::new();
+        while let Some(front) = self.queue.front() {
+            let read = front
+                .wait_for
+                .is_none_or(|wanted| namer.generation(front.record.netns) >= wanted);
+            if !read && now < front.until {
+                break;
+            }
+            if let Some(held) = self.queue.pop_front() {
+                ready.push(Self::renamed(held, namer));
+            }
+        }
+        ready
+    }
+
+    /// Everything held, named from what is known now (the end of a session).
+    pub fn release_all(&mut self, namer: &Namer) -> Vec<(T, ConnRecord)> {
+        self.queue
+            .drain(..)
+            .map(|held| Self::renamed(held, namer))
+            .collect()
+    }
+
+    /// When the first held connection must be written at the latest.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.queue.front().map(|held| held.until)
+    }
+
+    fn renamed(mut held: Held<T>, namer: &Namer) -> (T, ConnRecord) {
+        if held.wait_for.is_some() {
+            let record = &mut held.record;
+            let naming = namer.cached(
+                record.netns,
+                record.proto,
+                record.original_dst,
+                record.backend,
+            );
+            record.service = naming.service;
+            record.endpoint_in_rules = naming.endpoint_in_rules;
+            record.frontend = naming.frontend;
+        }
+        (held.item, held.record)
+    }
+}

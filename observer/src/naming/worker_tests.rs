@@ -1,0 +1,226 @@
+//! The namer with its reads on a worker thread, and finished connections held for them.
+
+use std::time::{Duration, Instant};
+
+use super::tests::{Fake, NS, V4, iptables, named, sa};
+use super::*;
+
+/// A source whose every read waits for a token: a stuck `nsenter`, under the test's
+/// control. Counts reads as they start.
+struct Gated {
+    fake: Fake,
+    tokens: std::sync::mpsc::Receiver<()>,
+}
+
+impl DumpSource for Gated {
+    fn dump(&mut self, netns: u32) -> Result<Dumps, String> {
+        self.fake.reads.lock().unwrap().push(netns);
+        self.tokens.recv().map_err(|_| "closed".to_owned())?;
+        self.fake.answers.lock().unwrap()[&netns].clone()
+    }
+}
+
+fn gated(fake: &Fake) -> (Namer, std::sync::mpsc::Sender<()>) {
+    let (open, tokens) = std::sync::mpsc::channel();
+    let source = Gated {
+        fake: fake.clone(),
+        tokens,
+    };
+    (Namer::spawn(NamerConfig::default(), Box::new(source)), open)
+}
+
+fn finished(netns: u32, original_dst: &str, backend: &str) -> crate::model::record::ConnRecord {
+    crate::model::record::ConnRecord {
+        proto: Proto::Tcp,
+        client: sa("10.244.1.9:40000"),
+        client_pod: None,
+        original_dst: sa(original_dst),
+        backend: sa(backend),
+        backend_pod: None,
+        service: None,
+        frontend: None,
+        endpoint_in_rules: None,
+        netns,
+        start: chrono::Utc::now(),
+        end: Some(chrono::Utc::now()),
+        duration_ms: 1.0,
+        requests: 1,
+        bytes_to_backend: 1,
+        bytes_from_backend: 1,
+        close: crate::model::record::Close::Fin,
+        start_seen: true,
+    }
+}
+
+#[test]
+fn with_a_worker_lookups_never_wait_and_finished_connections_wait_for_their_rules() {
+    let fake = Fake::default();
+    fake.set(NS, iptables(V4));
+    let (mut namer, open) = gated(&fake);
+    let t0 = Instant::now();
+    // The read is stuck: the lookup answers at once, unnamed, and says what it waits for.
+    let first = namer.lookup(
+        NS,
+        Proto::Tcp,
+        sa("10.96.35.226:80"),
+        sa("10.244.1.14:3000"),
+        t0,
+    );
+    assert_eq!(
+        first,
+        Lookup {
+            naming: Naming::default(),
+            wait_for: Some(1)
+        }
+    );
+    let again = namer.lookup(
+        NS,
+        Proto::Tcp,
+        sa("10.96.35.226:80"),
+        sa("10.244.1.12:3000"),
+        t0,
+    );
+    assert_eq!(again.wait_for, Some(1));
+    let mut hold = hold::Hold::new(Duration::from_secs(2), Duration::from_secs(10));
+    let record = finished(NS, "10.96.35.226:80", "10.244.1.14:3000");
+    assert!(hold.push(1, record, first.wait_for, t0).is_none());
+    // A connection with nothing to wait for keeps its place behind it.
+    let other = finished(9, "10.96.0.1:443", "10.244.1.1:6443");
+    assert!(hold.push(2, other, None, t0).is_none());
+    assert!(hold.release(&namer, t0).is_empty());
+    // One read for both lookups, however many ask while it runs.
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(fake.reads(), 1);
+
+    open.send(()).unwrap();
+    assert!(namer.wait(Instant::now() + Duration::from_secs(10)));
+    assert_eq!(namer.generation(NS), 1);
+    let released = hold.release(&namer, t0);
+    let named: Vec<(i32, Option<&str>, Option<bool>)> = released
+        .iter()
+        .map(|(id, r)| (*id, r.service.as_deref(), r.endpoint_in_rules))
+        .collect();
+    assert_eq!(
+        named,
+        [(1, Some("shop/checkout:http"), Some(true)), (2, None, None)]
+    );
+    // A held connection learns its door with its name.
+    let doors: Vec<_> = released.iter().map(|(_, r)| r.frontend).collect();
+    assert_eq!(
+        doors,
+        [Some(crate::model::record::FrontendKind::ClusterIp), None]
+    );
+    assert!(hold.is_empty());
+    assert_eq!(namer.take_service_updates().len(), 5);
+    // Fresh rules that name it: nothing to wait for, no read.
+    let hit = namer.lookup(
+        NS,
+        Proto::Tcp,
+        sa("10.96.35.226:80"),
+        sa("10.244.1.14:3000"),
+        t0 + Duration::from_secs(1),
+    );
+    assert_eq!(hit.wait_for, None);
+    assert_eq!(fake.reads(), 1);
+}
+
+#[test]
+fn a_held_connection_is_written_unnamed_once_its_wait_is_over() {
+    let fake = Fake::default();
+    fake.set(NS, iptables(V4));
+    let (mut namer, _open) = gated(&fake);
+    let t0 = Instant::now();
+    let lookup = namer.lookup(
+        NS,
+        Proto::Tcp,
+        sa("10.96.35.226:80"),
+        sa("10.244.1.14:3000"),
+        t0,
+    );
+    let mut hold = hold::Hold::new(Duration::from_secs(2), Duration::from_secs(10));
+    let record = finished(NS, "10.96.35.226:80", "10.244.1.14:3000");
+    // The first read of a namespace: the longer limit.
+    assert_eq!(lookup.wait_for, Some(1));
+    assert!(hold.push("a", record, lookup.wait_for, t0).is_none());
+    assert_eq!(hold.next_deadline(), Some(t0 + Duration::from_secs(10)));
+    assert!(
+        hold.release(&namer, t0 + Duration::from_millis(9999))
+            .is_empty()
+    );
+    let released = hold.release(&namer, t0 + Duration::from_secs(10));
+    assert_eq!(released.len(), 1);
+    assert_eq!(released[0].1.service, None);
+    // Nothing held and a final name: handed straight back.
+    let record = finished(NS, "10.96.35.226:80", "10.244.1.14:3000");
+    assert!(hold.push("b", record, None, t0).is_some());
+}
+
+/// A source that takes `delay` per read.
+struct Slow {
+    fake: Fake,
+    delay: Duration,
+}
+
+impl DumpSource for Slow {
+    fn dump(&mut self, netns: u32) -> Result<Dumps, String> {
+        std::thread::sleep(self.delay);
+        self.fake.dump(netns)
+    }
+}
+
+#[test]
+fn rules_that_take_long_to_read_are_reread_less_often() {
+    let fake = Fake::default();
+    fake.set(NS, iptables(V4));
+    let config = NamerConfig {
+        max_age: Duration::from_millis(10),
+        min_interval: Duration::from_millis(10),
+    };
+    let source = Slow {
+        fake: fake.clone(),
+        delay: Duration::from_millis(50),
+    };
+    let mut namer = Namer::new(config, Box::new(source));
+    let t0 = Instant::now();
+    let hit = |namer: &mut Namer, at| {
+        namer.name(
+            NS,
+            Proto::Tcp,
+            sa("10.96.35.226:80"),
+            sa("10.244.1.14:3000"),
+            at,
+        )
+    };
+    hit(&mut namer, t0);
+    // Older than max_age, but younger than 4 reads' time (at least 200 ms).
+    hit(&mut namer, t0 + Duration::from_millis(100));
+    assert_eq!(fake.reads(), 1);
+    hit(&mut namer, t0 + Duration::from_secs(10));
+    assert_eq!(fake.reads(), 2);
+}
+
+#[test]
+fn a_reread_that_does_not_come_in_time_leaves_the_earlier_name() {
+    let fake = Fake::default();
+    fake.set(NS, iptables(V4));
+    let (mut namer, open) = gated(&fake);
+    let t0 = Instant::now();
+    let (dst, backend) = (sa("10.96.35.226:80"), sa("10.244.1.14:3000"));
+    namer.lookup(NS, Proto::Tcp, dst, backend, t0);
+    open.send(()).unwrap();
+    assert!(namer.wait(Instant::now() + Duration::from_secs(10)));
+    // Rules older than max_age: a re-read is asked for, and it is stuck.
+    let later = t0 + Duration::from_secs(11);
+    let lookup = namer.lookup(NS, Proto::Tcp, dst, backend, later);
+    assert_eq!(lookup.wait_for, Some(2));
+    assert_eq!(lookup.naming, named("shop/checkout:http", true));
+    let mut hold = hold::Hold::new(Duration::from_secs(2), Duration::from_secs(10));
+    let record = finished(NS, "10.96.35.226:80", "10.244.1.14:3000");
+    assert!(hold.push(7, record, lookup.wait_for, later).is_none());
+    assert!(
+        hold.release(&namer, later + Duration::from_millis(1999))
+            .is_empty()
+    );
+    let released = hold.release(&namer, later + Duration::from_secs(2));
+    assert_eq!(released[0].1.service.as_deref(), Some("shop/checkout:http"));
+}

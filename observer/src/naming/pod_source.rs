@@ -215,6 +215,8 @@ pub struct PodNamer {
     asked_at: Instant,
     warned: HashSet<String>,
     skipped_total: u64,
+    /// Scans whose causes were looked at already.
+    scans_warned: u64,
 }
 
 impl PodNamer {
@@ -249,6 +251,7 @@ impl PodNamer {
             asked_at: Instant::now(),
             warned: HashSet::new(),
             skipped_total: 0,
+            scans_warned: 0,
         }
     }
 
@@ -283,12 +286,15 @@ impl PodNamer {
 
     /// One warning per bundle or namespace that could not be read, with the count so far.
     pub fn take_warnings(&mut self) -> Vec<String> {
-        let skipped = self
-            .shared
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .skipped
-            .clone();
+        let skipped = {
+            let shared = self.shared.lock().unwrap_or_else(|e| e.into_inner());
+            // Called per connection: only a new scan can bring new causes.
+            if shared.scans == self.scans_warned {
+                return Vec::new();
+            }
+            self.scans_warned = shared.scans;
+            shared.skipped.clone()
+        };
         let mut warnings = Vec::new();
         for cause in skipped {
             if self.warned.insert(cause.clone()) {

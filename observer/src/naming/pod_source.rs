@@ -6,7 +6,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
-use std::os::unix::fs::MetadataExt as _;
+use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
@@ -98,9 +98,8 @@ fn scan_dir(node_root: &Path, dir: &Path, scan: &mut PodScan) {
         else {
             continue;
         };
-        let sandbox = std::fs::read_to_string(&config)
-            .map_err(|e| e.to_string())
-            .and_then(|text| parse_bundle(&text).map_err(|e| e.to_string()));
+        let sandbox =
+            read_bundle(&config).and_then(|text| parse_bundle(&text).map_err(|e| e.to_string()));
         match sandbox {
             Ok(Some(sandbox)) => {
                 let Some(netns) = &sandbox.netns else {
@@ -116,6 +115,17 @@ fn scan_dir(node_root: &Path, dir: &Path, scan: &mut PodScan) {
             Err(err) => scan.skipped.push(format!("{}: {err}", config.display())),
         }
     }
+}
+
+/// A runtime spec is a few KiB; anything far larger is not one (and is not read).
+const MAX_BUNDLE_BYTES: u64 = 4 << 20;
+
+fn read_bundle(path: &Path) -> Result<String, String> {
+    let size = std::fs::metadata(path).map_err(|e| e.to_string())?.len();
+    if size > MAX_BUNDLE_BYTES {
+        return Err(format!("{size} bytes: too large for a runtime spec"));
+    }
+    std::fs::read_to_string(path).map_err(|e| e.to_string())
 }
 
 /// `path` as seen from `node_root`: absolute symlinks on the way (a node's `/var/run` is
@@ -158,7 +168,12 @@ fn within(node_root: &Path, path: &Path) -> PathBuf {
 /// The addresses of the interfaces in the network namespace at `path`, read on a thread
 /// that enters it (entering changes only the calling thread's namespace).
 fn netns_addresses(path: &Path) -> Result<Vec<IpAddr>, String> {
-    let file = std::fs::File::open(path).map_err(|e| format!("cannot open: {e}"))?;
+    // Non-blocking: a path that names a FIFO must not stall the scan.
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| format!("cannot open: {e}"))?;
     std::thread::scope(|scope| {
         scope
             .spawn(|| {

@@ -124,11 +124,24 @@ fn unreadable_and_malformed_bundles_are_skipped_counted_and_warned_once() {
         r#"{"annotations":{"io.kubernetes.cri.container-type":"container"}}"#,
     );
     std::fs::create_dir_all(root.path().join("fff/userdata")).unwrap();
+    // A FIFO where the netns should be: skipped, the scan does not block on it.
+    let fifo = root.path().join("fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRUSR).unwrap();
+    write("ggg", "config.json", &sandbox(&fifo.display().to_string()));
+    // Far too large for a runtime spec: not read.
+    let huge = std::fs::File::create(root.path().join("hhh-config.json")).unwrap();
+    huge.set_len(MAX_BUNDLE_BYTES + 1).unwrap();
+    std::fs::create_dir_all(root.path().join("hhh")).unwrap();
+    std::fs::rename(
+        root.path().join("hhh-config.json"),
+        root.path().join("hhh/config.json"),
+    )
+    .unwrap();
     let mut source = RuntimeSource::new(vec![root.path().to_path_buf()]);
     let scan = source.scan();
     assert!(scan.pods.is_empty());
     let skipped = &scan.skipped;
-    assert_eq!(skipped.len(), 4, "{skipped:#?}");
+    assert_eq!(skipped.len(), 6, "{skipped:#?}");
     let dir = root.path().display();
     for start in [
         format!("{dir}/aaa/config.json: not an OCI runtime spec: "),
@@ -149,9 +162,9 @@ fn unreadable_and_malformed_bundles_are_skipped_counted_and_warned_once() {
 
     let mut namer = PodNamer::start(PodNamerConfig::default(), Box::new(source));
     let warnings = namer.take_warnings();
-    assert_eq!(warnings.len(), 4, "{warnings:#?}");
+    assert_eq!(warnings.len(), 6, "{warnings:#?}");
     assert!(
-        warnings.iter().any(|w| w.contains("(4 skipped so far")),
+        warnings.iter().any(|w| w.contains("(6 skipped so far")),
         "{warnings:#?}"
     );
     assert!(

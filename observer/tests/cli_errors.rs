@@ -112,7 +112,7 @@ fn not_privileged() {
     ]);
     assert_one_sentence(
         &out,
-        "needs root (CAP_BPF and CAP_PERFMON, or CAP_SYS_ADMIN); run observer with sudo",
+        "loading kernel programs needs root: this process lacks CAP_SYS_ADMIN (or CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN); run observer with sudo",
     );
     assert!(
         !log.exists(),
@@ -122,7 +122,7 @@ fn not_privileged() {
     let out = as_nobody(&[]);
     assert_one_sentence(
         &out,
-        "needs root (CAP_BPF and CAP_PERFMON, or CAP_SYS_ADMIN)",
+        "loading kernel programs needs root: this process lacks CAP_SYS_ADMIN (or CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN)",
     );
 }
 
@@ -250,4 +250,57 @@ fn btf_that_is_not_btf_fails_at_once() {
         &out,
         "cannot use kernel BTF at /dev/zero: not BTF (starts with 00 00",
     );
+}
+
+#[test]
+fn kernel_too_old() {
+    // Runs as root (CI does) so that only the kernel release stands in the way; the
+    // UNAME26 personality makes uname(2) report a 2.6 release.
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test needs root; run the suite with `sudo -E cargo xtask test`"
+    );
+    let out = Command::new("setarch")
+        .args([std::env::consts::ARCH, "--uname-2.6"])
+        .arg(env!("CARGO_BIN_EXE_observer"))
+        .args(["record", "--output", "-", "--duration", "1"])
+        .output()
+        .expect("setarch (util-linux)");
+    assert_eq!(out.status.code(), Some(2));
+    assert_one_sentence(
+        &out,
+        "observer needs Linux 5.8 or newer (it reports through a BPF ring buffer); this kernel is 2.6.",
+    );
+}
+
+#[test]
+fn without_cgroup_v2_it_says_what_goes_uncounted() {
+    // A mount namespace of its own without the cgroup hierarchy: observer still records
+    // (forwarded traffic needs no cgroup), and says in one sentence what it cannot count.
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test needs root; run the suite with `sudo -E cargo xtask test`"
+    );
+    let script = format!(
+        "umount -l /sys/fs/cgroup && exec {} record --output /dev/null --duration 1",
+        env!("CARGO_BIN_EXE_observer")
+    );
+    let out = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", &script])
+        .output()
+        .expect("unshare (util-linux)");
+    let text = stderr(&out);
+    assert!(out.status.success(), "{text}");
+    // Other labs on this machine may add naming warnings; the cgroup one is checked.
+    let warnings: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("warning") && l.contains("cgroup"))
+        .collect();
+    assert_eq!(
+        warnings,
+        [
+            "observer: warning: no cgroup v2 hierarchy is mounted: replies to clients on the node itself (host network) are not counted"
+        ]
+    );
+    assert!(text.contains("attached 1 kernel program(s)"), "{text}");
 }

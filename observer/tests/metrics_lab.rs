@@ -1,6 +1,7 @@
 //! Root integration test of `observer serve`: real traffic in the lab, then a scrape of
 //! `/metrics` over loopback; per-backend request and connection counters must equal
-//! what the clients' own records say each pod answered.
+//! what the clients' own records say each pod answered, and `promtool check metrics`
+//! accepts the scrape.
 
 mod common;
 
@@ -8,7 +9,7 @@ use std::{
     collections::BTreeMap,
     io::{Read, Write},
     net::{SocketAddr, TcpStream},
-    process::Command,
+    process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
@@ -103,4 +104,26 @@ fn metrics_count_what_the_clients_saw() {
     );
     let shares = per_backend(&metrics, "observer_expected_share", name);
     assert_eq!(shares.len(), 3, "{metrics}");
+
+    // Prometheus' own linter accepts the real scrape (format and naming conventions).
+    let mut promtool = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool (Debian package prometheus; `cargo xtask setup` installs it)");
+    promtool
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(metrics.as_bytes())
+        .unwrap();
+    let checked = promtool.wait_with_output().unwrap();
+    assert!(
+        checked.status.success(),
+        "promtool check metrics: {}{}\n{metrics}",
+        String::from_utf8_lossy(&checked.stdout),
+        String::from_utf8_lossy(&checked.stderr)
+    );
 }

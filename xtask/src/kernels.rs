@@ -50,6 +50,16 @@ pub struct KernelsArgs {
     observer: Option<PathBuf>,
 }
 
+impl KernelsArgs {
+    /// Every kernel, testing a static observer that is already built.
+    pub fn with_observer(observer: PathBuf) -> KernelsArgs {
+        KernelsArgs {
+            only: Vec::new(),
+            observer: Some(observer),
+        }
+    }
+}
+
 pub fn kernels(args: KernelsArgs) -> anyhow::Result<()> {
     let started = Instant::now();
     let selected: Vec<(&str, &str)> = KERNELS

@@ -4,8 +4,10 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod demo;
+mod dist;
 mod kernels;
 mod load;
+mod oci;
 mod setup;
 mod test;
 
@@ -30,6 +32,9 @@ enum Task {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Static (musl) binaries for x86_64 and aarch64, a scratch OCI image archive for
+    /// both, and SHA256SUMS, in target/dist/.
+    Dist,
     /// A simulated kind node with pinning traffic, and observer's live view on it.
     Demo(demo::DemoArgs),
     /// New connections per second through the lab's DNAT with and without observer.
@@ -69,6 +74,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Task::Setup => setup::setup(),
         Task::Test { args, no_kernels } => test::test(&args, !no_kernels),
+        Task::Dist => setup::setup().and_then(|()| dist::dist()).map(drop),
         Task::Demo(args) => demo::demo(args),
         Task::Bench(args) => bench::bench(args),
         Task::Kernels(args) => kernels::kernels(args),

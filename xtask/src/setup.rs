@@ -8,6 +8,10 @@
 //! - The nightly toolchain's `rust-src` (the eBPF crate builds `core` from source).
 //! - `bpf-linker`, built against the nightly toolchain's own LLVM (Debian has no LLVM
 //!   matching rustc's), as ../shared/FACTS.md describes.
+//! - For `cargo xtask dist` and its tests: the musl targets (rust-lld, which rustup ships,
+//!   links them: see .cargo/config.toml), qemu user emulation for the aarch64 binary,
+//!   skopeo, umoci and containerd (OCI images), promtool, and kubernetes-validate (Kubernetes
+//!   schemas, from PyPI) in a virtual environment of its own.
 
 use std::{
     path::{Path, PathBuf},
@@ -17,7 +21,7 @@ use std::{
 use anyhow::{Context as _, bail};
 
 /// Command a package provides, and the Debian package.
-const PACKAGES: [(&str, &str); 12] = [
+const PACKAGES: [(&str, &str); 19] = [
     ("ip", "iproute2"),
     ("iptables", "iptables"),
     ("nft", "nftables"),
@@ -30,21 +34,31 @@ const PACKAGES: [(&str, &str); 12] = [
     ("lz4", "lz4"),
     ("zstd", "zstd"),
     ("xz", "xz-utils"),
+    ("file", "file"),
+    ("qemu-aarch64-static", "qemu-user-static"),
+    ("skopeo", "skopeo"),
+    ("umoci", "umoci"),
+    ("promtool", "prometheus"),
+    ("unshare", "util-linux"),
+    ("containerd", "containerd"),
 ];
 
 /// Packages known by name only: the guest needs busybox linked statically, which the
 /// `busybox` package (same command) is not.
 const PACKAGES_BY_NAME: [&str; 1] = ["busybox-static"];
 
-const MUSL_TARGET: &str = "x86_64-unknown-linux-musl";
+const MUSL_TARGETS: [&str; 2] = ["x86_64-unknown-linux-musl", "aarch64-unknown-linux-musl"];
+
+const KUBERNETES_VALIDATE: &str = "kubernetes-validate==1.37.0";
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
 
 pub fn setup() -> anyhow::Result<()> {
     debian_packages()?;
     nightly_rust_src()?;
-    musl_target()?;
     bpf_linker()?;
+    musl_targets()?;
+    kubernetes_validate()?;
     for program in ["python3", "node"] {
         if which(program).is_none() {
             bail!(
@@ -73,7 +87,7 @@ pub fn run(command: &mut Command) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn output(command: &mut Command) -> anyhow::Result<String> {
+pub fn output(command: &mut Command) -> anyhow::Result<String> {
     let out = command
         .output()
         .with_context(|| format!("cannot start {command:?}"))?;
@@ -96,6 +110,8 @@ fn debian_packages() -> anyhow::Result<()> {
         output(Command::new("dpkg-query").args(["-W", "-f", "${Status}", package]))
             .map_or(true, |status| !status.ends_with(" installed"))
     }));
+    missing.sort_unstable();
+    missing.dedup();
     if missing.is_empty() {
         return Ok(());
     }
@@ -105,6 +121,43 @@ fn debian_packages() -> anyhow::Result<()> {
         .args(["install", "-y", "-qq", "--no-install-recommends"])
         .args(&missing)
         .env("DEBIAN_FRONTEND", "noninteractive"))
+}
+
+fn musl_targets() -> anyhow::Result<()> {
+    let installed = output(Command::new("rustup").args(["target", "list", "--installed"]))?;
+    let missing: Vec<&str> = MUSL_TARGETS
+        .into_iter()
+        .filter(|target| !installed.lines().any(|line| line == *target))
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    eprintln!("setup: adding Rust targets {}", missing.join(" "));
+    run(Command::new("rustup")
+        .args(["target", "add"])
+        .args(&missing))
+}
+
+/// The virtual environment kubernetes-validate lives in (its `bin/kubernetes-validate`
+/// is what the manifest test runs).
+pub fn python_venv() -> anyhow::Result<PathBuf> {
+    Ok(home()?.join(".local/share/observer-venv"))
+}
+
+fn kubernetes_validate() -> anyhow::Result<()> {
+    let venv = python_venv()?;
+    let version = KUBERNETES_VALIDATE.split_once("==").map_or("", |(_, v)| v);
+    if let Ok(out) = output(Command::new(venv.join("bin/kubernetes-validate")).arg("--version"))
+        && out.contains(version)
+    {
+        return Ok(());
+    }
+    eprintln!(
+        "setup: installing {KUBERNETES_VALIDATE} (PyPI) into {}",
+        venv.display()
+    );
+    run(Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
+    run(Command::new(venv.join("bin/pip")).args(["install", "--quiet", KUBERNETES_VALIDATE]))
 }
 
 fn nightly_sysroot() -> anyhow::Result<PathBuf> {
@@ -120,15 +173,6 @@ fn nightly_rust_src() -> anyhow::Result<()> {
     }
     eprintln!("setup: adding rust-src to the nightly toolchain");
     run(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))
-}
-
-fn musl_target() -> anyhow::Result<()> {
-    let installed = output(Command::new("rustup").args(["target", "list", "--installed"]))?;
-    if installed.lines().any(|line| line == MUSL_TARGET) {
-        return Ok(());
-    }
-    eprintln!("setup: adding the Rust target {MUSL_TARGET}");
-    run(Command::new("rustup").args(["target", "add", MUSL_TARGET]))
 }
 
 fn bpf_linker() -> anyhow::Result<()> {

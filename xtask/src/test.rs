@@ -1,14 +1,17 @@
-//! `cargo xtask test`: sets up, then runs every test: unit tests and the root
-//! integration tests (real conntrack, NAT and eBPF in network namespaces the tests
+//! `cargo xtask test`: sets up, builds the release artifacts (`cargo xtask dist`), runs
+//! the aarch64 unit tests under qemu user emulation, then every test: unit tests and the
+//! root integration tests (real conntrack, NAT and eBPF in network namespaces the tests
 //! create). Root tests fail rather than skip when not run as root. Then `cargo xtask
-//! kernels`: the same observer on Debian's 5.10, 6.1 and 6.12 kernels under qemu
-//! (about 2-4 minutes; `--no-kernels` leaves it out).
+//! kernels` with the dist binary: the same observer on Debian's 5.10, 6.1 and 6.12
+//! kernels under qemu (about 2-4 minutes; `--no-kernels` leaves it out).
 
+use std::path::PathBuf;
 use std::process::Command;
 
-use anyhow::bail;
+use anyhow::{Context as _, bail};
 
-use crate::setup::{run, setup};
+use crate::dist::{ARCHES, dist};
+use crate::setup::{output, run, setup};
 
 pub fn test(extra: &[String], kernels: bool) -> anyhow::Result<()> {
     setup()?;
@@ -17,17 +20,23 @@ pub fn test(extra: &[String], kernels: bool) -> anyhow::Result<()> {
             "the test suite includes root tests (eBPF programs, network namespaces); run it as root: sudo -E cargo xtask test"
         );
     }
+    let dist_dir = dist()?;
+    aarch64_under_qemu(&dist_dir)?;
     // One test binary at a time, one test at a time: root tests each build a lab of
     // network namespaces and attach kernel programs that see every namespace.
     // The workspace's default members: everything but the eBPF crate, which only builds
-    // for the BPF target (observer's build.rs builds it).
+    // for the BPF target (observer's build.rs builds it). Tests of the release artifacts
+    // find them through OBSERVER_DIST.
     let tests = run(Command::new("cargo")
         .args(["test", "--locked", "--no-fail-fast"])
         .args(extra)
-        .args(["--", "--test-threads=1"]));
+        .args(["--", "--test-threads=1"])
+        .env("OBSERVER_DIST", &dist_dir));
     // Run on Debian's kernels even when a test failed: both results are worth having.
     let kernels = if kernels {
-        crate::kernels::kernels(crate::kernels::KernelsArgs::default())
+        crate::kernels::kernels(crate::kernels::KernelsArgs::with_observer(
+            dist_dir.join(format!("observer-linux-{}", ARCHES[0].name)),
+        ))
     } else {
         Ok(())
     };
@@ -36,4 +45,42 @@ pub fn test(extra: &[String], kernels: bool) -> anyhow::Result<()> {
         (Err(e), Ok(())) | (Ok(()), Err(e)) => Err(e),
         (Err(tests), Err(kernels)) => bail!("{tests:#}; and {kernels:#}"),
     }
+}
+
+/// The aarch64 build's unit tests and the aarch64 binary's `--help`, run by
+/// qemu-aarch64-static (no binfmt registration needed). The tests build with the
+/// release profile so they share their dependencies with the dist build.
+fn aarch64_under_qemu(dist_dir: &std::path::Path) -> anyhow::Result<()> {
+    let target = ARCHES[1].target;
+    let messages = output(Command::new("cargo").args([
+        "test",
+        "--locked",
+        "--release",
+        "--no-run",
+        "--message-format=json",
+        "-p",
+        "observer",
+        "--lib",
+        "--target",
+        target,
+    ]))?;
+    let executable: PathBuf = messages
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|message| message["reason"] == "compiler-artifact")
+        .find_map(|message| message["executable"].as_str().map(PathBuf::from))
+        .context("cargo built no aarch64 unit-test executable")?;
+    eprintln!("test: aarch64 unit tests under qemu-aarch64-static");
+    run(Command::new("qemu-aarch64-static")
+        .arg(&executable)
+        .arg("--quiet"))?;
+    let help = output(
+        Command::new("qemu-aarch64-static")
+            .arg(dist_dir.join("observer-linux-aarch64"))
+            .arg("--help"),
+    )?;
+    if !help.contains("Usage: observer") {
+        bail!("the aarch64 binary's --help printed no usage line:\n{help}");
+    }
+    Ok(())
 }

@@ -7,7 +7,7 @@ use anyhow::Context as _;
 
 use super::Outcome;
 use super::session::{CaptureArgs, runtime};
-use crate::kernel::capture::check_privileges;
+use crate::kernel::capture::check_host;
 use crate::model::record::{Recording, SummaryRecord};
 use crate::pipeline;
 use crate::sinks::log::LogTarget;
@@ -62,7 +62,7 @@ fn replay(path: &std::path::Path) -> anyhow::Result<Outcome> {
 }
 
 fn live(args: LiveArgs) -> anyhow::Result<Outcome> {
-    check_privileges()?;
+    check_host()?;
     tui::check_terminal()?;
     // Checked now, replaced only once the programs are attached.
     let target = args.record.as_deref().map(LogTarget::check).transpose()?;

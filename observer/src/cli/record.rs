@@ -5,7 +5,7 @@ use std::time::Duration;
 use super::Outcome;
 use super::args::duration_seconds;
 use super::session::{CaptureArgs, runtime, stderr_warnings, stop_signal};
-use crate::kernel::capture::check_privileges;
+use crate::kernel::capture::check_host;
 use crate::pipeline;
 use crate::sinks::log::LogTarget;
 
@@ -24,7 +24,7 @@ pub struct RecordArgs {
 }
 
 pub fn run(args: RecordArgs) -> anyhow::Result<Outcome> {
-    check_privileges()?;
+    check_host()?;
     // Checked before attaching, replaced only after: a failed start keeps the old file.
     let target = LogTarget::check(&args.output)?;
     runtime()?.block_on(async {

@@ -2,7 +2,7 @@
 
 use super::Outcome;
 use super::session::{CaptureArgs, runtime, stderr_warnings, stop_signal};
-use crate::kernel::capture::check_privileges;
+use crate::kernel::capture::check_host;
 
 #[derive(clap::Args)]
 pub struct ServeArgs {
@@ -14,7 +14,7 @@ pub struct ServeArgs {
 }
 
 pub fn run(args: ServeArgs) -> anyhow::Result<Outcome> {
-    check_privileges()?;
+    check_host()?;
     let listener = std::net::TcpListener::bind(args.listen)
         .map_err(|err| anyhow::anyhow!("cannot listen on {}: {err}", args.listen))?;
     runtime()?.block_on(async {

@@ -11,6 +11,7 @@ use observer_common::{
     counters,
 };
 
+use crate::kernel::host::{Caps, kernel_release, raise_memlock, too_old};
 use crate::kernel::{btf::Btf, decode};
 
 /// The compiled kernel programs, built by `build.rs` and embedded in the binary.
@@ -19,22 +20,15 @@ static PROGRAMS: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/
 /// The tracepoints observer attaches to: (program name, tracepoint).
 const HOOKS: [(&str, &str); 1] = [("net_dev_queue", "net_dev_queue")];
 
-/// The oldest kernel observer runs on: the BPF ring buffer came with Linux 5.8.
-const MIN_KERNEL: (u32, u32) = (5, 8);
-
 /// Why capture could not start. Each message is one sentence naming cause and fix.
 #[derive(Debug, thiserror::Error)]
 pub enum CaptureError {
     #[error(
-        "loading kernel programs needs root (CAP_BPF and CAP_PERFMON, or CAP_SYS_ADMIN); run observer with sudo"
+        "loading kernel programs needs root: this process lacks {missing}; run observer with sudo"
     )]
-    NotPrivileged,
-    #[error(
-        "observer needs Linux {}.{} or newer for the BPF ring buffer (BPF_MAP_TYPE_RINGBUF), but this kernel is {release}",
-        MIN_KERNEL.0,
-        MIN_KERNEL.1
-    )]
-    KernelTooOld { release: String },
+    NotPrivileged { missing: String },
+    #[error("{0}")]
+    KernelTooOld(String),
     #[error(
         "cannot read kernel BTF at {path} ({error}); observer needs a kernel built with CONFIG_DEBUG_INFO_BTF=y (or --btf FILE) to find conntrack's structure offsets"
     )]
@@ -109,56 +103,23 @@ fn cgroup2_mount() -> Option<std::path::PathBuf> {
     })
 }
 
-/// Fails unless the process may load tracing programs; checked before anything else
-/// so that an unprivileged run changes nothing.
-pub fn check_privileges() -> Result<(), CaptureError> {
-    if privileged() {
-        Ok(())
-    } else {
-        Err(CaptureError::NotPrivileged)
+/// Fails unless the kernel is new enough and the process may load and attach the
+/// programs; checked before anything else so that a run that cannot work changes nothing.
+pub fn check_host() -> Result<(), CaptureError> {
+    if let Some(sentence) = kernel_release().as_deref().and_then(too_old) {
+        return Err(CaptureError::KernelTooOld(sentence));
     }
-}
-
-/// Fails on a kernel older than [`MIN_KERNEL`], from its release string (`uname -r`);
-/// a release that does not parse passes, and loading says what is missing.
-pub fn check_release(release: &str) -> Result<(), CaptureError> {
-    let mut numbers = release
-        .split(|c: char| !c.is_ascii_digit())
-        .map(|part| part.parse::<u32>().ok());
-    match (numbers.next().flatten(), numbers.next().flatten()) {
-        (Some(major), Some(minor)) if (major, minor) < MIN_KERNEL => {
-            Err(CaptureError::KernelTooOld {
-                release: release.trim().to_owned(),
-            })
-        }
-        _ => Ok(()),
+    match Caps::effective().missing_for_capture() {
+        Some(missing) => Err(CaptureError::NotPrivileged { missing }),
+        None => Ok(()),
     }
-}
-
-/// Whether the process holds the capabilities needed to load tracing programs.
-fn privileged() -> bool {
-    const CAP_SYS_ADMIN: u32 = 21;
-    const CAP_PERFMON: u32 = 38;
-    const CAP_BPF: u32 = 39;
-    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
-        return false;
-    };
-    let effective = status
-        .lines()
-        .find_map(|line| line.strip_prefix("CapEff:"))
-        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
-        .unwrap_or(0);
-    let has = |cap: u32| effective & (1 << cap) != 0;
-    has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON))
 }
 
 impl Capture {
     /// Checks privileges and BTF, then loads and attaches every program.
     pub fn start(options: &CaptureOptions) -> Result<Capture, CaptureError> {
-        check_privileges()?;
-        if let Ok(release) = std::fs::read_to_string("/proc/sys/kernel/osrelease") {
-            check_release(&release)?;
-        }
+        check_host()?;
+        raise_memlock();
         let path = options.btf_path.display().to_string();
         let file = std::fs::File::open(&options.btf_path).map_err(|error| CaptureError::NoBtf {
             path: path.clone(),
@@ -338,31 +299,4 @@ fn error_chain(err: &dyn std::error::Error) -> String {
         source = cause.source();
     }
     text
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn kernels_before_5_8_are_refused_naming_the_ring_buffer() {
-        for old in ["5.7.19", "4.19.0-27-amd64", "3.10.0-1160.el7.x86_64"] {
-            let err = check_release(old).unwrap_err().to_string();
-            assert_eq!(
-                err,
-                format!(
-                    "observer needs Linux 5.8 or newer for the BPF ring buffer (BPF_MAP_TYPE_RINGBUF), but this kernel is {old}"
-                )
-            );
-        }
-        for new in [
-            "5.8.0",
-            "5.10.0-46-cloud-amd64",
-            "6.12.117+deb12-cloud-amd64\n",
-            "10.0",
-        ] {
-            assert!(check_release(new).is_ok(), "{new}");
-        }
-        assert!(check_release("unknown").is_ok());
-    }
 }

@@ -1,7 +1,9 @@
 //! The kernel side as user space sees it: offsets read from BTF, the programs loaded and
-//! attached (`capture`), and their ring-buffer events decoded.
+//! attached (`capture`), and their ring-buffer events decoded; `host` says what this
+//! process may do on this kernel (capabilities, kernel release).
 
 pub mod btf;
 pub mod capture;
 pub mod decode;
+pub mod host;
 pub mod offsets;

@@ -1,5 +1,5 @@
 //! Names connections: maps a conntrack entry's network namespace (inode) to that
-//! namespace's kube-proxy rules, read with `nsenter --net=<path> iptables-save` / `nft -j`.
+//! namespace's kube-proxy rules, read by running `iptables-save` / `nft -j` inside that namespace.
 //! On a kind host every node is a namespace reachable through its processes; inside a
 //! node, the node's own namespace is the one to read.
 //!

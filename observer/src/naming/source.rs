@@ -1,5 +1,7 @@
 //! Runs the node's own tools (`iptables-save`, `nft -j`) inside a network namespace to
-//! dump its kube-proxy rules, and lists the namespaces reachable on this host.
+//! dump its kube-proxy rules, and lists the namespaces reachable on this host. A tool
+//! missing from this process's root (a scratch image, a static binary copied alone into
+//! a node) is run from PID 1's root, inside PID 1's mount namespace.
 
 use std::collections::{HashMap, HashSet};
 use std::os::unix::fs::MetadataExt;
@@ -7,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use super::{Dump, DumpFormat, DumpSource, Dumps};
+use crate::kernel::host::{Cap, Caps};
 
 /// A network namespace and a path that opens it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -56,13 +59,96 @@ pub fn list_namespaces() -> Vec<NetnsInfo> {
     found
 }
 
-/// Finds a program on PATH or in the sbin directories, which root's PATH may lack.
+/// Where the sbin directories are, which root's PATH may lack.
+const TOOL_DIRS: [&str; 5] = ["/usr/local/sbin", "/usr/sbin", "/sbin", "/usr/bin", "/bin"];
+
+/// The process whose root and mount namespace hold the node's own tools: PID 1, the
+/// node's init, seen from a scratch container (hostPID) or from a binary copied alone
+/// into a kind node. `OBSERVER_HOST_PID` names another one (tests do: a sandbox's PID 1
+/// may be a supervisor no process may look into).
+fn host_pid() -> u32 {
+    std::env::var("OBSERVER_HOST_PID")
+        .ok()
+        .and_then(|pid| pid.parse().ok())
+        .unwrap_or(1)
+}
+
+/// Finds a program on PATH or in the sbin directories, in this process's own root.
 fn find_program(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
-        .chain(["/usr/local/sbin", "/usr/sbin", "/sbin", "/usr/bin", "/bin"].map(PathBuf::from))
+        .chain(TOOL_DIRS.map(PathBuf::from))
         .map(|dir| dir.join(name))
         .find(|candidate| candidate.is_file())
+}
+
+/// Finds a program in the host process's root (`/proc/1/root`); the path it returns is
+/// the path inside that process's mount namespace.
+fn find_host_program(name: &str) -> Option<PathBuf> {
+    TOOL_DIRS
+        .iter()
+        .map(|dir| Path::new(dir).join(name))
+        .find(|path| {
+            // Not `is_file`: tools are often absolute symlinks (/etc/alternatives/...),
+            // which resolve against this root from here, against the node's after setns.
+            let seen = Path::new(&format!("/proc/{}/root", host_pid()))
+                .join(path.strip_prefix("/").unwrap_or(path));
+            std::fs::symlink_metadata(seen).is_ok_and(|meta| !meta.is_dir())
+        })
+}
+
+/// How to start one of the node's tools: the program, and the namespaces it must enter.
+enum Tool {
+    /// In this process's root.
+    Own(PathBuf),
+    /// In PID 1's root: run in PID 1's mount namespace.
+    Host(PathBuf),
+}
+
+impl Tool {
+    fn find(name: &str) -> Option<Tool> {
+        find_program(name)
+            .map(Tool::Own)
+            .or_else(|| find_host_program(name).map(Tool::Host))
+    }
+
+    /// A command that runs the tool inside `netns` (when given), and inside PID 1's mount
+    /// namespace for a host tool. The namespaces are opened here, entered in the child
+    /// between fork and exec (single-threaded, so setns into a mount namespace works):
+    /// nothing like nsenter is needed in this process's root.
+    fn command(&self, netns: Option<&Path>) -> Result<Command, String> {
+        let open = |path: &Path| {
+            std::fs::File::open(path).map_err(|e| format!("cannot open {}: {e}", path.display()))
+        };
+        let net = netns.map(open).transpose()?;
+        let (program, mnt) = match self {
+            Tool::Own(program) => (program, None),
+            Tool::Host(program) => (
+                program,
+                Some(open(Path::new(&format!("/proc/{}/ns/mnt", host_pid())))?),
+            ),
+        };
+        let mut command = Command::new(program);
+        if net.is_some() || mnt.is_some() {
+            let enter = move || -> std::io::Result<()> {
+                use nix::sched::{CloneFlags, setns};
+                if let Some(mnt) = &mnt {
+                    setns(mnt, CloneFlags::CLONE_NEWNS)?;
+                    nix::unistd::chdir("/")?;
+                }
+                if let Some(net) = &net {
+                    setns(net, CloneFlags::CLONE_NEWNET)?;
+                }
+                Ok(())
+            };
+            // SAFETY: the closure only calls setns(2) and chdir(2), which are
+            // async-signal-safe, and allocates nothing (the files were opened before fork).
+            unsafe {
+                std::os::unix::process::CommandExt::pre_exec(&mut command, enter);
+            }
+        }
+        Ok(command)
+    }
 }
 
 /// Reads rules by running the host's tools inside each namespace.
@@ -116,41 +202,43 @@ impl SystemSource {
     pub fn dump_path(&self, path: &Path) -> Result<Dumps, String> {
         let own = netns_inode(Path::new("/proc/self/ns/net")).ok();
         let target = netns_inode(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let nsenter = if own == Some(target) {
-            None
-        } else {
-            Some(find_program("nsenter").ok_or("nsenter not found")?)
-        };
+        let netns = (own != Some(target)).then_some(path);
+        let tools: Vec<Option<Tool>> = COMMANDS
+            .iter()
+            .map(|(program, ..)| Tool::find(program))
+            .collect();
+        let mut missing: Vec<&str> = COMMANDS
+            .iter()
+            .zip(&tools)
+            .filter(|((_, _, _, report), tool)| *report && tool.is_none())
+            .map(|((program, ..), _)| *program)
+            .collect();
+        missing.dedup();
+        if tools.iter().all(Option::is_none) {
+            return Err(not_found(&missing));
+        }
+        if let Some(problem) = missing_capability(netns, &tools) {
+            return Err(problem);
+        }
         let mut result = Dumps::default();
-        let mut missing = Vec::new();
-        let mut any_tool = false;
-        for (program, args, format, report) in COMMANDS {
+        for ((program, args, format, report), tool) in COMMANDS.into_iter().zip(&tools) {
+            let Some(tool) = tool else { continue };
             let command_text = std::iter::once(program)
                 .chain(args.iter().copied())
                 .collect::<Vec<_>>()
                 .join(" ");
-            let Some(binary) = find_program(program) else {
-                if report && !missing.contains(&program) {
-                    missing.push(program);
-                }
-                continue;
-            };
-            any_tool = true;
-            let mut command = match &nsenter {
-                Some(nsenter) => {
-                    let mut command = Command::new(nsenter);
-                    command
-                        .arg(format!("--net={}", path.display()))
-                        .arg(&binary);
-                    command
-                }
-                None => Command::new(&binary),
-            };
-            let output = match command.args(args).output() {
+            let output = match tool.command(netns).and_then(|mut command| {
+                // A pipe, not /dev/null: a scratch root may have no /dev.
+                command
+                    .args(args)
+                    .stdin(std::process::Stdio::piped())
+                    .output()
+                    .map_err(|e| format!("{command_text}: {e}"))
+            }) {
                 Ok(output) => output,
                 Err(e) => {
                     if report {
-                        result.problems.push(format!("{command_text}: {e}"));
+                        result.problems.push(e);
                     }
                     continue;
                 }
@@ -173,9 +261,6 @@ impl SystemSource {
                 ));
             }
         }
-        if !any_tool {
-            return Err(format!("{} not found", missing.join(", ")));
-        }
         result.problems.extend(
             missing
                 .into_iter()
@@ -183,6 +268,41 @@ impl SystemSource {
         );
         Ok(result)
     }
+}
+
+/// No tool anywhere: in this root, nor in PID 1's (which needs CAP_SYS_PTRACE to read).
+fn not_found(missing: &[&str]) -> String {
+    let names = missing.join(", ");
+    let pid = host_pid();
+    match std::fs::read_dir(format!("/proc/{pid}/root")) {
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => format!(
+            "{names} not found in this root, and PID {pid}'s root (/proc/{pid}/root), where the node's tools are, is unreadable: this process lacks CAP_SYS_PTRACE"
+        ),
+        _ => format!("{names} not found"),
+    }
+}
+
+/// The first capability running these tools in `netns` needs that this process lacks,
+/// as one sentence: checked up front, because the tools' own errors do not name it.
+fn missing_capability(netns: Option<&Path>, tools: &[Option<Tool>]) -> Option<String> {
+    let mut needed = vec![(Cap::NetAdmin, "to read kube-proxy's rules")];
+    if netns.is_some() {
+        needed.push((Cap::SysAdmin, "to enter the node's network namespace"));
+    }
+    if tools.iter().any(|tool| matches!(tool, Some(Tool::Host(_)))) {
+        let why = "to run the node's own iptables-save and nft in PID 1's mount namespace";
+        needed.extend([(Cap::SysAdmin, why), (Cap::SysChroot, why)]);
+    }
+    let caps = Caps::effective();
+    needed
+        .into_iter()
+        .find(|(cap, _)| !caps.has(*cap))
+        .map(|(cap, why)| {
+            format!(
+                "this process lacks {}, which observer needs {why}",
+                cap.name()
+            )
+        })
 }
 
 impl DumpSource for SystemSource {

@@ -232,7 +232,10 @@ fn a_failed_reread_keeps_the_last_good_rules() {
     let mut namer = namer(&fake);
     let t0 = Instant::now();
     name_tcp(&mut namer, NS, "10.96.35.226:80", "10.244.1.14:3000", t0);
-    fake.set(NS, Err("nsenter not found".to_owned()));
+    fake.set(
+        NS,
+        Err("iptables-save, ip6tables-save, nft not found".to_owned()),
+    );
     let later = t0 + Duration::from_secs(60);
     assert_eq!(
         name_tcp(&mut namer, NS, "10.96.35.226:80", "10.244.1.14:3000", later),

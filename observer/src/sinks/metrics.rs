@@ -115,9 +115,11 @@ impl ServiceFamilies {
                 "gauge",
                 "The share of new connections kube-proxy's rules give the backend.",
             ),
+            // A summary of quantiles only: Prometheus reserves the `quantile` label for
+            // summaries (promtool's lint says so), and no sum or count is kept.
             lifetime: Family::new(
                 "observer_pinning_seconds",
-                "gauge",
+                "summary",
                 "How long connections stayed pinned to the backend (nearest-rank quantiles).",
             ),
             stale: Family::new(

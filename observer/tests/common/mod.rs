@@ -12,6 +12,8 @@ use std::{
 use observer::model::record::Recording;
 use observer_lab::Observer;
 
+pub mod empty_root;
+
 /// Root tests fail, never skip, without root: CI runs as root and must run them.
 pub fn require_root() {
     assert!(
@@ -41,8 +43,14 @@ impl Recorder {
             .arg("record")
             .arg("--output")
             .arg(&output)
-            .args(extra)
-            .stdout(Stdio::null());
+            .args(extra);
+        Recorder::spawn(command, output)
+    }
+
+    /// Starts `command` (an `observer record` writing to `output`) and waits for its
+    /// `attached` line.
+    pub fn spawn(mut command: Command, output: PathBuf) -> Recorder {
+        command.stdout(Stdio::null());
         let observer = Observer::start(command, true).expect("observer record attaches");
         Recorder { observer, output }
     }

@@ -332,7 +332,13 @@ impl Session {
         for warning in namer.take_warnings() {
             (self.warn)(warning);
         }
-        for service in namer.take_service_updates() {
+        for mut service in namer.take_service_updates() {
+            if let Some(pods) = self.pods.as_mut() {
+                let now = Instant::now();
+                for endpoint in &mut service.endpoints {
+                    endpoint.pod = pods.name(endpoint.addr.ip(), now);
+                }
+            }
             if let Some(log) = self.log.as_mut() {
                 log.service(&service)
                     .with_context(|| format!("cannot write the connection log to {}", log.name))?;

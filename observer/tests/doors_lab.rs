@@ -57,6 +57,21 @@ fn doors(topology: Topology, rules: RuleMode, tag: &str) {
         }
     }
 
+    // The Service line names every endpoint's pod, also those that got nothing.
+    let pods = lab.pod_names();
+    let line = recording
+        .services
+        .iter()
+        .rfind(|s| s.service == "shop/checkout:http")
+        .expect("a service line");
+    for endpoint in &line.endpoints {
+        let SocketAddr::V4(addr) = endpoint.addr else {
+            panic!("{endpoint:?}");
+        };
+        assert_eq!(endpoint.pod.as_ref(), pods.get(addr.ip()), "{endpoint:?}");
+    }
+    assert_eq!(line.endpoints.len(), 3);
+
     // What `observer summary` prints, for this lab's node only (other labs may run).
     let services = observer::stats::Aggregator::from_recording(&recording).services();
     let text =

@@ -153,6 +153,10 @@ pub struct EndpointShare {
     pub addr: SocketAddr,
     /// The iptables `--probability` waterfall multiplied out; 1/N in nftables mode.
     pub expected_share: f64,
+    /// `namespace/pod` of the endpoint when it is a pod on a node observer sees; left
+    /// out otherwise (so endpoints that got nothing are named too).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
 }
 
 /// A Service port as the node's rules define it, written once when a recording first
@@ -373,6 +377,22 @@ mod tests {
             );
         }
         assert_eq!(serde_json::to_string(&LogLine::Conn(conn)).unwrap(), line);
+    }
+
+    #[test]
+    fn endpoint_pods_are_written_only_when_known() {
+        let mut endpoint = EndpointShare {
+            addr: "10.244.1.12:8080".parse().unwrap(),
+            expected_share: 0.5,
+            pod: None,
+        };
+        let unnamed = r#"{"addr":"10.244.1.12:8080","expected_share":0.5}"#;
+        assert_eq!(serde_json::to_string(&endpoint).unwrap(), unnamed);
+        endpoint.pod = Some("shop/checkout-a".to_owned());
+        let named = r#"{"addr":"10.244.1.12:8080","expected_share":0.5,"pod":"shop/checkout-a"}"#;
+        assert_eq!(serde_json::to_string(&endpoint).unwrap(), named);
+        let back: EndpointShare = serde_json::from_str(named).unwrap();
+        assert_eq!(back, endpoint);
     }
 
     #[test]

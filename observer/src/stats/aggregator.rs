@@ -288,7 +288,11 @@ impl Aggregator {
                 let lifetime_ms = backend.and_then(|b| lifetime_percentiles(&b.lifetimes, exact));
                 BackendStats {
                     backend: addr,
-                    pod: backend.and_then(|b| b.pod.clone()),
+                    // From its connections, else from the rules' line for it.
+                    pod: backend.and_then(|b| b.pod.clone()).or_else(|| {
+                        rule.and_then(|r| r.endpoints.iter().find(|e| e.addr == addr))
+                            .and_then(|e| e.pod.clone())
+                    }),
                     connections: b.connections,
                     active: b.active,
                     requests: b.requests,

@@ -47,10 +47,18 @@ fn connections_are_counted_per_door_and_replaced_records_count_once() {
 #[test]
 fn backends_carry_the_pod_name_the_records_give() {
     let mut aggregator = Aggregator::default();
-    aggregator.add_service(&rules(
+    let mut service = rules(
         "shop/checkout:http",
-        &[("10.244.1.12:8080", 0.5), ("10.244.1.13:8080", 0.5)],
-    ));
+        &[
+            ("10.244.1.12:8080", 0.4),
+            ("10.244.1.13:8080", 0.3),
+            ("10.244.1.14:8080", 0.3),
+        ],
+    );
+    // The rules' line names an endpoint that got nothing, and one the records name too.
+    service.endpoints[0].pod = Some("shop/old-name".to_owned());
+    service.endpoints[1].pod = Some("shop/checkout-b".to_owned());
+    aggregator.add_service(&service);
     aggregator.apply(
         id(1),
         &via(None, "10.244.1.12:8080", Some("shop/checkout-a")),
@@ -63,5 +71,9 @@ fn backends_carry_the_pod_name_the_records_give() {
         .iter()
         .map(|b| b.pod.as_deref())
         .collect();
-    assert_eq!(pods, [Some("shop/checkout-a"), None]);
+    assert_eq!(
+        pods,
+        [Some("shop/checkout-a"), Some("shop/checkout-b"), None],
+        "records first, then the rules' line"
+    );
 }

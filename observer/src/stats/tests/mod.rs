@@ -57,6 +57,7 @@ pub(crate) fn rules(service: &str, endpoints: &[(&str, f64)]) -> ServiceRecord {
             .map(|(a, share)| EndpointShare {
                 addr: addr(a),
                 expected_share: *share,
+                pod: None,
             })
             .collect(),
         time: Utc.with_ymd_and_hms(2026, 8, 6, 13, 46, 30).unwrap(),

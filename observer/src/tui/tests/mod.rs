@@ -55,6 +55,7 @@ fn service(name: &str, cluster_ip: &str, pods: &[&str]) -> ServiceRecord {
             .map(|pod| EndpointShare {
                 addr: addr(pod),
                 expected_share: 1.0 / pods.len() as f64,
+                pod: None,
             })
             .collect(),
         time: t0(),

@@ -32,27 +32,6 @@ pub struct FlowTuple {
     pub _pad: u8,
 }
 
-/// `ConnState::flags` bits.
-pub mod flags {
-    /// `next_seq[ORIGINAL]` holds a sequence number.
-    pub const SEQ_KNOWN_ORIGINAL: u32 = 1 << 0;
-    /// `next_seq[REPLY]` holds a sequence number.
-    pub const SEQ_KNOWN_REPLY: u32 = 1 << 1;
-    pub const FIN_ORIGINAL: u32 = 1 << 2;
-    pub const FIN_REPLY: u32 = 1 << 3;
-    pub const RST: u32 = 1 << 4;
-    /// The latest payload came from the client (original direction).
-    pub const LAST_PAYLOAD_ORIGINAL: u32 = 1 << 5;
-    /// The latest payload came from the backend (reply direction).
-    pub const LAST_PAYLOAD_REPLY: u32 = 1 << 6;
-    /// The connection's first packet (conntrack `IP_CT_NEW`) was seen; when clear,
-    /// observer attached while the connection was already established.
-    pub const START_SEEN: u32 = 1 << 7;
-    /// A reply packet was forwarded by the node (seen on `net_dev_queue`): the reply
-    /// direction is accounted there, not at local delivery.
-    pub const REPLY_FORWARDED: u32 = 1 << 8;
-}
-
 /// Finds a connection by what its client dialed: the key of the `DIALED` map, which the
 /// local-delivery hook uses for replies to clients on the node itself (host network),
 /// whose replies are delivered locally and never forwarded.
@@ -86,30 +65,71 @@ pub const ORIGINAL: usize = 0;
 /// Index of the reply (backend -> client) direction in per-direction arrays.
 pub const REPLY: usize = 1;
 
+/// `ConnState::last_payload` values: which side sent the latest payload.
+pub const PAYLOAD_NONE: u8 = 0;
+pub const PAYLOAD_ORIGINAL: u8 = 1;
+pub const PAYLOAD_REPLY: u8 = 2;
+
+/// `ConnState::fins`: what one FIN of each direction adds. The two halves of one `u64`
+/// are updated with atomic adds, so both FINs are seen by whichever CPU adds last.
+pub const FIN_ORIGINAL_ADD: u64 = 1;
+pub const FIN_REPLY_ADD: u64 = 1 << 32;
+
 /// What the kernel keeps per DNATed connection, keyed by the `struct nf_conn` address.
+///
+/// Packets of one connection run on several CPUs at once (the client's on one, the
+/// backend's on another), so no update may read-modify-write a word another CPU
+/// writes: every flag is its own byte (a one-byte store cannot clobber a neighbour),
+/// per-direction fields are written only by packets of that direction, and the FIN
+/// counts, read by both directions, are atomic adds (`BPF_XADD`, kernel 5.10 has it).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ConnState {
     /// `bpf_ktime_get_ns()` of the first packet seen.
     pub start_ns: u64,
-    /// `bpf_ktime_get_ns()` of the latest packet seen.
+    /// `bpf_ktime_get_ns()` of the latest packet seen (one 8-byte store per packet).
     pub last_ns: u64,
     /// Payload bytes per direction (`ORIGINAL` = to the backend), each byte counted once.
     pub bytes: [u64; 2],
-    /// UDP de-duplication: `skb->head` of the latest datagram per direction. The same
-    /// packet passes `net_dev_queue` once per device (bridge, then bridge port).
-    pub last_head: [u64; 2],
+    /// UDP de-duplication: the device (`skb->dev`) where the first packet of each
+    /// direction was seen. A bridged packet passes two devices (bridge, then bridge
+    /// port) in the same order every time, so counting a datagram only on its
+    /// direction's first device counts every real datagram exactly once.
+    pub first_dev: [u64; 2],
+    /// FINs seen: low half from the client, high half from the backend (atomic adds
+    /// of `FIN_ORIGINAL_ADD` / `FIN_REPLY_ADD`).
+    pub fins: u64,
     /// Requests: the first client payload, then each client payload that follows
-    /// backend payload.
+    /// backend payload. Written by client packets only.
     pub requests: u32,
     /// Network namespace inode of the conntrack entry (`nf_conn.ct_net->ns.inum`).
     pub netns: u32,
     /// TCP: the sequence number after the highest payload byte seen, per direction.
     /// Duplicates and retransmissions do not advance it, so they are not counted.
     pub next_seq: [u32; 2],
-    /// `flags::*` bits.
-    pub flags: u32,
-    pub _pad: u32,
+    /// TCP: the client's initial sequence number (valid when `syn_seen`): a SYN with
+    /// another one on the same `nf_conn` is a new connection.
+    pub isn: u32,
+    /// `next_seq[dir]` holds a sequence number (0 or 1).
+    pub seq_known: [u8; 2],
+    /// A RST was seen (0 or 1).
+    pub rst: u8,
+    /// `PAYLOAD_*`: which side sent the latest payload.
+    pub last_payload: u8,
+    /// The connection's first packet (conntrack `IP_CT_NEW`) was seen (0 or 1); when 0,
+    /// observer attached while the connection was already established.
+    pub start_seen: u8,
+    /// A reply packet was forwarded by the node (seen on `net_dev_queue`): the reply
+    /// direction is accounted there, not at local delivery (0 or 1).
+    pub reply_forwarded: u8,
+    /// The client's SYN was seen and `isn` holds its sequence number (0 or 1).
+    pub syn_seen: u8,
+    /// A packet of the reply direction was accounted (0 or 1).
+    pub replied: u8,
+    /// `CLOSE_*` once the connection ended but its close event could not be written
+    /// (ring buffer full): user space writes the record from the table instead.
+    pub closed: u8,
+    pub _pad: [u8; 3],
     /// Client -> the address it dialed (ClusterIP:port, NodePort, ...).
     pub original: FlowTuple,
     /// Backend (pod IP:targetPort) -> client (or the SNAT address).
@@ -125,6 +145,9 @@ pub const EVENT_CLOSE: u32 = 2;
 pub const CLOSE_NONE: u32 = 0;
 pub const CLOSE_FIN: u32 = 1;
 pub const CLOSE_RST: u32 = 2;
+/// The conntrack entry is gone without FIN or RST (its memory or its tuple now belongs
+/// to a new connection).
+pub const CLOSE_EXPIRED: u32 = 3;
 
 /// A ring-buffer record. Every event carries the full state, so a close event whose
 /// open event was dropped still yields a complete connection record.
@@ -144,8 +167,8 @@ pub struct ConnEvent {
 
 const _: () = assert!(core::mem::size_of::<Endpoint>() == 20);
 const _: () = assert!(core::mem::size_of::<FlowTuple>() == 44);
-const _: () = assert!(core::mem::size_of::<ConnState>() == 160);
-const _: () = assert!(core::mem::size_of::<ConnEvent>() == 184);
+const _: () = assert!(core::mem::size_of::<ConnState>() == 176);
+const _: () = assert!(core::mem::size_of::<ConnEvent>() == 200);
 const _: () = assert!(core::mem::size_of::<DialedKey>() == 40);
 
 #[cfg(feature = "user")]

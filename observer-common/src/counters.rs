@@ -1,23 +1,20 @@
 //! Per-CPU counters the kernel programs keep (a `PerCpuArray<u64>` named `COUNTERS`).
+//! Each is touched once per connection or per failure, never per packet.
 
-/// Packets seen that belong to a DNATed conntrack entry.
-pub const PACKETS: u32 = 0;
-/// Events written to the ring buffer.
-pub const EVENTS_EMITTED: u32 = 1;
-/// Events lost because the ring buffer was full.
-pub const RINGBUF_DROPS: u32 = 2;
+/// Connections entered in the connection table (each yields exactly one record, or is
+/// counted in `LOST_CONNECTIONS`).
+pub const TRACKED: u32 = 0;
+/// Ring-buffer records not written because the ring buffer was full. No record is
+/// missing because of them: the connection stays in the table, whose entry user space
+/// turns into the record (an open event is only an early notice).
+pub const EVENTS_DROPPED: u32 = 1;
 /// Kernel memory reads (`bpf_probe_read_kernel`) that failed.
-pub const READ_ERRORS: u32 = 3;
-/// New connections not tracked because the connection table was full.
-pub const TABLE_FULL: u32 = 4;
+pub const READ_ERRORS: u32 = 2;
+/// DNAT decisions that will have no record because the connection table was full at
+/// the connection's first packet (counted once per connection; never in `TRACKED`).
+pub const LOST_TABLE_FULL: u32 = 3;
+/// Tracked connections that will have no record: they ended when they could neither
+/// be reported (ring buffer full) nor kept (their key was needed for a new connection).
+pub const LOST_UNREPORTED: u32 = 4;
 /// Number of counters.
 pub const COUNT: u32 = 5;
-
-/// Counter names, indexed like the constants above.
-pub const NAMES: [&str; COUNT as usize] = [
-    "packets",
-    "events_emitted",
-    "ringbuf_drops",
-    "read_errors",
-    "table_full",
-];

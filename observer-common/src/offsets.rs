@@ -10,6 +10,8 @@ pub struct KernelOffsets {
     pub skb_head: u32,
     pub skb_data: u32,
     pub skb_len: u32,
+    /// `struct sk_buff`: `dev` (struct net_device *)
+    pub skb_dev: u32,
     pub skb_network_header: u32,
     /// `struct nf_conn`: `tuplehash[0].tuple`
     pub ct_tuple_original: u32,
@@ -35,7 +37,7 @@ pub struct KernelOffsets {
     pub valid: u32,
 }
 
-const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 18 * 4);
+const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 19 * 4);
 
 /// `enum ip_conntrack_info` values (`skb->_nfct & 7`).
 pub mod ctinfo {

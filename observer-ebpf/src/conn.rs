@@ -1,65 +1,94 @@
-//! Per-connection accounting: bytes each way (each byte once), requests, TCP closing.
+//! Per-connection accounting: bytes each way (each byte once), requests, TCP closing,
+//! and ending a connection exactly once.
+//!
+//! A connection's packets run on several CPUs at once, so `ConnState` is never
+//! updated with a read-modify-write of a word another CPU writes (see its doc): fields
+//! are read and written one by one through `load!`/`store!` (volatile, so the compiler
+//! neither merges nor caches them), and the FIN counts are atomic adds.
 
+use aya_ebpf::maps::ring_buf::RingBufEntry;
 use observer_common::{
     conn::{
-        CLOSE_FIN, CLOSE_NONE, CLOSE_RST, ConnEvent, ConnState, DialedKey, EVENT_CLOSE, ORIGINAL,
-        PROTO_TCP, flags,
+        CLOSE_FIN, CLOSE_NONE, CLOSE_RST, ConnEvent, ConnState, DialedKey, EVENT_CLOSE,
+        FIN_ORIGINAL_ADD, FIN_REPLY_ADD, ORIGINAL, PAYLOAD_ORIGINAL, PAYLOAD_REPLY, PROTO_TCP,
+        REPLY,
     },
     counters,
 };
 
-use aya_ebpf::maps::ring_buf::RingBufEntry;
-
 use crate::{
-    maps::{CONNS, DIALED, EVENTS, count},
-    packet::{Packet, TCP_FIN, TCP_RST, TCP_SYN},
+    maps::{BPF_NOEXIST, CONNS, DIALED, EVENTS, atomic_add, count, count_lost},
+    packet::{Packet, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
 };
+
+/// Reads one field of a `*const/*mut ConnState`: `load!(state.field[index])`.
+macro_rules! load {
+    ($state:ident . $field:ident $([$index:expr])?) => {
+        // SAFETY: `$state` points at a live map value (or this CPU's scratch slot or a
+        // ring-buffer slot); the field is plain data, aligned within the repr(C) struct.
+        unsafe { core::ptr::read_volatile(&raw const (*$state).$field $([$index])?) }
+    };
+}
+
+/// Writes one field of a `*mut ConnState`: `store!(state.field[index], value)`. A store
+/// of a field's own width never touches its neighbours.
+macro_rules! store {
+    ($state:ident . $field:ident $([$index:expr])?, $value:expr) => {
+        let value = $value;
+        // SAFETY: as in `load!`; the pointer is writable (a map value or scratch slot).
+        unsafe { core::ptr::write_volatile(&raw mut (*$state).$field $([$index])?, value) }
+    };
+}
+
+pub(crate) use {load, store};
 
 /// Accounts one packet in direction `dir`; returns the `CLOSE_*` reason when the packet
 /// ends the connection.
 #[inline(always)]
-pub fn account(state: &mut ConnState, dir: usize, packet: &Packet, now: u64) -> u32 {
-    state.last_ns = now;
+pub fn account(state: *mut ConnState, dir: usize, packet: &Packet, now: u64) -> u32 {
     let dir = dir & 1;
+    store!(state.last_ns, now);
+    if dir == REPLY {
+        store!(state.replied, 1);
+    }
     let fresh = if packet.protocol == PROTO_TCP {
         fresh_tcp_bytes(state, dir, packet)
-    } else if state.last_head[dir] == packet.head {
-        // The same datagram passing a second device (bridge, then bridge port).
-        0
     } else {
-        state.last_head[dir] = packet.head;
-        packet.payload
+        fresh_udp_bytes(state, dir, packet)
     };
-
     if fresh > 0 {
-        state.bytes[dir] += fresh as u64;
+        // Per-direction fields: only packets of `dir` write them.
+        store!(state.bytes[dir], load!(state.bytes[dir]) + fresh as u64);
         if dir == ORIGINAL {
-            if state.flags & flags::LAST_PAYLOAD_ORIGINAL == 0 {
-                state.requests += 1;
+            if load!(state.last_payload) != PAYLOAD_ORIGINAL {
+                store!(state.requests, load!(state.requests) + 1);
             }
-            state.flags = (state.flags & !flags::LAST_PAYLOAD_REPLY) | flags::LAST_PAYLOAD_ORIGINAL;
+            store!(state.last_payload, PAYLOAD_ORIGINAL);
         } else {
-            state.flags = (state.flags & !flags::LAST_PAYLOAD_ORIGINAL) | flags::LAST_PAYLOAD_REPLY;
+            store!(state.last_payload, PAYLOAD_REPLY);
         }
     }
-
     if packet.protocol != PROTO_TCP {
         return CLOSE_NONE;
     }
     if packet.tcp_flags & TCP_RST != 0 {
-        state.flags |= flags::RST;
+        store!(state.rst, 1);
         return CLOSE_RST;
     }
-    if packet.tcp_flags & TCP_FIN != 0 {
-        state.flags |= if dir == ORIGINAL {
-            flags::FIN_ORIGINAL
-        } else {
-            flags::FIN_REPLY
-        };
+    if packet.tcp_flags & TCP_FIN == 0 {
+        return CLOSE_NONE;
     }
-    if state.flags & (flags::FIN_ORIGINAL | flags::FIN_REPLY)
-        == flags::FIN_ORIGINAL | flags::FIN_REPLY
-    {
+    let add = if dir == ORIGINAL {
+        FIN_ORIGINAL_ADD
+    } else {
+        FIN_REPLY_ADD
+    };
+    // Adds to one word are ordered (and a plain load after this CPU's add sees it or
+    // later), so the CPU that adds the second direction's FIN reads both halves set.
+    // SAFETY: `fins` is aligned in a live map value or scratch slot.
+    atomic_add(unsafe { &raw mut (*state).fins }, add);
+    let seen = load!(state.fins);
+    if seen as u32 != 0 && (seen >> 32) != 0 {
         CLOSE_FIN
     } else {
         CLOSE_NONE
@@ -70,22 +99,25 @@ pub fn account(state: &mut ConnState, dir: usize, packet: &Packet, now: u64) -> 
 /// this direction. Duplicates (one packet seen on two devices) and retransmissions add
 /// nothing, so every byte is counted once.
 #[inline(always)]
-fn fresh_tcp_bytes(state: &mut ConnState, dir: usize, packet: &Packet) -> u32 {
-    let known = if dir == ORIGINAL {
-        flags::SEQ_KNOWN_ORIGINAL
-    } else {
-        flags::SEQ_KNOWN_REPLY
-    };
-    if state.flags & known == 0 {
-        state.flags |= known;
+fn fresh_tcp_bytes(state: *mut ConnState, dir: usize, packet: &Packet) -> u32 {
+    if dir == ORIGINAL
+        && packet.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN
+        && load!(state.syn_seen) == 0
+    {
+        store!(state.isn, packet.seq);
+        store!(state.syn_seen, 1);
+    }
+    if load!(state.seq_known[dir]) == 0 {
+        store!(state.seq_known[dir], 1);
         // A SYN consumes one sequence number before the first payload byte.
-        state.next_seq[dir] = if packet.tcp_flags & TCP_SYN != 0 {
+        let first = if packet.tcp_flags & TCP_SYN != 0 {
             packet.seq.wrapping_add(1)
         } else {
             packet.seq
         };
+        store!(state.next_seq[dir], first);
     }
-    let next = state.next_seq[dir];
+    let next = load!(state.next_seq[dir]);
     let end = packet.seq.wrapping_add(packet.payload);
     // Serial-number arithmetic (RFC 1982): correct across sequence wrap.
     if (end.wrapping_sub(next) as i32) <= 0 {
@@ -96,8 +128,24 @@ fn fresh_tcp_bytes(state: &mut ConnState, dir: usize, packet: &Packet) -> u32 {
     } else {
         next
     };
-    state.next_seq[dir] = end;
+    store!(state.next_seq[dir], end);
     end.wrapping_sub(start)
+}
+
+/// UDP payload bytes of `packet`, counted only on the first device its direction was
+/// seen on. A bridged datagram passes the bridge, then the bridge port: the same devices
+/// in the same order for every datagram of a direction. So the second pass is never
+/// counted, and a real datagram can never look like a duplicate (unlike matching a
+/// per-packet value such as `skb->head`, which the kernel recycles).
+#[inline(always)]
+fn fresh_udp_bytes(state: *mut ConnState, dir: usize, packet: &Packet) -> u32 {
+    let first = load!(state.first_dev[dir]);
+    if first == 0 {
+        store!(state.first_dev[dir], packet.dev);
+    } else if first != packet.dev {
+        return 0;
+    }
+    packet.payload
 }
 
 /// `bpf_ringbuf_submit` flags and `bpf_ringbuf_query` selector.
@@ -105,8 +153,8 @@ const BPF_RB_NO_WAKEUP: u64 = 1;
 const BPF_RB_FORCE_WAKEUP: u64 = 2;
 const BPF_RB_AVAIL_DATA: u64 = 0;
 /// User space drains the ring buffer every few milliseconds anyway; it is woken early
-/// only when this much is waiting (an eighth of the ring), so a busy node does not cost
-/// a wake-up per event.
+/// only when this much is waiting (an eighth of the default ring), so a busy node does
+/// not cost a wake-up per event.
 const WAKEUP_BYTES: u64 = 512 * 1024;
 
 #[inline(always)]
@@ -140,16 +188,16 @@ fn fill(
     }
 }
 
-/// Writes an event carrying a copy of `state`; a full ring buffer is counted.
+/// Writes an event carrying a copy of `state`. A full ring buffer is counted: the
+/// connection is still in the table, so its record is not lost.
 #[inline(always)]
 pub fn emit(kind: u32, close: u32, conntrack: u64, state: *const ConnState, now: u64) {
     match EVENTS.reserve::<ConnEvent>(0) {
         Some(mut entry) => {
             fill(&mut entry, kind, close, conntrack, state, now);
             entry.submit(submit_flags());
-            count(counters::EVENTS_EMITTED);
         }
-        None => count(counters::RINGBUF_DROPS),
+        None => count(counters::EVENTS_DROPPED),
     }
 }
 
@@ -161,41 +209,85 @@ pub fn remember_dialed(conntrack: u64, state: &ConnState) {
     let _ = DIALED.insert(&DialedKey::of(&state.original), &conntrack, BPF_NOEXIST);
 }
 
-/// Removes the `DIALED` entry of a closing connection, if it is its own.
+/// Removes a `DIALED` entry, if it is `conntrack`'s.
 #[inline(always)]
-fn forget_dialed(conntrack: u64, state: *const ConnState) {
-    // SAFETY: `state` points at a live map value or a ring-buffer copy.
-    let key = DialedKey::of(unsafe { &(*state).original });
-    if DIALED.get_ptr(&key).is_some_and(|owner| {
+fn forget_dialed(conntrack: u64, key: &DialedKey) {
+    if DIALED.get_ptr(key).is_some_and(|owner| {
         // SAFETY: a live map value.
         unsafe { *owner == conntrack }
     }) {
-        let _ = DIALED.remove(&key);
+        let _ = DIALED.remove(key);
     }
 }
 
-/// `bpf_map_update_elem` flag: fail if the key exists.
-pub const BPF_NOEXIST: u64 = 1;
-
 /// Ends a tracked connection: reports it and removes its entry. Only the CPU whose
-/// removal succeeds reports, so a connection is closed exactly once.
+/// removal succeeds reports, so a connection is closed exactly once. With the ring
+/// buffer full the entry stays, marked `closed`: user space's next sweep removes it
+/// and writes the record (a later packet of the connection retries the report).
 #[inline(always)]
-pub fn close(conntrack: u64, state: *const ConnState, reason: u32, now: u64) {
-    forget_dialed(conntrack, state);
-    match EVENTS.reserve::<ConnEvent>(0) {
-        Some(mut entry) => {
-            fill(&mut entry, EVENT_CLOSE, reason, conntrack, state, now);
-            if CONNS.remove(&conntrack).is_ok() {
-                entry.submit(submit_flags());
-                count(counters::EVENTS_EMITTED);
-            } else {
-                entry.discard(0);
-            }
-        }
-        None => {
-            if CONNS.remove(&conntrack).is_ok() {
-                count(counters::RINGBUF_DROPS);
-            }
-        }
+pub fn close(conntrack: u64, state: *mut ConnState, reason: u32, now: u64) {
+    if !report(conntrack, state, reason, now) {
+        store!(state.closed, reason as u8);
+        count(counters::EVENTS_DROPPED);
     }
+}
+
+/// Ends a tracked connection now, because its key is needed for a new connection
+/// (the kernel reused the `nf_conn`). With the ring buffer full it cannot wait for
+/// user space: it is counted as a lost connection.
+#[inline(always)]
+pub fn end_now(conntrack: u64, state: *mut ConnState, reason: u32, now: u64) {
+    if report(conntrack, state, reason, now) {
+        return;
+    }
+    // SAFETY: a live map value; read before the removal frees it.
+    let key = DialedKey::of(unsafe { &(*state).original });
+    let netns = load!(state.netns);
+    if CONNS.remove(&conntrack).is_ok() {
+        forget_dialed(conntrack, &key);
+        count(counters::EVENTS_DROPPED);
+        count_lost(counters::LOST_UNREPORTED, netns);
+    }
+}
+
+/// Writes the close event and removes the entry if this CPU removes it first; false
+/// when the ring buffer is full (nothing changed).
+#[inline(always)]
+fn report(conntrack: u64, state: *mut ConnState, reason: u32, now: u64) -> bool {
+    let Some(mut entry) = EVENTS.reserve::<ConnEvent>(0) else {
+        return false;
+    };
+    // Copied before the removal: a removed element may be reused at once.
+    fill(&mut entry, EVENT_CLOSE, reason, conntrack, state, now);
+    // SAFETY: as above.
+    let key = DialedKey::of(unsafe { &(*state).original });
+    if CONNS.remove(&conntrack).is_ok() {
+        forget_dialed(conntrack, &key);
+        entry.submit(submit_flags());
+    } else {
+        entry.discard(0);
+    }
+    true
+}
+
+/// What distinguishes one connection from an earlier one on the same `nf_conn` in the
+/// `LOST` map: its tuple's ports and client address, or, for a TCP SYN, the client's
+/// initial sequence number (the same in a retransmitted SYN).
+#[inline(always)]
+pub fn lost_identity(state: &ConnState, packet: &Packet) -> u64 {
+    let ports = ((state.original.src.port as u64) << 48) | ((state.original.dst.port as u64) << 32);
+    let low = if packet.protocol == PROTO_TCP && packet.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN {
+        packet.seq
+    } else {
+        let a = state.original.src.addr;
+        u32::from_ne_bytes([a[0], a[1], a[2], a[3]])
+    };
+    ports | low as u64
+}
+
+/// The `CLOSE_*` reason of a connection that ended while the ring buffer was full and
+/// awaits user space (`CLOSE_NONE` for a live connection).
+#[inline(always)]
+pub fn pending_close(state: *const ConnState) -> u32 {
+    load!(state.closed) as u32
 }

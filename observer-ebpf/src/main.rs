@@ -7,6 +7,9 @@
 //! `hooks/` (one file per hook family).
 #![no_std]
 #![no_main]
+// Atomic adds (`conn::account`): core's atomic types lack them on the BPF target.
+#![allow(internal_features)]
+#![feature(core_intrinsics)]
 
 mod conn;
 mod hooks;

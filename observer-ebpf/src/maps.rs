@@ -1,8 +1,10 @@
 //! Maps shared with user space, and the offsets global it fills in before load.
 
+use core::intrinsics::{AtomicOrdering, atomic_xadd};
+
 use aya_ebpf::{
     macros::map,
-    maps::{HashMap, PerCpuArray, RingBuf},
+    maps::{HashMap, LruHashMap, PerCpuArray, RingBuf},
 };
 use observer_common::{
     conn::{ConnState, DialedKey},
@@ -19,6 +21,7 @@ static OFFSETS: KernelOffsets = KernelOffsets {
     skb_head: 0,
     skb_data: 0,
     skb_len: 0,
+    skb_dev: 0,
     skb_network_header: 0,
     ct_tuple_original: 0,
     ct_tuple_reply: 0,
@@ -53,6 +56,16 @@ pub static CONNS: HashMap<u64, ConnState> = HashMap::with_max_entries(65536, 0);
 #[map]
 pub static DIALED: HashMap<DialedKey, u64> = HashMap::with_max_entries(65536, 0);
 
+/// Connections lost because `CONNS` was full, by `nf_conn` address, with the identity
+/// of the connection (`conn::lost_identity`): every packet of a connection that does
+/// not fit finds the table full, but the connection is counted lost once.
+#[map]
+pub static LOST: LruHashMap<u64, u64> = LruHashMap::with_max_entries(16384, 0);
+
+/// Lost connections (both kinds) per network namespace inode: which node lost them.
+#[map]
+pub static LOST_BY_NETNS: HashMap<u32, u64> = HashMap::with_max_entries(4096, 0);
+
 /// Open and close events for user space.
 #[map]
 pub static EVENTS: RingBuf = RingBuf::with_byte_size(4 * 1024 * 1024, 0);
@@ -66,7 +79,33 @@ pub static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counters::
 #[map]
 pub static SCRATCH: PerCpuArray<ConnState> = PerCpuArray::with_max_entries(1, 0);
 
-/// Adds one to a per-CPU counter.
+/// Counts a lost connection of namespace `netns` in `counter` and in `LOST_BY_NETNS`.
+#[inline(always)]
+pub fn count_lost(counter: u32, netns: u32) {
+    count(counter);
+    // Whichever CPU creates the slot, every CPU then adds to it.
+    let _ = LOST_BY_NETNS.insert(&netns, &0, BPF_NOEXIST);
+    if let Some(lost) = LOST_BY_NETNS.get_ptr_mut(&netns) {
+        atomic_add(lost, 1);
+    }
+}
+
+/// `bpf_map_update_elem` flag: fail if the key exists.
+pub const BPF_NOEXIST: u64 = 1;
+
+/// Adds to a u64 shared between CPUs. `core::sync::atomic` has no read-modify-write on
+/// the BPF target, hence the intrinsic; its result unused, it compiles to BPF_XADD
+/// (kernel 5.10 has it; fetching adds need 5.12).
+#[inline(always)]
+pub fn atomic_add(target: *mut u64, value: u64) {
+    // SAFETY: `target` is an aligned u64 in a map value or scratch slot, written only by
+    // atomic adds.
+    unsafe {
+        atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(target, value);
+    }
+}
+
+/// Adds one to a per-CPU counter (once per connection or failure, never per packet).
 #[inline(always)]
 pub fn count(index: u32) {
     if let Some(counter) = COUNTERS.get_ptr_mut(index) {

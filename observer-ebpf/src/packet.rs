@@ -10,6 +10,7 @@ use crate::kernel::{ReadFailed, read};
 pub const TCP_FIN: u8 = 0x01;
 pub const TCP_SYN: u8 = 0x02;
 pub const TCP_RST: u8 = 0x04;
+pub const TCP_ACK: u8 = 0x10;
 
 pub struct Packet {
     /// `PROTO_TCP` or `PROTO_UDP`.
@@ -20,8 +21,8 @@ pub struct Packet {
     pub seq: u32,
     /// Transport payload bytes in this skb (a GSO skb carries many segments).
     pub payload: u32,
-    /// `skb->head`: the same for every pass of one packet through the stack.
-    pub head: u64,
+    /// `skb->dev`: the device about to transmit it (0 at local delivery).
+    pub dev: u64,
 }
 
 /// Parses an IPv4 or IPv6 TCP/UDP packet; `Ok(None)` for anything else.
@@ -30,6 +31,7 @@ pub fn parse(skb: u64, off: &KernelOffsets) -> Result<Option<Packet>, ReadFailed
     let head: u64 = read(skb, off.skb_head)?;
     let data: u64 = read(skb, off.skb_data)?;
     let len: u32 = read(skb, off.skb_len)?;
+    let dev: u64 = read(skb, off.skb_dev)?;
     let network_header: u16 = read(skb, off.skb_network_header)?;
     let ip = head + network_header as u64;
     // Bytes in front of the IP header that `skb->len` counts (the L2 header here).
@@ -54,7 +56,7 @@ pub fn parse(skb: u64, off: &KernelOffsets) -> Result<Option<Packet>, ReadFailed
                 tcp_flags: header[13],
                 seq,
                 payload: len.saturating_sub(before_transport + data_offset),
-                head,
+                dev,
             }))
         }
         PROTO_UDP => Ok(Some(Packet {
@@ -62,7 +64,7 @@ pub fn parse(skb: u64, off: &KernelOffsets) -> Result<Option<Packet>, ReadFailed
             tcp_flags: 0,
             seq: 0,
             payload: len.saturating_sub(before_transport + 8),
-            head,
+            dev,
         })),
         _ => Ok(None),
     }

@@ -2,6 +2,8 @@
 //!
 //! The tree follows the data:
 //! - [`kernel`]: BTF offsets, loading and attaching the programs, decoding their events.
+//! - [`conntrack`]: conntrack's own view through ctnetlink: a dump of its entries at start,
+//!   its destroy events (connections it removed end `expired`), its NEW events (`verify`).
 //! - [`model`]: the connection-log schema, the tracker that turns events into records,
 //!   and the updates the pipeline hands on. [`pipeline`] runs kernel -> model -> naming -> sinks.
 //! - [`naming`]: kube-proxy's rules (iptables-save, nft JSON) read per network namespace.
@@ -10,11 +12,13 @@
 //! - [`cli`]: every subcommand's arguments and entry point, and the exit-code convention.
 //!
 //! Pure, unit-tested without root: `model`, `naming` (but its `source`), `stats`, `sinks`
-//! (but `serve`), `tui` (but `run`), `kernel::{btf, offsets, decode}`. The edges that touch
-//! the kernel, the terminal, the network or the node's tools: `kernel::capture`,
-//! `pipeline`, `sinks::serve`, `naming::source`, `tui::run`, `cli`.
+//! (but `serve`), `tui` (but `run`), `kernel::{btf, offsets, decode}`, `conntrack::parse`.
+//! The edges that touch the kernel, the terminal, the network or the node's tools:
+//! `kernel::capture`, `conntrack::{socket, listener}`, `pipeline`, `sinks::serve`,
+//! `naming::source`, `tui::run`, `cli`.
 
 pub mod cli;
+pub mod conntrack;
 pub mod kernel;
 pub mod model;
 pub mod naming;

@@ -8,11 +8,15 @@ use std::{
 
 use anyhow::Context as _;
 use chrono::Utc;
-use observer_common::conn::ConnEvent;
+use observer_common::conn::{ConnEvent, ConnState, EVENT_CLOSE};
 use tokio::sync::mpsc;
 
+mod follow;
+
+use crate::conntrack::listener::Note;
 use crate::kernel::capture::Capture;
-use crate::model::record::{ConnRecord, SummaryRecord};
+use crate::model::ctview::{CtKey, Destroyed, destroyed_close};
+use crate::model::record::{Close, ConnRecord, SummaryRecord};
 use crate::model::tracker::{Clock, Tracker};
 use crate::model::update::{CaptureStats, ConnId, Update};
 use crate::naming::pod_source::PodNamer;
@@ -44,6 +48,8 @@ pub struct SessionOptions {
     pub pods: Option<PodNamer>,
     /// Where warnings go (e.g. rules that cannot be read): once each.
     pub warn: Box<dyn FnMut(String) + Send>,
+    /// conntrack's own entries (found at start) and destroy events (while running).
+    pub conntrack: Option<ConntrackStart>,
 }
 
 /// The kernel's monotonic clock (what `bpf_ktime_get_ns` reads), in nanoseconds.
@@ -64,10 +70,16 @@ struct Session {
     netns_seen: std::collections::HashSet<u32>,
     /// Finished connections waiting (briefly) for their rules to be read.
     held: Hold<ConnId>,
+    follower: Option<follow::Follower>,
+    idle_timeout_ns: u64,
     /// Final records and Service definitions the live view has not taken yet: they are
     /// never dropped (progress updates are, the next sweep repeats them).
     pending: std::collections::VecDeque<Update>,
+    /// Ring-buffer records that could not be decoded (never seen: the sizes are
+    /// asserted on both sides).
     malformed: u64,
+    /// Final records that could not be made (an unknown protocol): lost connections.
+    unrecordable: u64,
     events: u64,
 }
 
@@ -93,8 +105,11 @@ pub async fn run(
         warn: options.warn,
         netns_seen: Default::default(),
         held: Hold::new(NAME_WAIT, FIRST_NAME_WAIT),
+        follower: None,
+        idle_timeout_ns: options.idle_timeout.as_nanos() as u64,
         pending: Default::default(),
         malformed: 0,
+        unrecordable: 0,
         events: 0,
     };
     // The kernel wakes user space only when a lot is waiting (see observer-ebpf's
@@ -103,10 +118,14 @@ pub async fn run(
     drain.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut sweep = tokio::time::interval(options.sweep_interval);
     sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    if let Some(conntrack) = options.conntrack {
+        session.start_following(conntrack);
+    }
     tokio::pin!(stop);
     loop {
         tokio::select! {
             () = &mut stop => break,
+            note = next_note(&mut session.follower) => session.on_conntrack(note)?,
             ready = session.capture.wait_for_events() => {
                 ready.context("cannot poll the kernel's ring buffer")?;
                 session.drain()?;
@@ -118,21 +137,30 @@ pub async fn run(
     session.capture.detach();
     session.drain()?;
     let now = monotonic_ns();
-    for (id, record) in session
-        .tracker
-        .finish(&session.capture.connections(), now)
-        .into_iter()
-        .flatten()
-    {
+    for result in session.tracker.finish(&session.capture.connections(), now) {
+        match result {
+            Ok((id, record)) => session.finished(id, record)?,
+            Err(_) => session.unrecordable += 1,
+        }
+    }
+    let found = session.follower.as_mut().map(|f| f.view.finish(Utc::now()));
+    for (id, record) in found.into_iter().flatten() {
         session.finished(id, record)?;
     }
     session.release_held_at_end()?;
-    let counters = session.capture.counters();
+    let stats = session.stats();
     let summary = SummaryRecord {
         connections: session.log.as_ref().map_or(0, LogWriter::connections),
-        dnat_events: session.tracker.dnat_events(),
-        lost_events: counters.lost() + session.malformed,
-        read_errors: counters.read_errors,
+        dnat_events: stats.dnat_events,
+        lost_connections: stats.lost_connections,
+        lost_by_netns: session
+            .capture
+            .lost_by_netns()
+            .into_iter()
+            .map(|(netns, lost)| (netns.to_string(), lost))
+            .collect(),
+        lost_events: stats.lost_events,
+        read_errors: stats.read_errors,
         started,
         ended: Utc::now(),
     };
@@ -149,28 +177,41 @@ impl Session {
         self.malformed += self.capture.drain_events(&mut events);
         self.events += events.len() as u64;
         for event in &events {
+            if let Some(follower) = self.follower.as_mut() {
+                follower.view.on_kernel_event(event);
+                follower.watch(event.state.netns);
+            }
             match self.tracker.on_event(event) {
                 Ok((id, record)) if record.end.is_some() => self.finished(id, record)?,
                 Ok((id, record)) => self.progress(id, record),
-                Err(_) => self.malformed += 1,
+                Err(_) if event.kind == EVENT_CLOSE => self.unrecordable += 1,
+                Err(_) => {}
             }
         }
+        self.end_superseded()?;
         self.release_held()
     }
 
     fn sweep(&mut self) -> anyhow::Result<()> {
         let entries = self.capture.connections();
         let sweep = self.tracker.sweep(&entries, monotonic_ns());
+        let checked = self.follower.as_mut().map(|follower| {
+            follower.view.on_sweep(&entries);
+            (follower.check(Utc::now()), follower.take_warnings())
+        });
+        let (checked, warnings) = checked.unwrap_or_default();
+        for warning in warnings {
+            (self.warn)(warning);
+        }
+        for (id, record) in checked {
+            self.finished(id, record)?;
+        }
+        self.end_superseded()?;
         for (id, record) in sweep.progress {
             self.progress(id, record);
         }
-        for (conntrack, state) in sweep.idle {
-            // When the kernel removed it first, its close event is on the way.
-            if self.capture.remove(conntrack, &state)
-                && let Ok((id, record)) = self.tracker.expired(conntrack, &state)
-            {
-                self.finished(id, record)?;
-            }
+        for (conntrack, state, close) in sweep.ended {
+            self.end(conntrack, &state, close)?;
         }
         self.release_held()?;
         if let Some(log) = self.log.as_mut() {
@@ -182,12 +223,31 @@ impl Session {
         Ok(())
     }
 
+    /// Ends a tracked connection from user space: removes it from the kernel tables and
+    /// writes its final record with `close`. When the kernel removed it first, its
+    /// close event is on the way and nothing is written here (exactly once).
+    pub fn end(&mut self, conntrack: u64, state: &ConnState, close: Close) -> anyhow::Result<()> {
+        if !self.capture.remove(conntrack, state) {
+            return Ok(());
+        }
+        match self.tracker.end(conntrack, state, close) {
+            Ok((id, record)) => self.finished(id, record),
+            Err(_) => {
+                self.unrecordable += 1;
+                Ok(())
+            }
+        }
+    }
+
     fn stats(&self) -> CaptureStats {
         let counters = self.capture.counters();
+        let lost_connections =
+            counters.lost_table_full + counters.lost_unreported + self.unrecordable;
         CaptureStats {
             events: self.events,
-            dnat_events: self.tracker.dnat_events(),
-            lost_events: counters.lost() + self.malformed,
+            dnat_events: counters.tracked + counters.lost_table_full,
+            lost_connections,
+            lost_events: counters.events_dropped + self.malformed,
             read_errors: counters.read_errors,
             hooks_attached: self.capture.hooks_attached(),
             netns_seen: self.netns_seen.len() as u32,
@@ -196,7 +256,11 @@ impl Session {
         }
     }
 
-    fn progress(&mut self, id: ConnId, mut record: ConnRecord) {
+    fn progress(&mut self, id: ConnId, record: ConnRecord) {
+        let (id, mut record) = match self.follower.as_mut() {
+            Some(follower) => follower.view.rewrite(id, record),
+            None => (id, record),
+        };
         // Only the live view shows connections before they end.
         if self.updates.is_none() {
             self.netns_seen.insert(record.netns);
@@ -221,7 +285,11 @@ impl Session {
 
     /// Names a finished connection and writes it, or holds it while the rules its name
     /// depends on are being read.
-    fn finished(&mut self, id: ConnId, mut record: ConnRecord) -> anyhow::Result<()> {
+    fn finished(&mut self, id: ConnId, record: ConnRecord) -> anyhow::Result<()> {
+        let (id, mut record) = match self.follower.as_mut() {
+            Some(follower) => follower.view.rewrite(id, record),
+            None => (id, record),
+        };
         let wait_for = self.name(&mut record)?;
         match self.held.push(id, record, wait_for, Instant::now()) {
             Some((id, record)) => self.write(id, record),
@@ -375,5 +443,149 @@ impl Session {
                 }
             }
         }
+    }
+}
+
+/// The next note of the conntrack follower; pending forever without one.
+async fn next_note(follower: &mut Option<follow::Follower>) -> Note {
+    match follower {
+        Some(follower) => follower.next().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// conntrack followed from before a session starts: its destroy events are subscribed
+/// to and its DNATed entries read.
+pub struct ConntrackStart {
+    follower: follow::Follower,
+    found: Vec<(ConnId, ConnRecord)>,
+}
+
+/// Subscribes to conntrack's destroy events and reads its DNATed entries in every
+/// namespace: call it before saying that recording has started.
+pub fn follow_conntrack() -> ConntrackStart {
+    let (follower, found) = follow::Follower::start(Utc::now());
+    ConntrackStart { follower, found }
+}
+
+impl Session {
+    /// Connections that began before observer, and conntrack's destroy events from now on.
+    fn start_following(&mut self, start: ConntrackStart) {
+        let ConntrackStart {
+            mut follower,
+            found,
+        } = start;
+        for warning in follower.take_warnings() {
+            (self.warn)(warning);
+        }
+        self.follower = Some(follower);
+        for (id, record) in found {
+            self.progress(id, record);
+        }
+    }
+
+    /// conntrack's notes: the first and any already waiting, after the ring buffer (an
+    /// open event still in it must be known before a destroy is matched).
+    fn on_conntrack(&mut self, first: Note) -> anyhow::Result<()> {
+        let mut notes = vec![first];
+        if let Some(follower) = self.follower.as_mut() {
+            notes.extend(follower.ready());
+        }
+        self.drain()?;
+        for note in notes {
+            self.conntrack_note(note)?;
+        }
+        Ok(())
+    }
+
+    /// Ends kernel connections a newer entry with the same tuple replaced (their close
+    /// was missed): `expired` at their last packet.
+    fn end_superseded(&mut self) -> anyhow::Result<()> {
+        let Some(follower) = self.follower.as_mut() else {
+            return Ok(());
+        };
+        for (conntrack, key) in follower.view.take_superseded() {
+            self.end_kernel(conntrack, &key, |state| (Close::Expired, state.last_ns))?;
+        }
+        Ok(())
+    }
+
+    /// Removes the kernel connection at `conntrack` if it still is `key`'s, and records
+    /// it with the close and end `how` gives; nothing when the kernel ended it first.
+    fn end_kernel(
+        &mut self,
+        conntrack: u64,
+        key: &CtKey,
+        how: impl FnOnce(&ConnState) -> (Close, u64),
+    ) -> anyhow::Result<()> {
+        if let Some(state) = self.capture.connection(conntrack)
+            && CtKey::of_state(&state) == *key
+            && self.capture.remove(conntrack, &state)
+        {
+            let (close, until) = how(&state);
+            match self.tracker.ended(conntrack, &state, close, until) {
+                Ok((id, record)) => self.finished(id, record)?,
+                Err(_) => self.malformed += 1,
+            }
+        }
+        Ok(())
+    }
+
+    /// After destroy events were lost: ends the kernel connections of `netns` whose
+    /// conntrack entry is gone, as if their destroy event had come now.
+    fn revalidate(&mut self, netns: u32) -> anyhow::Result<()> {
+        let Some(follower) = self.follower.as_mut() else {
+            return Ok(());
+        };
+        let gone: Vec<(u64, CtKey)> = follower
+            .view
+            .kernel_connections(netns)
+            .into_iter()
+            .filter(|(_, key)| !follower.still_there(key))
+            .collect();
+        let (now, idle) = (monotonic_ns(), self.idle_timeout_ns);
+        for (conntrack, key) in gone {
+            self.end_kernel(conntrack, &key, |state| destroyed_close(state, now, idle))?;
+        }
+        Ok(())
+    }
+
+    fn conntrack_note(&mut self, note: Note) -> anyhow::Result<()> {
+        let Some(follower) = self.follower.as_mut() else {
+            return Ok(());
+        };
+        let key = match &note {
+            Note::Overrun { netns } => {
+                follower.overruns += 1;
+                let overruns = follower.overruns;
+                (self.warn)(format!(
+                    "conntrack's destroy events in netns {netns} overflowed observer's buffer ({overruns} time(s) so far): asking conntrack about each connection there instead"
+                ));
+                let netns = *netns;
+                return self.revalidate(netns);
+            }
+            Note::Failed { netns, error } => {
+                let warning = format!("stopped following conntrack in netns {netns}: {error}");
+                (self.warn)(warning);
+                return Ok(());
+            }
+            _ => match follow::destroyed_key(&note) {
+                Some(key) => key,
+                None => return Ok(()),
+            },
+        };
+        if !follower.view.follows(&key) || follower.still_there(&key) {
+            return Ok(());
+        }
+        match follower.view.destroyed(&key, Utc::now()) {
+            Destroyed::Found(id, record) => self.finished(id, record)?,
+            Destroyed::Kernel(conntrack) => {
+                // Unless the kernel programs ended it first (FIN/RST wins).
+                let (now, idle) = (monotonic_ns(), self.idle_timeout_ns);
+                self.end_kernel(conntrack, &key, |state| destroyed_close(state, now, idle))?;
+            }
+            Destroyed::Unknown => {}
+        }
+        Ok(())
     }
 }

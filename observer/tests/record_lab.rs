@@ -64,6 +64,7 @@ fn scenario(topology: Topology, rules: RuleMode, tag: &str) {
 
     let summary = recording.summary.clone().expect("a summary line");
     assert_eq!(summary.lost_events, 0, "lost events");
+    assert_eq!(summary.lost_connections, 0, "lost connections");
     assert_eq!(summary.read_errors, 0, "failed kernel reads");
     assert_eq!(summary.connections, recording.conns.len() as u64);
     only_node(&mut recording, lab.node_ns());

@@ -156,7 +156,7 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
         let report = load(0)?;
         let summary = recorder.stop()?;
         with.push(report.rate());
-        lost_at_max.push(summary.lost_events);
+        lost_at_max.push(summary.lost_connections);
     }
     let (without_median, with_median) = (median(&mut without), median(&mut with));
     println!("unthrottled            conns/s (median)   runs");
@@ -173,14 +173,14 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
         with_median / without_median
     );
     println!(
-        "  lost events with observer at full speed: {}",
+        "  lost connections with observer at full speed: {}",
         list_u64(&lost_at_max)
     );
     println!();
 
     println!("loss ramp (observer attached)");
     println!(
-        "  offered/s  achieved/s  connections  dnat_events  recorded  lost_events  observer CPU µs/conn"
+        "  offered/s  achieved/s  connections  dnat_events  recorded  lost_connections  lost_events  observer CPU µs/conn"
     );
     let mut highest_lossless = None;
     for &rate in &args.rates {
@@ -189,22 +189,23 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
         let report = load(rate)?;
         let summary = recorder.stop()?;
         println!(
-            "  {rate:>9}  {:>10.0}  {:>11}  {:>11}  {:>8}  {:>11}  {:>20.1}",
+            "  {rate:>9}  {:>10.0}  {:>11}  {:>11}  {:>8}  {:>16}  {:>11}  {:>20.1}",
             report.rate(),
             report.connected,
             summary.dnat_events,
             summary.connections,
+            summary.lost_connections,
             summary.lost_events,
             summary.cpu_seconds * 1e6 / summary.connections.max(1) as f64
         );
-        if summary.lost_events == 0 && summary.connections >= report.connected {
+        if summary.lost_connections == 0 && summary.connections >= report.connected {
             highest_lossless = Some(report.rate());
         }
         let _ = std::fs::remove_dir_all(&dir);
     }
     match highest_lossless {
         Some(rate) => println!("  highest rate with nothing lost: {rate:.0} connections/s"),
-        None => println!("  observer lost events at every offered rate"),
+        None => println!("  observer lost connections at every offered rate"),
     }
     drop(children);
     drop(lab);
@@ -250,6 +251,7 @@ fn list_u64(values: &[u64]) -> String {
 struct Summary {
     connections: u64,
     dnat_events: u64,
+    lost_connections: u64,
     lost_events: u64,
     #[serde(skip)]
     cpu_seconds: f64,

@@ -13,16 +13,21 @@
 
 use aya_ebpf::{helpers::bpf_ktime_get_ns, macros::raw_tracepoint, programs::RawTracePointContext};
 use observer_common::{
-    conn::{CLOSE_NONE, ConnState, EVENT_OPEN, FlowTuple, ORIGINAL, PROTO_TCP, REPLY, flags},
+    conn::{
+        CLOSE_EXPIRED, CLOSE_NONE, ConnState, DialedKey, EVENT_OPEN, FlowTuple, ORIGINAL,
+        PROTO_TCP, REPLY,
+    },
     counters,
     offsets::{KernelOffsets, ctinfo, status, tcp_state},
 };
 
 use crate::{
-    conn::{BPF_NOEXIST, account, close, emit, remember_dialed},
+    conn::{
+        account, close, emit, end_now, load, lost_identity, pending_close, remember_dialed, store,
+    },
     kernel::{ReadFailed, read, read_netns, read_tuple},
-    maps::{CONNS, SCRATCH, count, offsets},
-    packet::parse,
+    maps::{BPF_NOEXIST, CONNS, DIALED, LOST, SCRATCH, count, count_lost, offsets},
+    packet::{Packet, TCP_ACK, TCP_SYN, parse},
 };
 
 /// `-EEXIST`.
@@ -48,13 +53,15 @@ fn handle(skb: u64) -> Result<(), ReadFailed> {
     }
     let ct_status: u64 = read(conntrack, off.ct_status)?;
     if ct_status & (1 << status::DST_NAT_BIT) == 0 {
+        if info == ctinfo::NEW {
+            forget_reused(conntrack);
+        }
         return Ok(());
     }
     // RELATED (ICMP errors about the connection) carry no payload of it.
     if info == ctinfo::RELATED || info == ctinfo::RELATED + ctinfo::IS_REPLY {
         return Ok(());
     }
-    count(counters::PACKETS);
     let Some(packet) = parse(skb, &off)? else {
         return Ok(());
     };
@@ -67,80 +74,173 @@ fn handle(skb: u64) -> Result<(), ReadFailed> {
     let now = unsafe { bpf_ktime_get_ns() };
 
     if let Some(state) = CONNS.get_ptr_mut(&conntrack) {
-        if info == ctinfo::NEW && reused(conntrack, state, &off)? {
-            // The kernel freed the entry we tracked (it idled out unseen) and reused
-            // its memory for this new connection: report the old one as ended.
-            close(conntrack, state, CLOSE_NONE, now);
+        if info == ctinfo::NEW && reused(conntrack, state, &packet, &off)? {
+            // The kernel freed the entry we tracked and reused its memory for this new
+            // connection: the old one ended without FIN or RST.
+            end_now(conntrack, state, CLOSE_EXPIRED, now);
         } else {
-            // SAFETY: a live map value; concurrent updates from another CPU can only
-            // make a counter off by one packet, never unsafe.
-            let state_ref = unsafe { &mut *state };
-            if dir == REPLY {
-                state_ref.flags |= flags::REPLY_FORWARDED;
-            }
-            let reason = account(state_ref, dir, &packet, now);
-            if reason != CLOSE_NONE {
-                close(conntrack, state, reason, now);
-            }
+            follow(conntrack, state, dir, &packet, now);
             return Ok(());
         }
     }
+    open(conntrack, info, dir, &packet, now, &off)
+}
 
+/// The first packet of a connection that was not DNATed: if its `nf_conn` is one we
+/// track, the kernel freed our connection's entry and reused the memory, so our
+/// connection ended (one map lookup per new connection, none per packet).
+#[inline(always)]
+fn forget_reused(conntrack: u64) {
+    if let Some(state) = CONNS.get_ptr_mut(&conntrack) {
+        // SAFETY: bpf_ktime_get_ns has no preconditions.
+        let now = unsafe { bpf_ktime_get_ns() };
+        // Its last packet is its end: `now` only stamps the event.
+        end_now(conntrack, state, CLOSE_EXPIRED, now);
+    }
+}
+
+/// A packet of a tracked connection.
+#[inline(always)]
+fn follow(conntrack: u64, state: *mut ConnState, dir: usize, packet: &Packet, now: u64) {
+    let pending = pending_close(state);
+    if pending != CLOSE_NONE {
+        // It ended while the ring buffer was full: try to report it again.
+        close(conntrack, state, pending, now);
+        return;
+    }
+    if dir == REPLY {
+        store!(state.reply_forwarded, 1);
+    }
+    let reason = account(state, dir, packet, now);
+    if reason != CLOSE_NONE {
+        close(conntrack, state, reason, now);
+    }
+}
+
+/// The first packet seen of a connection: enters it in the table and reports it.
+#[inline(always)]
+fn open(
+    conntrack: u64,
+    info: u64,
+    dir: usize,
+    packet: &Packet,
+    now: u64,
+    off: &KernelOffsets,
+) -> Result<(), ReadFailed> {
     let start_seen = info == ctinfo::NEW;
-    if !start_seen && packet.protocol == PROTO_TCP {
+    if !start_seen && packet.protocol == PROTO_TCP && !established(conntrack, off)? {
         // Attached mid-connection: adopt established connections only, not the last
         // ACKs of one that just closed.
-        let state: u8 = read(conntrack, off.ct_tcp_state)?;
-        if state != tcp_state::ESTABLISHED {
-            return Ok(());
-        }
+        return Ok(());
     }
-    let Some(scratch) = SCRATCH.get_ptr_mut(0) else {
+    let Some(fresh) = SCRATCH.get_ptr_mut(0) else {
         return Ok(());
     };
     // SAFETY: this CPU's scratch slot, not shared while the program runs.
-    let fresh = unsafe { &mut *scratch };
-    *fresh = ConnState::default();
-    fresh.start_ns = now;
-    fresh.flags = if start_seen { flags::START_SEEN } else { 0 };
-    fresh.netns = read_netns(conntrack, &off)?;
+    let init = unsafe { &mut *fresh };
+    *init = ConnState::default();
+    init.start_ns = now;
+    init.start_seen = start_seen as u8;
+    init.netns = read_netns(conntrack, off)?;
     read_tuple(
         conntrack + off.ct_tuple_original as u64,
-        &off,
-        &mut fresh.original,
+        off,
+        &mut init.original,
     )?;
-    read_tuple(
-        conntrack + off.ct_tuple_reply as u64,
-        &off,
-        &mut fresh.reply,
-    )?;
-    if dir == REPLY {
-        fresh.flags |= flags::REPLY_FORWARDED;
+    read_tuple(conntrack + off.ct_tuple_reply as u64, off, &mut init.reply)?;
+    init.reply_forwarded = (dir == REPLY) as u8;
+    account(fresh, dir, packet, now);
+    // SAFETY: as above.
+    let fresh_ref = unsafe { &*fresh };
+    if start_seen && packet.protocol == PROTO_TCP {
+        supersede(conntrack, fresh_ref, now);
     }
-    account(fresh, dir, &packet, now);
-    match CONNS.insert(&conntrack, &*fresh, BPF_NOEXIST) {
+    match CONNS.insert(&conntrack, &*fresh_ref, BPF_NOEXIST) {
+        Ok(())
+            if !start_seen
+                && packet.protocol == PROTO_TCP
+                && matches!(established(conntrack, off), Ok(false)) =>
+        {
+            // A late packet of a connection another CPU just closed and removed: its
+            // state left ESTABLISHED before that removal, so checking after the insert
+            // cannot miss it. Not a connection to adopt.
+            let _ = CONNS.remove(&conntrack);
+        }
         Ok(()) => {
-            remember_dialed(conntrack, fresh);
+            count(counters::TRACKED);
+            remember_dialed(conntrack, fresh_ref);
             emit(EVENT_OPEN, CLOSE_NONE, conntrack, fresh, now);
         }
         // Another CPU inserted it first and reported it.
         Err(EEXIST) => {}
-        Err(_) => count(counters::TABLE_FULL),
+        // The table is full. Only a decision made while attached (ctinfo NEW) is a lost
+        // connection, and only once: its later packets find the table full too.
+        Err(_) if start_seen => {
+            let identity = lost_identity(fresh_ref, packet);
+            let counted = LOST.get_ptr(&conntrack).is_some_and(|known| {
+                // SAFETY: a live map value.
+                unsafe { *known == identity }
+            });
+            if !counted {
+                let _ = LOST.insert(&conntrack, &identity, 0);
+                count_lost(counters::LOST_TABLE_FULL, fresh_ref.netns);
+            }
+        }
+        Err(_) => {}
     }
     Ok(())
 }
 
-/// Whether a tracked entry belongs to an earlier connection whose `nf_conn` memory
-/// the kernel has reused: the original tuple differs.
+/// Whether conntrack's TCP state of the entry is ESTABLISHED now.
+#[inline(always)]
+fn established(conntrack: u64, off: &KernelOffsets) -> Result<bool, ReadFailed> {
+    let state: u8 = read(conntrack, off.ct_tcp_state)?;
+    Ok(state == tcp_state::ESTABLISHED)
+}
+
+/// A new TCP connection whose original tuple a tracked connection in the same
+/// namespace still holds: conntrack keeps one entry per tuple, so that entry is gone
+/// (flushed, deleted, or timed out) and its connection ended.
+#[inline(always)]
+fn supersede(conntrack: u64, fresh: &ConnState, now: u64) {
+    let Some(owner) = DIALED.get_ptr(&DialedKey::of(&fresh.original)) else {
+        return;
+    };
+    // SAFETY: a live map value.
+    let owner = unsafe { *owner };
+    if owner == conntrack {
+        return;
+    }
+    let Some(old) = CONNS.get_ptr_mut(&owner) else {
+        return;
+    };
+    if load!(old.netns) == fresh.netns {
+        end_now(owner, old, CLOSE_EXPIRED, now);
+    }
+}
+
+/// Whether a tracked entry belongs to an earlier connection whose `nf_conn` memory the
+/// kernel has reused, seen on a packet conntrack marked NEW: the original tuple
+/// differs; or, with the same tuple (a client port reused), a SYN carries another
+/// initial sequence number than the one recorded; or the entry already saw a reply
+/// (conntrack marks packets NEW only until an entry sees its first reply).
 #[inline(always)]
 fn reused(
     conntrack: u64,
     state: *const ConnState,
+    packet: &Packet,
     off: &KernelOffsets,
 ) -> Result<bool, ReadFailed> {
     let mut current = FlowTuple::default();
     read_tuple(conntrack + off.ct_tuple_original as u64, off, &mut current)?;
-    // SAFETY: a live map value.
+    // SAFETY: a live map value; the tuples are written once, before insertion.
     let tracked = unsafe { &(*state).original };
-    Ok(current.src != tracked.src || current.dst != tracked.dst)
+    if current.src != tracked.src || current.dst != tracked.dst {
+        return Ok(true);
+    }
+    let syn = packet.protocol == PROTO_TCP && packet.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN;
+    if syn && load!(state.syn_seen) != 0 {
+        return Ok(packet.seq != load!(state.isn));
+    }
+    Ok(load!(state.replied) != 0)
 }

@@ -8,18 +8,15 @@
 //! A client on the node itself (host network) gets its replies delivered locally: they
 //! never pass `net_dev_queue`. Delivered after conntrack has undone the DNAT, a reply
 //! reads `dialed address -> client`, which finds the connection in `DIALED`. Replies
-//! the node forwarded (`flags::REPLY_FORWARDED`) were accounted already and are left
+//! the node forwarded (`ConnState::reply_forwarded`) were accounted already and are left
 //! alone. The program never drops anything: it returns 1.
 
 use aya_ebpf::{helpers::bpf_ktime_get_ns, macros::cgroup_skb, programs::SkBuffContext};
-use observer_common::{
-    conn::{CLOSE_NONE, DialedKey, PROTO_TCP, PROTO_UDP, REPLY, flags},
-    counters,
-};
+use observer_common::conn::{CLOSE_NONE, DialedKey, PROTO_TCP, PROTO_UDP, REPLY};
 
 use crate::{
-    conn::{account, close},
-    maps::{CONNS, DIALED, count},
+    conn::{account, close, load, pending_close},
+    maps::{CONNS, DIALED},
     packet::Packet,
 };
 
@@ -62,12 +59,9 @@ fn handle(ctx: &SkBuffContext) -> Result<(), i64> {
     let Some(state) = CONNS.get_ptr_mut(&conntrack) else {
         return Ok(());
     };
-    // SAFETY: a live map value; races with other CPUs only skew a counter.
-    let state_ref = unsafe { &mut *state };
-    if state_ref.flags & flags::REPLY_FORWARDED != 0 {
+    if load!(state.reply_forwarded) != 0 || pending_close(state) != CLOSE_NONE {
         return Ok(());
     }
-    count(counters::PACKETS);
     // SAFETY: bpf_ktime_get_ns has no preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
     let len = ctx.len();
@@ -79,8 +73,8 @@ fn handle(ctx: &SkBuffContext) -> Result<(), i64> {
             tcp_flags: header[13],
             seq: u32::from_be_bytes([header[4], header[5], header[6], header[7]]),
             payload: len.saturating_sub(ip_header as u32 + data_offset),
-            // A delivered packet is seen once: any value that differs per packet.
-            head: now,
+            // Delivered packets have no device: each is seen once.
+            dev: 0,
         }
     } else {
         Packet {
@@ -88,10 +82,10 @@ fn handle(ctx: &SkBuffContext) -> Result<(), i64> {
             tcp_flags: 0,
             seq: 0,
             payload: len.saturating_sub(ip_header as u32 + 8),
-            head: now,
+            dev: 0,
         }
     };
-    let reason = account(state_ref, REPLY, &packet, now);
+    let reason = account(state, REPLY, &packet, now);
     if reason != CLOSE_NONE {
         close(conntrack, state, reason, now);
     }

@@ -29,7 +29,8 @@ pub struct CheckArgs {
     /// Fail when a Service has fewer than N connections.
     #[arg(long, value_name = "N", value_parser = count)]
     pub min_connections: Option<u64>,
-    /// Fail when the recording lost more than N events (or has no summary line).
+    /// Fail when more than N connections were lost (DNAT decisions without a record; or
+    /// when the log has no summary line).
     #[arg(long, value_name = "N", default_value_t = 0, value_parser = count)]
     pub max_lost: u64,
     /// Fail when a Service got fewer than N requests.

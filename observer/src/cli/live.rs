@@ -125,8 +125,8 @@ fn live(args: LiveArgs) -> anyhow::Result<Outcome> {
     shown?;
     if let Some(path) = &args.record {
         eprintln!(
-            "observer: wrote {} connections to {path} ({} lost events)",
-            summary.connections, summary.lost_events
+            "observer: wrote {} connections to {path} ({} lost connections)",
+            summary.connections, summary.lost_connections
         );
     }
     for warning in warnings.lock().map(|list| list.clone()).unwrap_or_default() {

@@ -14,6 +14,7 @@ mod rules;
 mod serve;
 mod session;
 mod summary;
+mod verify;
 
 use std::process::ExitCode;
 
@@ -66,6 +67,9 @@ enum Command {
     /// root; for a DaemonSet).
     #[command(allow_negative_numbers = true)]
     Serve(serve::ServeArgs),
+    /// Record for a while and compare with conntrack's own DNAT decisions: exit 0 when
+    /// observer recorded every one, 1 below 100%, 2 when it could not tell (needs root).
+    Verify(verify::VerifyArgs),
 }
 
 /// How a command that ran to the end came out.
@@ -90,6 +94,7 @@ pub fn main() -> ExitCode {
         Some(Command::Summary(args)) => summary::run(&args),
         Some(Command::Check(args)) => check::run(&args),
         Some(Command::Serve(args)) => serve::run(args),
+        Some(Command::Verify(args)) => verify::run(args),
         None => live::run(cli.live),
     };
     match result {

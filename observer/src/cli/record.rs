@@ -30,16 +30,21 @@ pub fn run(args: RecordArgs) -> anyhow::Result<Outcome> {
     runtime()?.block_on(async {
         let capture = args.capture.start_capture()?;
         let log = target.open()?;
+        // conntrack's entries are read before `attached` is said: they are there from it on.
+        let options = args.capture.session_options(Some(log), stderr_warnings());
         eprintln!(
             "observer: attached {} kernel program(s); recording DNATed connections to {}",
             capture.hooks_attached(),
-            log.name
+            options.log.as_ref().map_or("-", |log| log.name.as_str())
         );
-        let options = args.capture.session_options(Some(log), stderr_warnings());
         let summary = pipeline::run(capture, options, stop_signal(args.duration)).await?;
         eprintln!(
-            "observer: wrote {} connections ({} DNAT decisions, {} lost events, {} failed kernel reads)",
-            summary.connections, summary.dnat_events, summary.lost_events, summary.read_errors
+            "observer: wrote {} connections ({} DNAT decisions, {} lost connections, {} lost events, {} failed kernel reads)",
+            summary.connections,
+            summary.dnat_events,
+            summary.lost_connections,
+            summary.lost_events,
+            summary.read_errors
         );
         Ok(Outcome::Success)
     })

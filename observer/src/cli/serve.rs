@@ -28,8 +28,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<Outcome> {
         let summary =
             crate::sinks::serve::run(listener, capture, options, stop_signal(None)).await?;
         eprintln!(
-            "observer: stopped ({} DNAT decisions, {} lost events)",
-            summary.dnat_events, summary.lost_events
+            "observer: stopped ({} DNAT decisions, {} lost connections)",
+            summary.dnat_events, summary.lost_connections
         );
         Ok(Outcome::Success)
     })

@@ -19,9 +19,14 @@ pub struct CaptureArgs {
     /// answer) counts as ended (0.1 to 86400).
     #[arg(long, value_name = "SECONDS", default_value = "30", value_parser = idle_seconds)]
     pub idle_timeout: Duration,
-    /// Size of the kernel's connection table; connections beyond it are counted as lost.
-    #[arg(long, value_name = "N", default_value_t = 65536, value_parser = clap::value_parser!(u32).range(1..=4_194_304))]
+    /// Size of the kernel's connection table (conntrack's default maximum); connections
+    /// beyond it are counted as lost.
+    #[arg(long, value_name = "N", default_value_t = 262_144, value_parser = clap::value_parser!(u32).range(1..=4_194_304))]
     pub max_connections: u32,
+    /// Size of the kernel's ring buffer in bytes (a power of two, at least 4096); for
+    /// tests that force it to fill.
+    #[arg(long, value_name = "BYTES", hide = true, value_parser = ring_buffer_bytes)]
+    pub ring_buffer_bytes: Option<u32>,
     /// The kernel's BTF, for kernels that keep it somewhere else.
     #[arg(long, value_name = "FILE", default_value = crate::kernel::btf::Btf::SYS_FS)]
     pub btf: std::path::PathBuf,
@@ -52,6 +57,7 @@ impl CaptureArgs {
             namer: self.namer(),
             pods: self.pods(),
             warn,
+            conntrack: Some(crate::pipeline::follow_conntrack()),
         }
     }
 
@@ -86,11 +92,21 @@ impl CaptureArgs {
         let capture = Capture::start(&CaptureOptions {
             max_connections: self.max_connections,
             btf_path: self.btf.clone(),
+            ring_buffer_bytes: self.ring_buffer_bytes,
         })?;
         for warning in &capture.warnings {
             eprintln!("observer: warning: {warning}");
         }
         Ok(capture)
+    }
+}
+
+fn ring_buffer_bytes(text: &str) -> Result<u32, String> {
+    let bytes: u32 = text.parse().map_err(|err| format!("{err}"))?;
+    if bytes >= 4096 && bytes.is_power_of_two() {
+        Ok(bytes)
+    } else {
+        Err("the ring buffer's size must be a power of two of at least 4096 bytes".to_owned())
     }
 }
 

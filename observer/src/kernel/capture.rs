@@ -53,23 +53,23 @@ pub struct CaptureOptions {
     pub max_connections: u32,
     /// Where the kernel's BTF is (normally `/sys/kernel/btf/vmlinux`).
     pub btf_path: std::path::PathBuf,
+    /// Ring-buffer size in bytes (a power of two, at least a page); `None` keeps the
+    /// programs' default (4 MiB).
+    pub ring_buffer_bytes: Option<u32>,
 }
 
-/// Summed per-CPU counters.
+/// Summed per-CPU counters (see `observer_common::counters`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Counters {
-    pub packets: u64,
-    pub events_emitted: u64,
-    pub ringbuf_drops: u64,
+    /// Connections entered in the kernel's table.
+    pub tracked: u64,
+    /// Ring-buffer records not written (ring buffer full); no record missing.
+    pub events_dropped: u64,
     pub read_errors: u64,
-    pub table_full: u64,
-}
-
-impl Counters {
-    /// Events lost for any reason.
-    pub fn lost(&self) -> u64 {
-        self.ringbuf_drops + self.table_full
-    }
+    /// DNAT decisions without a record: the table was full at their first packet.
+    pub lost_table_full: u64,
+    /// Tracked connections without a record (ended when neither reportable nor keepable).
+    pub lost_unreported: u64,
 }
 
 /// Attached programs and their maps. Dropping it detaches everything.
@@ -80,6 +80,7 @@ pub struct Capture {
     conns: HashMap<MapData, u64, ConnState>,
     dialed: HashMap<MapData, DialedKey, u64>,
     counters: PerCpuArray<MapData, u64>,
+    lost_by_netns: HashMap<MapData, u32, u64>,
     hooks_attached: u32,
     /// What works less well than it could on this machine, one sentence each.
     pub warnings: Vec<String>,
@@ -136,10 +137,15 @@ impl Capture {
             crate::kernel::offsets::describe(&offsets)
         );
 
-        let mut ebpf = EbpfLoader::new()
+        let mut loader = EbpfLoader::new();
+        loader
             .override_global("OFFSETS", &offsets, true)
             .map_max_entries("CONNS", options.max_connections)
-            .map_max_entries("DIALED", options.max_connections)
+            .map_max_entries("DIALED", options.max_connections);
+        if let Some(bytes) = options.ring_buffer_bytes {
+            loader.map_max_entries("EVENTS", bytes);
+        }
+        let mut ebpf = loader
             .load(PROGRAMS)
             .map_err(|err| CaptureError::Load(error_chain(&err)))?;
         let mut hooks_attached = 0;
@@ -197,6 +203,8 @@ impl Capture {
             .map_err(|err| CaptureError::Load(error_chain(&err)))?;
         let counters = PerCpuArray::try_from(map(&mut ebpf, "COUNTERS")?)
             .map_err(|err| CaptureError::Load(error_chain(&err)))?;
+        let lost_by_netns = HashMap::try_from(map(&mut ebpf, "LOST_BY_NETNS")?)
+            .map_err(|err| CaptureError::Load(error_chain(&err)))?;
         // SAFETY: the ring buffer owns its descriptor and moves into the AsyncFd, which
         // deregisters it before dropping it, so the descriptor outlives the registration.
         let events = unsafe {
@@ -214,6 +222,7 @@ impl Capture {
             conns,
             dialed,
             counters,
+            lost_by_netns,
             hooks_attached,
             warnings,
         })
@@ -257,9 +266,22 @@ impl Capture {
         self.conns.iter().filter_map(Result::ok).collect()
     }
 
+    /// One connection of the kernel's table, if it is there.
+    pub fn connection(&self, conntrack: u64) -> Option<ConnState> {
+        self.conns.get(&conntrack, 0).ok()
+    }
+
     /// Removes a connection from the kernel tables; false when the kernel removed it
-    /// first (then its close event is on the way).
+    /// first (then its close event is on the way) or its key now holds a newer
+    /// connection (the kernel reused the `nf_conn` since `state` was read).
     pub fn remove(&mut self, conntrack: u64, state: &ConnState) -> bool {
+        if self
+            .conns
+            .get(&conntrack, 0)
+            .map_or(true, |current| current.start_ns != state.start_ns)
+        {
+            return false;
+        }
         let key = DialedKey::of(&state.original);
         if self
             .dialed
@@ -271,6 +293,12 @@ impl Capture {
         self.conns.remove(&conntrack).is_ok()
     }
 
+    /// Lost connections per network namespace inode (the kernel's part of
+    /// `Counters::lost_table_full + lost_unreported`).
+    pub fn lost_by_netns(&self) -> std::collections::BTreeMap<u32, u64> {
+        self.lost_by_netns.iter().filter_map(Result::ok).collect()
+    }
+
     /// The programs' counters, summed over CPUs.
     pub fn counters(&self) -> Counters {
         let sum = |index: u32| -> u64 {
@@ -280,11 +308,11 @@ impl Capture {
                 .unwrap_or(0)
         };
         Counters {
-            packets: sum(counters::PACKETS),
-            events_emitted: sum(counters::EVENTS_EMITTED),
-            ringbuf_drops: sum(counters::RINGBUF_DROPS),
+            tracked: sum(counters::TRACKED),
+            events_dropped: sum(counters::EVENTS_DROPPED),
             read_errors: sum(counters::READ_ERRORS),
-            table_full: sum(counters::TABLE_FULL),
+            lost_table_full: sum(counters::LOST_TABLE_FULL),
+            lost_unreported: sum(counters::LOST_UNREPORTED),
         }
     }
 }

@@ -77,7 +77,7 @@ mod tests {
             conn_event(&bytes[..100]),
             Err(DecodeError::Length {
                 got: 100,
-                expected: 184
+                expected: 200
             })
         );
     }

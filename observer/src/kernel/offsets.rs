@@ -32,7 +32,17 @@ fn offsets<const N: usize>(
 /// Looks up every offset in `KernelOffsets`, with the width of each read in
 /// observer-ebpf (`kernel.rs`, `packet.rs`, `hooks/dev_queue.rs`).
 pub fn kernel_offsets(btf: &Btf) -> Result<KernelOffsets, BtfError> {
-    let (_, [skb_nfct, skb_head, skb_data, skb_len, skb_network_header]) = offsets(
+    let (
+        _,
+        [
+            skb_nfct,
+            skb_head,
+            skb_data,
+            skb_len,
+            skb_dev,
+            skb_network_header,
+        ],
+    ) = offsets(
         btf,
         "sk_buff",
         [
@@ -41,6 +51,8 @@ pub fn kernel_offsets(btf: &Btf) -> Result<KernelOffsets, BtfError> {
             ("head", 8),
             ("data", 8),
             ("len", 4),
+            // struct net_device *: the device a datagram passes (UDP de-duplication).
+            ("dev", 8),
             ("network_header", 2),
         ],
     )?;
@@ -84,6 +96,7 @@ pub fn kernel_offsets(btf: &Btf) -> Result<KernelOffsets, BtfError> {
         skb_head,
         skb_data,
         skb_len,
+        skb_dev,
         skb_network_header,
         ct_tuple_original: tuple_original,
         ct_tuple_reply: tuple_reply,
@@ -104,11 +117,12 @@ pub fn kernel_offsets(btf: &Btf) -> Result<KernelOffsets, BtfError> {
 /// Every offset as `struct.member.path=bytes`, in C's notation, space-separated: what
 /// `observer` logs at debug level so other tools can check it against their own reading.
 pub fn describe(o: &KernelOffsets) -> String {
-    let pairs: [(&str, u32); 17] = [
+    let pairs: [(&str, u32); 18] = [
         ("sk_buff._nfct", o.skb_nfct),
         ("sk_buff.head", o.skb_head),
         ("sk_buff.data", o.skb_data),
         ("sk_buff.len", o.skb_len),
+        ("sk_buff.dev", o.skb_dev),
         ("sk_buff.network_header", o.skb_network_header),
         ("nf_conn.tuplehash[0].tuple", o.ct_tuple_original),
         ("nf_conn.tuplehash[1].tuple", o.ct_tuple_reply),
@@ -142,13 +156,14 @@ mod tests {
         let (int, short, pointer) = (b.int("u32", 4), b.int("__u16", 2), b.pointer());
         b.structure(
             "sk_buff",
-            32,
+            40,
             &[
                 ("_nfct", nfct, 0),
                 ("head", pointer, 64),
                 ("data", pointer, 128),
                 ("len", int, 192),
                 ("network_header", short, 224),
+                ("dev", pointer, 256),
             ],
         );
         Btf::parse(&b.finish()).unwrap()
@@ -202,7 +217,7 @@ mod tests {
         let data = std::fs::read(Btf::SYS_FS).expect("this kernel exposes /sys/kernel/btf/vmlinux");
         let off = kernel_offsets(&Btf::parse(&data).unwrap()).unwrap();
         let text = describe(&off);
-        assert_eq!(text.split(' ').count(), 17);
+        assert_eq!(text.split(' ').count(), 18);
         assert!(text.starts_with(&format!("sk_buff._nfct={} ", off.skb_nfct)));
         assert!(text.contains(&format!(
             " nf_conn.tuplehash[1].tuple={} ",

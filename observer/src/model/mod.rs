@@ -2,6 +2,7 @@
 //! and table sweeps into records (`tracker`), and the updates the pipeline hands to its
 //! consumers (`update`). Plain data, no aya or tokio types.
 
+pub mod ctview;
 pub mod record;
 pub mod tracker;
 pub mod update;

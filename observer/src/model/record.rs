@@ -9,7 +9,7 @@
 //!  "netns":4026532301,"start":"2026-08-06T13:46:36.412345Z","end":"2026-08-06T13:46:40.500000Z",
 //!  "duration_ms":4087.655,"requests":30,"bytes_to_backend":2790,"bytes_from_backend":5400,
 //!  "close":"fin","start_seen":true}
-//! {"type":"summary","connections":22,"dnat_events":22,"lost_events":0,"read_errors":0,...}
+//! {"type":"summary","connections":22,"dnat_events":22,"lost_connections":0,"lost_events":0,"read_errors":0,...}
 //! ```
 
 use std::net::SocketAddr;
@@ -44,6 +44,10 @@ pub enum Close {
     Rst,
     /// No packet for the idle timeout (UDP; TCP that never got a reply).
     Timeout,
+    /// conntrack's entry is gone without FIN or RST (flushed, deleted, timed out): its
+    /// destroy event said so, the kernel reused it, or a new entry took its tuple. The
+    /// connection can carry no more packets on this pin.
+    Expired,
     /// Still open when the recording ended.
     Open,
 }
@@ -105,9 +109,23 @@ fn yes() -> bool {
 pub struct SummaryRecord {
     /// Connection records written.
     pub connections: u64,
-    /// DNAT decisions reported by the kernel (open events).
+    /// DNAT decisions observer learned of: connections it tracked (including ones
+    /// adopted mid-connection, `start_seen: false`) plus `lost_connections`.
     pub dnat_events: u64,
-    /// Events lost: ring buffer full, or connection table full.
+    /// DNAT decisions that have no record (connection table full at the connection's
+    /// first packet, or a connection that ended when it could neither be reported nor
+    /// kept). Records with `start_seen: true` + this == DNAT decisions made while
+    /// attached. Absent in logs written before it existed.
+    #[serde(default)]
+    pub lost_connections: u64,
+    /// `lost_connections` per network namespace inode (which node lost them), for the
+    /// kernel's losses; absent when nothing was lost. Keys are the inodes as strings
+    /// (JSON object keys; serde cannot read integer keys inside a tagged line).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub lost_by_netns: std::collections::BTreeMap<String, u64>,
+    /// Kernel events not delivered at once because the ring buffer was full. No record
+    /// is missing because of them (the connection table still holds each connection and
+    /// its record is written from there); a high value means observer fell behind.
     pub lost_events: u64,
     /// Kernel memory reads that failed.
     pub read_errors: u64,
@@ -393,6 +411,29 @@ mod tests {
         assert_eq!(serde_json::to_string(&endpoint).unwrap(), named);
         let back: EndpointShare = serde_json::from_str(named).unwrap();
         assert_eq!(back, endpoint);
+    }
+
+    #[test]
+    fn summary_names_the_namespaces_that_lost_connections() {
+        let line = r#"{"type":"summary","connections":5,"dnat_events":8,"lost_connections":3,"lost_by_netns":{"4026532301":3},"lost_events":9,"read_errors":0,"started":"2026-08-06T13:46:30.000000Z","ended":"2026-08-06T13:47:30.000000Z"}"#;
+        let parsed: LogLine = serde_json::from_str(line).unwrap();
+        let LogLine::Summary(summary) = &parsed else {
+            panic!("{parsed:?}")
+        };
+        assert_eq!(summary.lost_by_netns.get("4026532301"), Some(&3));
+        assert_eq!(serde_json::to_string(&parsed).unwrap(), line);
+        // Nothing lost: no map; a log from before the field existed reads as 0 lost.
+        let old = line.replace(
+            r#""lost_connections":3,"lost_by_netns":{"4026532301":3},"#,
+            "",
+        );
+        let LogLine::Summary(summary) = serde_json::from_str(&old).unwrap() else {
+            panic!("{old}")
+        };
+        assert_eq!(
+            (summary.lost_connections, summary.lost_by_netns.len()),
+            (0, 0)
+        );
     }
 
     #[test]

@@ -1,12 +1,13 @@
 //! Turns kernel events and connection-table snapshots into connection records: every
-//! DNATed connection exactly once, closed by FIN/RST (kernel), by idle timeout
-//! (here), or still open when the recording ends.
+//! DNATed connection exactly once, closed by FIN/RST or found gone (kernel), by idle
+//! timeout (here), or still open when the recording ends.
 
 use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
 use observer_common::conn::{
-    CLOSE_FIN, CLOSE_RST, ConnEvent, ConnState, EVENT_OPEN, PROTO_UDP, flags,
+    CLOSE_EXPIRED, CLOSE_FIN, CLOSE_NONE, CLOSE_RST, ConnEvent, ConnState, EVENT_OPEN, PROTO_UDP,
+    REPLY,
 };
 
 use crate::kernel::decode::{self, DecodeError};
@@ -32,9 +33,20 @@ impl Clock {
 pub struct Sweep {
     /// Open connections whose counters moved since the last sweep.
     pub progress: Vec<(ConnId, ConnRecord)>,
-    /// Connections idle past the timeout: remove them from the kernel table, then call
-    /// `Tracker::expired` for each removal that succeeded.
-    pub idle: Vec<(u64, ConnState)>,
+    /// Connections that ended: idle past the timeout, or closed in the kernel while its
+    /// ring buffer was full. Remove each from the kernel table, then call `Tracker::end`
+    /// with the given close for each removal that succeeded.
+    pub ended: Vec<(u64, ConnState, Close)>,
+}
+
+/// How a connection the kernel closed ended (`ConnEvent::close`, `ConnState::closed`).
+fn kernel_close(close: u32) -> Close {
+    match close {
+        CLOSE_FIN => Close::Fin,
+        CLOSE_RST => Close::Rst,
+        CLOSE_EXPIRED => Close::Expired,
+        _ => Close::Timeout,
+    }
 }
 
 pub struct Tracker {
@@ -42,7 +54,6 @@ pub struct Tracker {
     idle_timeout_ns: u64,
     /// Open connections and the `last_ns` reported for each.
     open: HashMap<ConnId, u64>,
-    dnat_events: u64,
 }
 
 impl Tracker {
@@ -51,13 +62,7 @@ impl Tracker {
             clock,
             idle_timeout_ns: idle_timeout.as_nanos() as u64,
             open: HashMap::new(),
-            dnat_events: 0,
         }
-    }
-
-    /// DNAT decisions reported by the kernel so far.
-    pub fn dnat_events(&self) -> u64 {
-        self.dnat_events
     }
 
     /// Connections currently open.
@@ -72,18 +77,12 @@ impl Tracker {
             start_ns: event.state.start_ns,
         };
         if event.kind == EVENT_OPEN {
-            self.dnat_events += 1;
             let record = self.record(&event.state, Close::Open, event.time_ns)?;
             self.open.insert(id, event.state.last_ns);
             return Ok((id, record));
         }
         self.open.remove(&id);
-        let close = match event.close {
-            CLOSE_FIN => Close::Fin,
-            CLOSE_RST => Close::Rst,
-            // The kernel reused the entry's memory: the connection idled out unseen.
-            _ => Close::Timeout,
-        };
+        let close = kernel_close(event.close);
         Ok((id, self.record(&event.state, close, event.state.last_ns)?))
     }
 
@@ -96,8 +95,14 @@ impl Tracker {
                 conntrack: *conntrack,
                 start_ns: state.start_ns,
             };
+            if state.closed as u32 != CLOSE_NONE {
+                sweep
+                    .ended
+                    .push((*conntrack, *state, kernel_close(state.closed as u32)));
+                continue;
+            }
             if self.is_idle(state, now_ns) {
-                sweep.idle.push((*conntrack, *state));
+                sweep.ended.push((*conntrack, *state, Close::Timeout));
                 continue;
             }
             let moved = self.open.insert(id, state.last_ns) != Some(state.last_ns);
@@ -105,8 +110,8 @@ impl Tracker {
                 sweep.progress.push((id, record));
             }
         }
-        // A connection no longer in the kernel table whose close event was lost (counted
-        // as lost by the kernel) would otherwise stay open here forever.
+        // A connection no longer in the kernel table whose close event is still in the
+        // ring buffer, or was lost (counted by the kernel), stops counting as open.
         let present: std::collections::HashSet<ConnId> = entries
             .iter()
             .map(|(conntrack, state)| ConnId {
@@ -118,21 +123,43 @@ impl Tracker {
         sweep
     }
 
-    /// A connection removed from the kernel table for idling: its final record.
-    pub fn expired(
+    /// The final record of a connection that user space removed from the kernel table
+    /// (the removal must have succeeded, or the kernel reports it too): idle (`Timeout`),
+    /// closed while the ring buffer was full, or its conntrack entry found destroyed
+    /// (`Expired`). It ends at its last packet.
+    pub fn end(
         &mut self,
         conntrack: u64,
         state: &ConnState,
+        close: Close,
     ) -> Result<(ConnId, ConnRecord), DecodeError> {
         let id = ConnId {
             conntrack,
             start_ns: state.start_ns,
         };
         self.open.remove(&id);
-        Ok((id, self.record(state, Close::Timeout, state.last_ns)?))
+        Ok((id, self.record(state, close, state.last_ns)?))
     }
 
-    /// At the end of a recording: every connection still in the kernel table, as open.
+    /// A connection that ended outside the kernel programs' sight (conntrack destroyed
+    /// its entry) at `until_ns`, after it was removed from the kernel table.
+    pub fn ended(
+        &mut self,
+        conntrack: u64,
+        state: &ConnState,
+        close: Close,
+        until_ns: u64,
+    ) -> Result<(ConnId, ConnRecord), DecodeError> {
+        let id = ConnId {
+            conntrack,
+            start_ns: state.start_ns,
+        };
+        self.open.remove(&id);
+        Ok((id, self.record(state, close, until_ns)?))
+    }
+
+    /// At the end of a recording: every connection still in the kernel table, as open
+    /// (or closed, if it closed while the ring buffer was full).
     pub fn finish(
         &mut self,
         entries: &[(u64, ConnState)],
@@ -146,6 +173,10 @@ impl Tracker {
                     conntrack: *conntrack,
                     start_ns: state.start_ns,
                 };
+                if state.closed as u32 != CLOSE_NONE {
+                    let close = kernel_close(state.closed as u32);
+                    return Ok((id, self.record(state, close, state.last_ns)?));
+                }
                 Ok((id, self.record(state, Close::Open, now_ns)?))
             })
             .collect()
@@ -155,7 +186,7 @@ impl Tracker {
     /// a dead backend) ends the same way. Established TCP waits for FIN or RST.
     fn is_idle(&self, state: &ConnState, now_ns: u64) -> bool {
         let silent = now_ns.saturating_sub(state.last_ns) >= self.idle_timeout_ns;
-        let answered = state.flags & flags::SEQ_KNOWN_REPLY != 0;
+        let answered = state.seq_known[REPLY] != 0;
         silent && (state.original.protocol == PROTO_UDP || !answered)
     }
 
@@ -187,7 +218,7 @@ impl Tracker {
             bytes_to_backend: state.bytes[0],
             bytes_from_backend: state.bytes[1],
             close,
-            start_seen: state.flags & flags::START_SEEN != 0,
+            start_seen: state.start_seen != 0,
         })
     }
 }
@@ -217,7 +248,8 @@ mod tests {
             bytes: [93, 180],
             requests: 1,
             netns: 4026532301,
-            flags: flags::START_SEEN | flags::SEQ_KNOWN_REPLY,
+            start_seen: 1,
+            seq_known: [1, 1],
             original: FlowTuple {
                 src: endpoint([10, 244, 1, 9], 45364),
                 dst: endpoint([10, 96, 35, 226], 80),
@@ -270,7 +302,6 @@ mod tests {
         let (closed_id, record) = tracker.on_event(&close).unwrap();
         assert_eq!(closed_id, id);
         assert_eq!(tracker.open_count(), 0);
-        assert_eq!(tracker.dnat_events(), 1);
         let line = serde_json::to_string(&crate::model::record::LogLine::Conn(record)).unwrap();
         assert_eq!(
             line,
@@ -284,10 +315,10 @@ mod tests {
         let udp = state(PROTO_UDP, 100 * SECOND, 101 * SECOND);
         let tcp = state(PROTO_TCP, 100 * SECOND, 101 * SECOND);
         let mut unanswered = state(PROTO_TCP, 100 * SECOND, 101 * SECOND);
-        unanswered.flags = flags::START_SEEN;
+        unanswered.seq_known = [1, 0];
         let entries = [(1, udp), (2, tcp), (3, unanswered)];
         let early = tracker.sweep(&entries, 130 * SECOND);
-        assert!(early.idle.is_empty());
+        assert!(early.ended.is_empty());
         assert_eq!(early.progress.len(), 3);
         assert!(
             tracker.sweep(&entries, 130 * SECOND).progress.is_empty(),
@@ -295,10 +326,13 @@ mod tests {
         );
         let late = tracker.sweep(&entries, 131 * SECOND);
         assert_eq!(
-            late.idle.iter().map(|(ct, _)| *ct).collect::<Vec<_>>(),
-            vec![1, 3]
+            late.ended
+                .iter()
+                .map(|(ct, _, close)| (*ct, *close))
+                .collect::<Vec<_>>(),
+            vec![(1, Close::Timeout), (3, Close::Timeout)]
         );
-        let (_, record) = tracker.expired(1, &udp).unwrap();
+        let (_, record) = tracker.end(1, &udp, Close::Timeout).unwrap();
         assert_eq!(record.close, Close::Timeout);
         assert_eq!(record.duration_ms, 1000.0);
     }
@@ -320,6 +354,48 @@ mod tests {
         // Its close event was lost: the kernel removed the entry.
         tracker.sweep(&[], 103 * SECOND);
         assert_eq!(tracker.open_count(), 0);
+    }
+
+    #[test]
+    fn closes_the_kernel_could_not_report_end_from_the_table() {
+        let mut tracker = tracker();
+        // Closed by FIN while the ring buffer was full: the entry waits in the table.
+        let mut fin = state(PROTO_TCP, 100 * SECOND, 101 * SECOND);
+        fin.closed = CLOSE_FIN as u8;
+        let live = state(PROTO_TCP, 100 * SECOND, 101 * SECOND);
+        let sweep = tracker.sweep(&[(1, fin), (2, live)], 102 * SECOND);
+        assert_eq!(sweep.ended, vec![(1, fin, Close::Fin)]);
+        let (_, record) = tracker.end(1, &fin, Close::Fin).unwrap();
+        assert_eq!(
+            (record.close, record.duration_ms, record.start_seen),
+            (Close::Fin, 1000.0, true)
+        );
+        // Still waiting when the recording ends: written closed, not open.
+        let records = tracker.finish(&[(1, fin), (2, live)], 103 * SECOND);
+        let closes: Vec<Close> = records
+            .iter()
+            .map(|r| r.as_ref().unwrap().1.close)
+            .collect();
+        assert_eq!(closes, [Close::Fin, Close::Open]);
+    }
+
+    #[test]
+    fn an_entry_the_kernel_found_gone_ends_expired() {
+        let mut tracker = tracker();
+        let event = ConnEvent {
+            kind: EVENT_CLOSE,
+            close: CLOSE_EXPIRED,
+            conntrack: 7,
+            time_ns: 150 * SECOND,
+            state: state(PROTO_TCP, 100 * SECOND, 120 * SECOND),
+        };
+        let (_, record) = tracker.on_event(&event).unwrap();
+        assert_eq!(
+            (record.close, record.duration_ms),
+            (Close::Expired, 20_000.0)
+        );
+        let line = serde_json::to_string(&record).unwrap();
+        assert!(line.contains(r#""close":"expired""#), "{line}");
     }
 
     #[test]

@@ -16,9 +16,11 @@ pub struct ConnId {
 pub struct CaptureStats {
     /// Events read from the ring buffer.
     pub events: u64,
-    /// DNAT decisions (open events) seen.
+    /// DNAT decisions seen: connections tracked + `lost_connections`.
     pub dnat_events: u64,
-    /// Events lost (ring buffer full + connection table full).
+    /// DNAT decisions that have no record (see `SummaryRecord::lost_connections`).
+    pub lost_connections: u64,
+    /// Kernel events delayed because the ring buffer was full (no record missing).
     pub lost_events: u64,
     /// Kernel memory reads that failed.
     pub read_errors: u64,

@@ -17,7 +17,7 @@
 //! $ echo $?
 //! 0
 //! $ observer check --service shop/cart:http observer/tests/data/logs/mixed.jsonl
-//! recording: 2 lost events > --max-lost 0 (ring buffer or connection table full: counts are incomplete)
+//! recording: 2 lost connections > --max-lost 0 (DNAT decisions without a record: counts are incomplete)
 //! $ observer check observer/tests/data/logs/cut.jsonl
 //! recording: the log was cut at line 3 (observer did not exit cleanly): counts are incomplete
 //! $ observer check observer/tests/data/logs/corrupt.jsonl
@@ -96,7 +96,7 @@ pub fn violations(
     let mut found: Vec<Violation> = cut_log(cut).into_iter().collect();
     // A cut log has no summary line: the cut already says so.
     if cut.is_none() || summary.is_some() {
-        found.extend(lost_events(args.max_lost, summary));
+        found.extend(lost_connections(args.max_lost, summary));
     }
     found.extend(unknown_services(&args.service, services));
     if args.per_service() && services.is_empty() && args.service.is_empty() {
@@ -131,7 +131,7 @@ fn recording_violation(text: String) -> Violation {
     }
 }
 
-/// `--max-lost`, which also fails when the summary line that counts lost events is missing.
+/// `--max-lost`, which also fails when the summary line that counts lost connections is missing.
 fn cut_log(cut: Option<usize>) -> Option<Violation> {
     cut.map(|line| {
         recording_violation(format!(
@@ -140,14 +140,14 @@ fn cut_log(cut: Option<usize>) -> Option<Violation> {
     })
 }
 
-fn lost_events(max_lost: u64, summary: Option<&SummaryRecord>) -> Option<Violation> {
+fn lost_connections(max_lost: u64, summary: Option<&SummaryRecord>) -> Option<Violation> {
     let text = match summary {
         None => format!(
-            "no summary line, so lost events are unknown (the recording did not end cleanly) and --max-lost {max_lost} cannot hold"
+            "no summary line, so lost connections are unknown (the recording did not end cleanly) and --max-lost {max_lost} cannot hold"
         ),
-        Some(s) if s.lost_events > max_lost => format!(
-            "{} > --max-lost {max_lost} (ring buffer or connection table full: counts are incomplete)",
-            plural(s.lost_events, "lost event"),
+        Some(s) if s.lost_connections > max_lost => format!(
+            "{} > --max-lost {max_lost} (DNAT decisions without a record: counts are incomplete)",
+            plural(s.lost_connections, "lost connection"),
         ),
         Some(_) => return None,
     };

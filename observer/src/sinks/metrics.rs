@@ -212,17 +212,22 @@ impl ServiceFamilies {
 }
 
 /// The capture counters, one unlabelled sample each.
-fn capture_families(capture: &CaptureStats) -> [Family; 5] {
+fn capture_families(capture: &CaptureStats) -> [Family; 6] {
     let mut counters = [
         Family::new(
             "observer_dnat_events_total",
             "counter",
-            "DNAT decisions the kernel programs reported.",
+            "DNAT decisions the kernel programs saw: connections tracked plus connections lost.",
+        ),
+        Family::new(
+            "observer_lost_connections_total",
+            "counter",
+            "DNAT decisions that have no record (connection table full): counts are incomplete when non-zero.",
         ),
         Family::new(
             "observer_lost_events_total",
             "counter",
-            "Events lost (ring buffer or connection table full): counts are incomplete when non-zero.",
+            "Kernel events delayed because the ring buffer was full (no record is missing because of them).",
         ),
         Family::new(
             "observer_read_errors_total",
@@ -242,6 +247,7 @@ fn capture_families(capture: &CaptureStats) -> [Family; 5] {
     ];
     let values = [
         capture.dnat_events as f64,
+        capture.lost_connections as f64,
         capture.lost_events as f64,
         capture.read_errors as f64,
         capture.hooks_attached as f64,
@@ -308,6 +314,7 @@ mod tests {
             format!(r#"observer_request_share{{{svc},backend="10.244.1.12:8080"}} 1"#),
             "observer_dnat_events_total 1".to_owned(),
             "observer_lost_events_total 0".to_owned(),
+            "observer_lost_connections_total 0".to_owned(),
             "# TYPE observer_requests_total counter".to_owned(),
         ] {
             assert!(

@@ -3,6 +3,7 @@
 //! (`rules_table`).
 
 pub mod check;
+pub mod coverage;
 pub mod log;
 pub mod metrics;
 pub mod rules_table;

@@ -69,13 +69,13 @@ pub async fn run(
 
 /// Reads one request head (5 s at most) and writes the response.
 async fn answer_one(mut stream: tokio::net::TcpStream, served: Arc<Mutex<Served>>) {
-    let mut head = Vec::new();
-    let mut buffer = [0u8; 1024];
+    // `read_buf` appends to the buffer's spare capacity: no copy through a stack buffer.
+    let mut head = bytes::BytesMut::with_capacity(1024);
     let read = async {
         while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < MAX_REQUEST {
-            match stream.read(&mut buffer).await {
+            match stream.read_buf(&mut head).await {
                 Ok(0) | Err(_) => break,
-                Ok(n) => head.extend_from_slice(&buffer[..n]),
+                Ok(_) => {}
             }
         }
     };

@@ -38,19 +38,20 @@ pub fn render(file: &str, summary: Option<&SummaryRecord>, services: &[ServiceSt
             let seconds = (s.ended - s.started).num_milliseconds() as f64 / 1000.0;
             let _ = writeln!(
                 out,
-                "recorded {} .. {} ({seconds:.1} s): {}, {}, {}, {}",
+                "recorded {} .. {} ({seconds:.1} s): {}, {}, {}, {}, {}",
                 format_time(&s.started),
                 format_time(&s.ended),
                 plural(s.connections, "connection"),
                 plural(s.dnat_events, "DNAT event"),
+                plural(s.lost_connections, "lost connection"),
                 plural(s.lost_events, "lost event"),
                 plural(s.read_errors, "read error"),
             );
-            if s.lost_events > 0 {
+            if s.lost_connections > 0 {
                 let _ = writeln!(
                     out,
-                    "WARNING: {} events were lost (ring buffer or connection table full): the counts below are incomplete",
-                    s.lost_events
+                    "WARNING: {} DNAT decisions have no record (connection table full): the counts below are incomplete",
+                    s.lost_connections
                 );
             }
             if s.read_errors > 0 {
@@ -64,7 +65,7 @@ pub fn render(file: &str, summary: Option<&SummaryRecord>, services: &[ServiceSt
         None => {
             let _ = writeln!(
                 out,
-                "WARNING: no summary line: the recording did not end cleanly, lost events are unknown"
+                "WARNING: no summary line: the recording did not end cleanly, lost connections are unknown"
             );
         }
     }
@@ -299,7 +300,7 @@ mod tests {
         let (recording, services) = fixture("keepalive.jsonl");
         let expected = "\
 keepalive.jsonl
-recorded 2026-08-06T13:46:30.000000Z .. 2026-08-06T13:47:30.000000Z (60.0 s): 1 connection, 1 DNAT event, 0 lost events, 0 read errors
+recorded 2026-08-06T13:46:30.000000Z .. 2026-08-06T13:47:30.000000Z (60.0 s): 1 connection, 1 DNAT event, 0 lost connections, 0 lost events, 0 read errors
 
 shop/checkout:http (tcp, ClusterIP 10.96.35.226:80): 1 connection, 0 active, 30 requests, skew 3.00x
   backend           conns  active  requests  share                          expected    p50    p90    max  to backend  from backend
@@ -319,8 +320,8 @@ shop/checkout:http (tcp, ClusterIP 10.96.35.226:80): 1 connection, 0 active, 30 
         let (recording, services) = fixture("mixed.jsonl");
         let expected = "\
 mixed.jsonl
-recorded 2026-08-06T13:46:30.000000Z .. 2026-08-06T13:47:30.000000Z (60.0 s): 5 connections, 7 DNAT events, 2 lost events, 0 read errors
-WARNING: 2 events were lost (ring buffer or connection table full): the counts below are incomplete
+recorded 2026-08-06T13:46:30.000000Z .. 2026-08-06T13:47:30.000000Z (60.0 s): 5 connections, 7 DNAT events, 2 lost connections, 2 lost events, 0 read errors
+WARNING: 2 DNAT decisions have no record (connection table full): the counts below are incomplete
 
 10.96.0.10:53 (udp, not a Service the rules name: expected share assumed 1/N): 1 connection, 0 active, 1 request, skew 1.00x
   backend        conns  active  requests  share                          expected     p50     p90     max  to backend  from backend
@@ -344,7 +345,7 @@ shop/cart:http (tcp, ClusterIP 10.96.40.10:80): 4 connections, 2 active, 128 req
         let text = render("x.jsonl", None, &[]);
         assert_eq!(
             text,
-            "x.jsonl\nWARNING: no summary line: the recording did not end cleanly, lost events are unknown\n\nno Services and no connections in the recording\n"
+            "x.jsonl\nWARNING: no summary line: the recording did not end cleanly, lost connections are unknown\n\nno Services and no connections in the recording\n"
         );
     }
 
@@ -397,6 +398,7 @@ shop/cart:http (tcp, ClusterIP 10.96.40.10:80): 4 connections, 2 active, 128 req
         };
         let value = serde_json::to_value(&json).unwrap();
         assert_eq!(value["summary"]["lost_events"], 0);
+        assert_eq!(value["summary"]["lost_connections"], 0);
         let service = &value["services"][0];
         assert_eq!(service["service"], "shop/checkout:http");
         assert_eq!(

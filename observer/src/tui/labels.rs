@@ -9,5 +9,6 @@ pub fn close_text(close: Close) -> &'static str {
         Close::Fin => "fin",
         Close::Rst => "rst",
         Close::Timeout => "timeout",
+        Close::Expired => "expired",
     }
 }

@@ -43,6 +43,7 @@ pub fn replay_updates(recording: &Recording) -> Vec<Update> {
     updates.push(Update::Stats(CaptureStats {
         events: summary.dnat_events,
         dnat_events: summary.dnat_events,
+        lost_connections: summary.lost_connections,
         lost_events: summary.lost_events,
         read_errors: summary.read_errors,
         hooks_attached: 0,

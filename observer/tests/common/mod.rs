@@ -55,6 +55,15 @@ impl Recorder {
         Recorder { observer, output }
     }
 
+    /// Sends `signal` to observer (e.g. SIGSTOP/SIGCONT to make it fall behind).
+    pub fn signal(&self, signal: nix::sys::signal::Signal) {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.observer.pid() as i32),
+            signal,
+        )
+        .unwrap();
+    }
+
     /// SIGTERM, wait for a clean exit, read the log.
     pub fn stop(mut self) -> Recording {
         let status = self.observer.terminate().unwrap();
@@ -72,9 +81,9 @@ pub fn netns_inode(name: &str) -> u32 {
         .ino() as u32
 }
 
-/// Keeps only the connections the lab's node decided, and the Services its rules
-/// define: observer sees every namespace on the host, and other labs or demos may be
-/// running beside the test (with the same Service names).
+/// Keeps only the connections the lab's node decided and the Services its rules define:
+/// observer sees every namespace on the host, and other labs or demos may be running
+/// beside the test (with the same Service names and addresses).
 pub fn only_node(recording: &mut Recording, node_ns: &str) {
     let inode = netns_inode(node_ns);
     recording.conns.retain(|conn| conn.netns == inode);

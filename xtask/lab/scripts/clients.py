@@ -5,6 +5,8 @@ which local port each request or query used and which pod answered.
   http-keepalive HOST PORT COUNT [PAUSE]  one connection (http.client), COUNT sequential
                                   requests, PAUSE seconds apart (default 0)
   udp HOST PORT COUNT             each query from a new socket
+  http-churn HOST PORT SECONDS THREADS  fresh `Connection: close` requests from THREADS
+                                  threads for SECONDS: {"connections": N, "failed": N}
   probe PROTO:HOST:PORT...        wait until every target answers (lab start-up)
 """
 
@@ -12,6 +14,7 @@ import http.client
 import json
 import socket
 import sys
+import threading
 import time
 
 TIMEOUT = 5.0
@@ -66,6 +69,31 @@ def udp(host: str, port: int, count: int) -> list:
     return [udp_query(host, port) for _ in range(count)]
 
 
+def http_churn(host: str, port: int, seconds: float, threads: int) -> dict:
+    """Fresh connections as fast as the threads go; counts those that got an answer."""
+    deadline = time.monotonic() + seconds
+    counts = [[0, 0] for _ in range(threads)]
+
+    def worker(mine: list) -> None:
+        request = f"GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode()
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection((host, port), timeout=TIMEOUT) as sock:
+                    sock.sendall(request)
+                    while sock.recv(4096):
+                        pass
+                mine[0] += 1
+            except OSError:
+                mine[1] += 1
+
+    workers = [threading.Thread(target=worker, args=(c,)) for c in counts]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    return {"connections": sum(c[0] for c in counts), "failed": sum(c[1] for c in counts)}
+
+
 def probe(targets: list) -> dict:
     deadline = time.monotonic() + 10
     answers = {}
@@ -90,6 +118,8 @@ def main() -> None:
     try:
         if mode == "probe":
             result = probe(rest)
+        elif mode == "http-churn":
+            result = http_churn(rest[0], int(rest[1]), float(rest[2]), int(rest[3]))
         else:
             host, port, count = rest[0], int(rest[1]), int(rest[2])
             if mode == "http-keepalive" and len(rest) > 3:

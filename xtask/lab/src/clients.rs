@@ -84,6 +84,34 @@ pub fn http_keepalive_paced(
     )
 }
 
+/// What a churn run achieved: connections answered and connections that failed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+pub struct ChurnReport {
+    pub connections: u64,
+    pub failed: u64,
+}
+
+/// Python: fresh `Connection: close` HTTP requests, one per TCP connection, from
+/// `threads` threads for `duration` (as fast as they go): the churn that reuses client
+/// ports while conntrack still holds their earlier entries.
+pub fn http_churn(
+    lab: &Lab,
+    target: SocketAddrV4,
+    duration: std::time::Duration,
+    threads: usize,
+) -> anyhow::Result<ChurnReport> {
+    let script = lab.state_dir.join("clients.py");
+    let args = [
+        script.to_string_lossy().into_owned(),
+        "http-churn".to_owned(),
+        target.ip().to_string(),
+        target.port().to_string(),
+        duration.as_secs_f64().to_string(),
+        threads.to_string(),
+    ];
+    run_json(lab, &lab.tools.python3, &args)
+}
+
 /// Python: `count` UDP queries, each from a new socket.
 pub fn udp_queries(lab: &Lab, target: SocketAddrV4, count: usize) -> anyhow::Result<Vec<Answer>> {
     python_client(lab, "udp", target, count, &[])

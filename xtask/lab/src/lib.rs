@@ -44,8 +44,10 @@
 //! - Pods by name: [`Lab::runtime_root`] holds containerd-style sandbox bundles for every
 //!   pod (see [`runtime`]), [`Lab::pod_names`] the `namespace/pod` each address must get.
 //! - [`ConntrackWatch`]: `conntrack -E -e NEW` in a namespace, parsed into [`CtEvent`]s.
+//! - [`Lab::install_dnat_counters`], [`Lab::dnat_decisions`]: the rules' own count of
+//!   DNAT decisions.
 //! - Clients, each returning its own ground truth: [`http_fresh`], [`http_keepalive`],
-//!   [`node_fetch`], [`udp_queries`].
+//!   [`node_fetch`], [`udp_queries`], [`http_churn`].
 //! - Pure rule generation, unit-tested without root: [`iptables::sync`], [`nftables::sync`].
 //! - [`Observer`]: the observer binary started and `attached` (it is only run: this crate
 //!   does not depend on the observer crate).
@@ -53,6 +55,7 @@
 
 mod clients;
 mod conntrack;
+mod counting;
 mod names;
 mod node_rules;
 mod observer;
@@ -75,7 +78,8 @@ use anyhow::{Context, bail};
 use serde::{Deserialize, Serialize};
 
 pub use clients::{
-    Answer, http_fresh, http_keepalive, http_keepalive_paced, node_fetch, udp_queries,
+    Answer, ChurnReport, http_churn, http_fresh, http_keepalive, http_keepalive_paced, node_fetch,
+    udp_queries,
 };
 pub use conntrack::{ConntrackWatch, CtEvent};
 pub use observer::Observer;

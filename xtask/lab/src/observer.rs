@@ -57,6 +57,11 @@ impl Observer {
         }
     }
 
+    /// The process id, e.g. to SIGSTOP and SIGCONT it.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// SIGTERM (observer's clean shutdown), then waits for it to exit.
     pub fn terminate(&mut self) -> anyhow::Result<ExitStatus> {
         let pid = i32::try_from(self.child.id()).context("observer's pid")?;

@@ -108,6 +108,11 @@ impl Lab {
                 bail!("{target} answered {got:?}, expected {want:?}");
             }
         }
+        // The probes' entries (UDP ones live 30 s) are no test's connections: a lab
+        // starts with an empty conntrack table, so that what observer finds at start
+        // is only what a test made.
+        run(in_netns(&self.tools.ip, &self.node_ns, &self.tools.conntrack).arg("-F"))
+            .context("cannot flush the node's conntrack table")?;
         Ok(())
     }
 

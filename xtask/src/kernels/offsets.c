@@ -10,6 +10,7 @@ int main(void) {
     P(sk_buff, head);
     P(sk_buff, data);
     P(sk_buff, len);
+    P(sk_buff, dev);
     P(sk_buff, network_header);
     P(nf_conn, tuplehash[0].tuple);
     P(nf_conn, tuplehash[1].tuple);

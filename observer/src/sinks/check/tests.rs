@@ -82,7 +82,7 @@ fn worked_example_in_the_module_doc_is_exact() {
     assert_eq!(
         lines(&mixed),
         [
-            "recording: 2 lost events > --max-lost 0 (ring buffer or connection table full: counts are incomplete)"
+            "recording: 2 lost connections > --max-lost 0 (DNAT decisions without a record: counts are incomplete)"
         ]
     );
 }
@@ -201,7 +201,7 @@ fn max_lost_and_a_missing_summary_line() {
     assert_eq!(
         lines(&args("nosummary.jsonl")),
         [
-            "recording: no summary line, so lost events are unknown (the recording did not end cleanly) and --max-lost 0 cannot hold"
+            "recording: no summary line, so lost connections are unknown (the recording did not end cleanly) and --max-lost 0 cannot hold"
         ]
     );
     // The same lines and half of one more: the cut is the violation.

@@ -173,9 +173,11 @@ impl App {
         }
     }
 
-    /// Lost events since start or the last reset.
-    pub fn lost_events(&self) -> u64 {
-        self.capture.lost_events.saturating_sub(self.lost_baseline)
+    /// Lost connections (DNAT decisions without a record) since start or the last reset.
+    pub fn lost_connections(&self) -> u64 {
+        self.capture
+            .lost_connections
+            .saturating_sub(self.lost_baseline)
     }
 
     /// The Services-screen row under the cursor.
@@ -234,7 +236,7 @@ impl App {
         }
     }
 
-    /// Forgets closed connections, cumulative counts, rates and lost events; keeps
+    /// Forgets closed connections, cumulative counts, rates and lost connections; keeps
     /// Service definitions and open connections.
     fn reset(&mut self) {
         let mut aggregator = Aggregator::default();
@@ -248,7 +250,7 @@ impl App {
         self.conns.clear_closed();
         self.histograms.clear();
         self.samples.clear();
-        self.lost_baseline = self.capture.lost_events;
+        self.lost_baseline = self.capture.lost_connections;
         self.first_seen = self.conns.open().map(|(_, r)| r.start).min();
         self.message = Some("counters reset".to_owned());
     }

@@ -142,6 +142,7 @@ fn stats() -> CaptureStats {
     CaptureStats {
         events: 0,
         dnat_events: 1,
+        lost_connections: 0,
         lost_events: 0,
         read_errors: 0,
         hooks_attached: 3,

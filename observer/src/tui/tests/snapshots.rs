@@ -117,7 +117,7 @@ fn snapshot_lost_events() {
     live(
         &mut app,
         Update::Stats(CaptureStats {
-            lost_events: 12,
+            lost_connections: 12,
             events: 95,
             ..stats()
         }),

@@ -123,15 +123,15 @@ fn reset_forgets_closed_connections_and_lost_events() {
     live(
         &mut app,
         Update::Stats(CaptureStats {
-            lost_events: 7,
+            lost_connections: 7,
             ..stats()
         }),
     );
     tick(&mut app, 6000);
-    assert_eq!(app.lost_events(), 7);
+    assert_eq!(app.lost_connections(), 7);
     assert_eq!(app.selected_row().unwrap().stats.connections, 2);
     keys(&mut app, "r");
-    assert_eq!(app.lost_events(), 0);
+    assert_eq!(app.lost_connections(), 0);
     let row = app.selected_row().unwrap();
     assert_eq!(
         (row.stats.connections, row.stats.active, row.stats.requests),
@@ -139,15 +139,15 @@ fn reset_forgets_closed_connections_and_lost_events() {
     );
     assert_eq!(row.new_per_s, None);
     assert_eq!(app.message.as_deref(), Some("counters reset"));
-    // Lost events after the reset count again.
+    // Lost connections after the reset count again.
     live(
         &mut app,
         Update::Stats(CaptureStats {
-            lost_events: 9,
+            lost_connections: 9,
             ..stats()
         }),
     );
-    assert_eq!(app.lost_events(), 2);
+    assert_eq!(app.lost_connections(), 2);
 }
 
 #[test]

@@ -103,7 +103,7 @@ fn header_line(app: &App, width: u16) -> Line<'static> {
 }
 
 fn status_line(app: &App, width: u16) -> Line<'static> {
-    let lost = app.lost_events();
+    let lost = app.lost_connections();
     let lost_style = if lost > 0 { ALERT } else { Style::new() };
     let capture = &app.capture;
     let mut spans = Vec::new();

@@ -1,0 +1,212 @@
+//! Follows conntrack's events for DNATed entries in many network namespaces on one
+//! thread of its own, so that reading them never waits on (or stalls) the session loop.
+
+use std::collections::HashMap;
+use std::os::fd::RawFd;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use super::socket::{CtSocket, Received};
+use super::{CtEntry, CtKind, CtMessage};
+
+/// How long the thread waits for events before looking for new namespaces or a stop.
+const POLL_MS: i32 = 50;
+
+/// What the listener reports.
+#[derive(Debug)]
+pub enum Note {
+    /// A DNATed entry created or destroyed in namespace `netns` (inode).
+    Event {
+        netns: u32,
+        kind: CtKind,
+        entry: CtEntry,
+    },
+    /// The kernel dropped events for this socket (`ENOBUFS`): the listener's own loss.
+    Overrun { netns: u32 },
+    /// A message that could not be read.
+    Malformed { netns: u32 },
+    /// The socket failed and is no longer read.
+    Failed { netns: u32, error: String },
+}
+
+/// Sockets handed to the thread, or taken away.
+enum Control {
+    Add(u32, CtSocket),
+    Remove(u32),
+}
+
+/// The listening thread; stopping it (or dropping it) reads what is waiting first.
+pub struct Listener {
+    notes: mpsc::UnboundedReceiver<Note>,
+    control: std::sync::mpsc::Sender<Control>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    groups: Vec<u32>,
+    buffer: i32,
+    watched: std::collections::HashSet<u32>,
+}
+
+impl Listener {
+    /// Starts a thread that reads events of `groups` (`socket::GROUP_*`) from sockets
+    /// with `buffer` bytes of receive buffer each (`socket::EVENT_BUFFER`).
+    pub fn start(groups: &[u32], buffer: i32) -> Listener {
+        let (send, notes) = mpsc::unbounded_channel();
+        let (control, controls) = std::sync::mpsc::channel();
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopping = Arc::clone(&stop);
+        let thread = std::thread::Builder::new()
+            .name("conntrack-events".into())
+            .spawn(move || listen(&controls, &send, &stopping))
+            .ok();
+        Listener {
+            notes,
+            control,
+            stop,
+            thread,
+            groups: groups.to_vec(),
+            buffer,
+            watched: Default::default(),
+        }
+    }
+
+    /// Subscribes in the namespace `path` refers to (inode `netns`); when this returns
+    /// Ok, every later event there is reported.
+    pub fn watch(&mut self, netns: u32, path: &Path) -> std::io::Result<()> {
+        if self.watched.contains(&netns) {
+            return Ok(());
+        }
+        let socket = CtSocket::open_in(path, &self.groups, self.buffer)?;
+        self.watched.insert(netns);
+        self.control
+            .send(Control::Add(netns, socket))
+            .map_err(|_| std::io::Error::other("the conntrack listener thread is gone"))
+    }
+
+    /// Stops following `netns` (its socket closes: a namespace is not kept alive).
+    pub fn unwatch(&mut self, netns: u32) {
+        if self.watched.remove(&netns) {
+            let _ = self.control.send(Control::Remove(netns));
+        }
+    }
+
+    pub fn watches(&self, netns: u32) -> bool {
+        self.watched.contains(&netns)
+    }
+
+    /// The next note; pending forever once the thread is gone and all were read.
+    pub async fn next(&mut self) -> Note {
+        match self.notes.recv().await {
+            Some(note) => note,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// A note if one is waiting.
+    pub fn try_next(&mut self) -> Option<Note> {
+        self.notes.try_recv().ok()
+    }
+
+    /// Reads what the sockets hold now, ends the thread, and returns every note not yet
+    /// taken.
+    pub fn stop(mut self) -> Vec<Note> {
+        self.halt();
+        let mut rest = Vec::new();
+        while let Ok(note) = self.notes.try_recv() {
+            rest.push(note);
+        }
+        rest
+    }
+
+    fn halt(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        self.halt();
+    }
+}
+
+fn listen(
+    controls: &std::sync::mpsc::Receiver<Control>,
+    send: &mpsc::UnboundedSender<Note>,
+    stop: &AtomicBool,
+) {
+    let mut sockets: HashMap<RawFd, (u32, CtSocket)> = HashMap::new();
+    loop {
+        while let Ok(control) = controls.try_recv() {
+            match control {
+                Control::Add(netns, socket) => {
+                    sockets.insert(socket.raw_fd(), (netns, socket));
+                }
+                Control::Remove(netns) => sockets.retain(|_, (ns, _)| *ns != netns),
+            }
+        }
+        let stopping = stop.load(Ordering::SeqCst);
+        let mut fds: Vec<libc::pollfd> = sockets
+            .keys()
+            .map(|&fd| libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        // SAFETY: `fds` is a live array of the length passed.
+        let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, POLL_MS) };
+        if ready < 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+            std::thread::sleep(Duration::from_millis(POLL_MS as u64));
+        }
+        // After a stop, one more pass reads everything already queued.
+        for pollfd in fds.iter().filter(|p| stopping || p.revents != 0) {
+            let Some((netns, socket)) = sockets.get_mut(&pollfd.fd) else {
+                continue;
+            };
+            if let Err(error) = read_all(*netns, socket, send) {
+                let _ = send.send(Note::Failed {
+                    netns: *netns,
+                    error: error.to_string(),
+                });
+                sockets.remove(&pollfd.fd);
+            }
+        }
+        if stopping {
+            return;
+        }
+    }
+}
+
+/// Reads datagrams until none is waiting; reports DNATed entries only.
+fn read_all(
+    netns: u32,
+    socket: &mut CtSocket,
+    send: &mpsc::UnboundedSender<Note>,
+) -> std::io::Result<()> {
+    loop {
+        match socket.receive()? {
+            Received::Empty => return Ok(()),
+            Received::Overrun => {
+                let _ = send.send(Note::Overrun { netns });
+            }
+            Received::Messages(messages) => {
+                for message in messages {
+                    let note = match message {
+                        Ok(CtMessage::Conntrack(kind, entry)) if entry.dnat() => {
+                            Note::Event { netns, kind, entry }
+                        }
+                        Ok(_) => continue,
+                        Err(_) => Note::Malformed { netns },
+                    };
+                    let _ = send.send(note);
+                }
+            }
+        }
+    }
+}

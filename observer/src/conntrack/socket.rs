@@ -1,0 +1,230 @@
+//! ctnetlink sockets, opened inside a network namespace: conntrack is per namespace, and
+//! a netlink socket talks to the namespace it was created in.
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::path::Path;
+use std::time::Duration;
+
+use super::parse::{self, ParseError};
+use super::{CtEntry, CtKind, CtMessage, CtTuple};
+
+const NETLINK_NETFILTER: i32 = 12;
+const SOL_NETLINK: i32 = 270;
+const NETLINK_ADD_MEMBERSHIP: i32 = 1;
+/// Multicast groups of conntrack's events (`enum nfnetlink_groups`).
+pub const GROUP_NEW: u32 = 1;
+pub const GROUP_DESTROY: u32 = 3;
+/// Receive buffer of an event socket: conntrack sends events whether or not anyone
+/// reads, so a burst must fit while the reader is busy.
+pub const EVENT_BUFFER: i32 = 32 << 20;
+/// Largest datagram ctnetlink sends (dumps fill up to a page or a few).
+pub const DATAGRAM: usize = 64 << 10;
+/// A request that gets no answer in this time failed.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A ctnetlink socket in one network namespace.
+pub struct CtSocket {
+    fd: OwnedFd,
+    seq: u32,
+    buf: Vec<u8>,
+}
+
+/// What one read of an event socket gave.
+pub enum Received {
+    Messages(Vec<Result<CtMessage, ParseError>>),
+    /// Nothing waiting.
+    Empty,
+    /// The kernel dropped events because the receive buffer was full (`ENOBUFS`).
+    Overrun,
+}
+
+impl CtSocket {
+    /// Opens a socket in the namespace `netns` refers to (`/run/netns/X`,
+    /// `/proc/PID/ns/net`), joined to the multicast `groups` with a receive buffer of
+    /// `buffer` bytes (the kernel doubles it). The namespace is entered on a
+    /// thread of its own, so no other thread's namespace ever changes.
+    pub fn open_in(netns: &Path, groups: &[u32], buffer: i32) -> io::Result<CtSocket> {
+        let file = std::fs::File::open(netns)?;
+        let groups = groups.to_vec();
+        let fd = std::thread::scope(|scope| {
+            scope
+                .spawn(move || -> io::Result<OwnedFd> {
+                    nix::sched::setns(file.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)
+                        .map_err(io::Error::from)?;
+                    open_socket(&groups, buffer)
+                })
+                .join()
+                .unwrap_or_else(|_| Err(io::Error::other("namespace thread panicked")))
+        })?;
+        Ok(CtSocket {
+            fd,
+            seq: 0,
+            buf: vec![0; DATAGRAM],
+        })
+    }
+
+    pub fn raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    /// Every entry in the namespace's table, and how many messages could not be read.
+    pub fn dump(&mut self) -> io::Result<(Vec<CtEntry>, u64)> {
+        self.seq += 1;
+        self.send(&parse::dump_request(self.seq))?;
+        let mut entries = Vec::new();
+        let mut malformed = 0;
+        loop {
+            for message in self.receive_blocking()? {
+                match message {
+                    Ok(CtMessage::Conntrack(_, entry)) => entries.push(entry),
+                    Ok(CtMessage::Done) => return Ok((entries, malformed)),
+                    Ok(CtMessage::Error(code)) if code < 0 => {
+                        return Err(io::Error::from_raw_os_error(-code));
+                    }
+                    Ok(_) => {}
+                    Err(_) => malformed += 1,
+                }
+            }
+        }
+    }
+
+    /// The entry whose original tuple is `tuple`; `None` when conntrack has none.
+    pub fn get(&mut self, tuple: &CtTuple) -> io::Result<Option<CtEntry>> {
+        self.seq += 1;
+        self.send(&parse::get_request(self.seq, tuple))?;
+        let mut found = None;
+        loop {
+            for message in self.receive_blocking()? {
+                match message {
+                    Ok(CtMessage::Conntrack(CtKind::Entry, entry)) => found = Some(entry),
+                    Ok(CtMessage::Error(0)) => return Ok(found),
+                    Ok(CtMessage::Error(code)) if -code == libc::ENOENT => return Ok(None),
+                    Ok(CtMessage::Error(code)) => {
+                        return Err(io::Error::from_raw_os_error(-code));
+                    }
+                    Ok(_) => {}
+                    Err(err) => return Err(io::Error::new(io::ErrorKind::InvalidData, err)),
+                }
+            }
+        }
+    }
+
+    /// Reads one datagram without waiting.
+    pub fn receive(&mut self) -> io::Result<Received> {
+        match self.recv(libc::MSG_DONTWAIT) {
+            Ok(len) => Ok(Received::Messages(parse::messages(&self.buf[..len]))),
+            Err(err) if err.kind() == io::ErrorKind::WouldBlock => Ok(Received::Empty),
+            Err(err) if err.raw_os_error() == Some(libc::ENOBUFS) => Ok(Received::Overrun),
+            Err(err) => Err(err),
+        }
+    }
+
+    fn receive_blocking(&mut self) -> io::Result<Vec<Result<CtMessage, ParseError>>> {
+        let len = self.recv(0)?;
+        Ok(parse::messages(&self.buf[..len]))
+    }
+
+    fn recv(&mut self, flags: i32) -> io::Result<usize> {
+        // SAFETY: `buf` is a live, writable buffer of the length passed.
+        let len = unsafe {
+            libc::recv(
+                self.fd.as_raw_fd(),
+                self.buf.as_mut_ptr().cast(),
+                self.buf.len(),
+                flags | libc::MSG_TRUNC,
+            )
+        };
+        if len < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let len = len as usize;
+        if len > self.buf.len() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("ctnetlink datagram of {len} bytes exceeds the {DATAGRAM}-byte buffer"),
+            ));
+        }
+        Ok(len)
+    }
+
+    fn send(&self, request: &[u8]) -> io::Result<()> {
+        // SAFETY: `request` is a live buffer of the length passed.
+        let sent = unsafe {
+            libc::send(
+                self.fd.as_raw_fd(),
+                request.as_ptr().cast(),
+                request.len(),
+                0,
+            )
+        };
+        if sent < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+}
+
+/// A bound `NETLINK_NETFILTER` socket in the calling thread's namespace.
+fn open_socket(groups: &[u32], buffer: i32) -> io::Result<OwnedFd> {
+    // SAFETY: plain socket(2); the descriptor is owned right below.
+    let raw = unsafe {
+        libc::socket(
+            libc::AF_NETLINK,
+            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+            NETLINK_NETFILTER,
+        )
+    };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `raw` is a fresh descriptor nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    // SAFETY: sockaddr_nl is plain data; zeroed is a valid value (pid 0: the kernel
+    // assigns one, no groups via the legacy bitmask).
+    let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+    addr.nl_family = libc::AF_NETLINK as u16;
+    // SAFETY: `addr` is a valid sockaddr_nl of the size passed.
+    let bound = unsafe {
+        libc::bind(
+            raw,
+            (&raw const addr).cast(),
+            std::mem::size_of::<libc::sockaddr_nl>() as u32,
+        )
+    };
+    if bound < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let timeout = libc::timeval {
+        tv_sec: REQUEST_TIMEOUT.as_secs() as libc::time_t,
+        tv_usec: 0,
+    };
+    set_option(raw, libc::SOL_SOCKET, libc::SO_RCVTIMEO, &timeout)?;
+    if !groups.is_empty() {
+        // Needs CAP_NET_ADMIN; without it, the default limit is what we get.
+        if set_option(raw, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, &buffer).is_err() {
+            set_option(raw, libc::SOL_SOCKET, libc::SO_RCVBUF, &buffer)?;
+        }
+    }
+    for group in groups {
+        set_option(raw, SOL_NETLINK, NETLINK_ADD_MEMBERSHIP, group)?;
+    }
+    Ok(fd)
+}
+
+fn set_option<T>(fd: RawFd, level: i32, name: i32, value: &T) -> io::Result<()> {
+    // SAFETY: `value` points to a live T of the size passed.
+    let done = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            (value as *const T).cast(),
+            std::mem::size_of::<T>() as u32,
+        )
+    };
+    if done < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}

@@ -1,0 +1,387 @@
+//! Root tests of conntrack's own view (issue 8): connections conntrack destroys (flush,
+//! delete) end as `expired`; connections older than observer are recorded from its
+//! start; `observer verify` agrees with conntrack's own events.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::Duration;
+
+use common::{Recorder, only_node, prefix, require_root};
+use observer::model::record::{Close, ConnRecord, Proto};
+use observer_lab::{Lab, LabConfig, RuleMode, Topology, http_fresh, http_keepalive_paced};
+
+/// A keep-alive HTTP client in the lab's client namespace, driven line by line:
+/// `req N` sends N requests on the current connection (opening one if needed) and
+/// answers its local port; `hold` keeps the connection open but idle and starts the next
+/// `req` on a new one; `close` closes the current one (FIN).
+const CLIENT: &str = r#"
+import http.client, json, sys
+host, port = sys.argv[1], int(sys.argv[2])
+conn, held = None, []
+for line in sys.stdin:
+    cmd = line.split()
+    if cmd[0] == "req":
+        if conn is None:
+            conn = http.client.HTTPConnection(host, port, timeout=5)
+            conn.connect()
+        for _ in range(int(cmd[1])):
+            conn.request("GET", "/")
+            conn.getresponse().read()
+        print(conn.sock.getsockname()[1], flush=True)
+    elif cmd[0] == "hold":
+        held.append(conn)
+        conn = None
+        print(0, flush=True)
+    elif cmd[0] == "close":
+        conn.close()
+        conn = None
+        print(0, flush=True)
+"#;
+
+struct Client {
+    child: Child,
+    input: ChildStdin,
+    output: BufReader<ChildStdout>,
+}
+
+impl Client {
+    fn start(lab: &Lab) -> Client {
+        let target = lab.service("checkout").unwrap().cluster_addr();
+        let mut child = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                lab.client_ns(),
+                "python3",
+                "-u",
+                "-c",
+                CLIENT,
+            ])
+            .arg(target.ip().to_string())
+            .arg(target.port().to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start the client");
+        let input = child.stdin.take().unwrap();
+        let output = BufReader::new(child.stdout.take().unwrap());
+        Client {
+            child,
+            input,
+            output,
+        }
+    }
+
+    /// Sends a command, returns the port it answers.
+    fn send(&mut self, command: &str) -> u16 {
+        writeln!(self.input, "{command}").unwrap();
+        let mut line = String::new();
+        self.output.read_line(&mut line).unwrap();
+        line.trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("client answered {line:?}"))
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn lab(tag: &str) -> Lab {
+    lab_of(tag, Topology::Bridged, RuleMode::Iptables)
+}
+
+fn lab_of(tag: &str, topology: Topology, rules: RuleMode) -> Lab {
+    require_root();
+    Lab::up(LabConfig {
+        topology,
+        rules,
+        prefix: prefix(tag),
+    })
+    .expect("lab up")
+}
+
+fn conntrack(lab: &Lab, args: &[&str]) {
+    let out = lab.run_in(lab.node_ns(), "conntrack", args).unwrap();
+    assert!(out.status.success(), "conntrack {args:?}: {out:?}");
+}
+
+fn by_port(conns: &[ConnRecord], port: u16) -> Vec<&ConnRecord> {
+    conns
+        .iter()
+        .filter(|c| c.proto == Proto::Tcp && c.client.port() == port)
+        .collect()
+}
+
+#[test]
+fn flushed_and_deleted_connections_end_expired_iptables_bridged() {
+    flushed_and_deleted(&lab("ctx"));
+}
+
+#[test]
+fn flushed_and_deleted_connections_end_expired_nftables_routed() {
+    flushed_and_deleted(&lab_of("ctn", Topology::Routed, RuleMode::Nftables));
+}
+
+fn flushed_and_deleted(lab: &Lab) {
+    let dir = tempfile::tempdir().unwrap();
+    let recorder = Recorder::start(dir.path(), &["--idle-timeout", "30"]);
+    let mut flushed = Client::start(lab);
+    let mut deleted = Client::start(lab);
+    let flushed_port = flushed.send("req 3");
+    let deleted_port = deleted.send("req 4");
+    let requested = chrono::Utc::now();
+    std::thread::sleep(Duration::from_secs(1));
+    // One entry deleted, then the whole table flushed.
+    let delete_time = chrono::Utc::now();
+    let port = deleted_port.to_string();
+    conntrack(lab, &["-D", "-p", "tcp", "--orig-port-src", &port]);
+    std::thread::sleep(Duration::from_millis(500));
+    let flush_time = chrono::Utc::now();
+    conntrack(lab, &["-F"]);
+    std::thread::sleep(Duration::from_millis(500));
+    // Each client's next connection is a connection of its own.
+    flushed.send("hold");
+    deleted.send("hold");
+    let flushed_next = flushed.send("req 2");
+    let deleted_next = deleted.send("req 1");
+    flushed.send("close");
+    deleted.send("close");
+    std::thread::sleep(Duration::from_secs(1));
+    let mut recording = recorder.stop();
+    only_node(&mut recording, lab.node_ns());
+
+    for (port, requests, removed) in [
+        (flushed_port, 3, flush_time),
+        (deleted_port, 4, delete_time),
+    ] {
+        let records = by_port(&recording.conns, port);
+        assert_eq!(records.len(), 1, "{records:#?}");
+        let record = records[0];
+        assert_eq!(
+            (record.close, record.requests, record.start_seen),
+            (Close::Expired, requests, true),
+            "{record:?}"
+        );
+        // Ended when conntrack removed it (its destroy event), or at its last packet
+        // (when the kernel programs saw the freed entry reused first): never later.
+        let end = record.end.expect("an end");
+        let quiet = requested + chrono::Duration::milliseconds(100);
+        assert!(end < quiet || end >= removed, "{record:?}");
+        let late = (end - removed).num_milliseconds();
+        assert!(late < 400, "ended {late} ms after removal");
+    }
+    for (port, requests) in [(flushed_next, 2), (deleted_next, 1)] {
+        let records = by_port(&recording.conns, port);
+        assert_eq!(records.len(), 1, "{records:#?}");
+        assert_eq!(
+            (records[0].close, records[0].requests, records[0].start_seen),
+            (Close::Fin, requests, true)
+        );
+    }
+    assert!(![flushed_port, deleted_port].contains(&flushed_next));
+}
+
+#[test]
+fn connections_older_than_observer_are_recorded() {
+    let lab = lab("ctp");
+    // Real starts for entries created from now on (a per-namespace setting).
+    let out = lab
+        .run_in(
+            lab.node_ns(),
+            "sysctl",
+            &["-w", "net.netfilter.nf_conntrack_timestamp=1"],
+        )
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let dir = tempfile::tempdir().unwrap();
+    let (mut idle, mut closing, mut active) = (
+        Client::start(&lab),
+        Client::start(&lab),
+        Client::start(&lab),
+    );
+    let before = chrono::Utc::now();
+    let idle_port = idle.send("req 5");
+    let closing_port = closing.send("req 5");
+    let active_port = active.send("req 5");
+    std::thread::sleep(Duration::from_secs(1));
+    let recorder = Recorder::start(dir.path(), &["--idle-timeout", "30"]);
+    let started = chrono::Utc::now();
+    std::thread::sleep(Duration::from_millis(500));
+    closing.send("close");
+    active.send("req 2");
+    std::thread::sleep(Duration::from_secs(3));
+    let mut recording = recorder.stop();
+    only_node(&mut recording, lab.node_ns());
+
+    let one = |port: u16| -> ConnRecord {
+        let records = by_port(&recording.conns, port);
+        assert_eq!(records.len(), 1, "port {port}: {records:#?}");
+        records[0].clone()
+    };
+    let idle = one(idle_port);
+    assert_eq!(
+        (idle.close, idle.start_seen, idle.requests, idle.end),
+        (Close::Open, false, 0, None),
+        "{idle:?}"
+    );
+    // conntrack's own start: when the client connected, before observer started.
+    assert!(
+        idle.start >= before - chrono::Duration::milliseconds(5),
+        "{idle:?}"
+    );
+    assert!(
+        idle.start < started - chrono::Duration::milliseconds(900),
+        "{idle:?}"
+    );
+    let closing = one(closing_port);
+    assert_eq!(
+        (closing.close, closing.start_seen),
+        (Close::Fin, false),
+        "{closing:?}"
+    );
+    // The kernel programs followed the active one from its next request: one record,
+    // with conntrack's start and the requests seen.
+    let active = one(active_port);
+    assert_eq!(
+        (active.close, active.start_seen, active.requests),
+        (Close::Open, false, 2),
+        "{active:?}"
+    );
+    assert!(
+        active.start < started - chrono::Duration::milliseconds(900),
+        "{active:?}"
+    );
+    assert!(active.duration_ms > 4000.0, "{active:?}");
+}
+
+/// Runs `observer verify` on the lab's node while `load` drives traffic (stopping the
+/// verifier for a second meanwhile when `pause`); returns its exit code, stdout and
+/// stderr.
+fn run_verify(
+    lab: &Lab,
+    extra: &[&str],
+    pause: bool,
+    load: impl FnOnce() + Send,
+) -> (i32, String, String) {
+    let node = format!("/run/netns/{}", lab.node_ns());
+    let mut child = Command::new(env!("CARGO_BIN_EXE_observer"))
+        .args(["verify", "--netns", &node])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start observer verify");
+    let stderr = BufReader::new(child.stderr.take().unwrap());
+    let (send, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in stderr.lines().map_while(Result::ok) {
+            eprintln!("[observer] {line}");
+            let _ = send.send(line);
+        }
+    });
+    loop {
+        let line = lines
+            .recv_timeout(Duration::from_secs(60))
+            .expect("observer verify never said `attached`");
+        if line.contains("attached") {
+            break;
+        }
+    }
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    std::thread::scope(|scope| {
+        scope.spawn(load);
+        if pause {
+            std::thread::sleep(Duration::from_millis(500));
+            nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+            std::thread::sleep(Duration::from_secs(1));
+            nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+        }
+    });
+    let out = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    eprintln!("{text}");
+    let stderr: Vec<String> = lines.try_iter().collect();
+    (out.status.code().unwrap_or(-1), text, stderr.join("\n"))
+}
+
+fn verify(lab: &Lab, extra: &[&str], load: impl FnOnce() + Send) -> (i32, String) {
+    let (code, out, _) = run_verify(lab, extra, false, load);
+    (code, out)
+}
+
+#[test]
+fn verify_is_complete_under_churn() {
+    let lab = lab("ctv");
+    let checkout = lab.service("checkout").unwrap().cluster_addr();
+    let until = std::time::Instant::now() + Duration::from_secs(20);
+    let (code, out) = verify(&lab, &["--duration", "22"], || {
+        std::thread::scope(|scope| {
+            for _ in 0..2 {
+                scope.spawn(|| {
+                    while std::time::Instant::now() < until {
+                        http_fresh(&lab, checkout, 100).unwrap();
+                    }
+                });
+            }
+        });
+    });
+    assert_eq!(code, 0, "{out}");
+    let first = out.lines().next().unwrap();
+    assert!(first.contains("(100.000%); 0 lost"), "{first}");
+    let decisions: u64 = first
+        .strip_prefix("conntrack saw ")
+        .and_then(|rest| rest.split(' ').next())
+        .map(|n| n.replace(',', "").parse().unwrap())
+        .unwrap();
+    assert!(decisions > 1000, "{first}");
+    assert!(out.contains("shop/checkout:http"), "{out}");
+}
+
+#[test]
+fn verify_reports_connections_a_full_table_lost() {
+    let lab = lab("ctf");
+    let checkout = lab.service("checkout").unwrap().cluster_addr();
+    let (code, out) = verify(&lab, &["--duration", "6", "--max-connections", "2"], || {
+        // Six connections open at once in a table of two.
+        std::thread::scope(|scope| {
+            for _ in 0..6 {
+                scope.spawn(|| {
+                    http_keepalive_paced(&lab, checkout, 4, Duration::from_millis(300)).unwrap()
+                });
+            }
+        });
+    });
+    assert_eq!(code, 1, "{out}");
+    let first = out.lines().next().unwrap();
+    assert!(
+        first.starts_with("conntrack saw 6 DNAT decisions; observer recorded "),
+        "{first}"
+    );
+    assert!(!first.contains("(100.000%)"), "{first}");
+}
+
+#[test]
+fn verify_cannot_tell_when_its_own_listener_drops_events() {
+    let lab = lab("cte");
+    let checkout = lab.service("checkout").unwrap().cluster_addr();
+    let args = ["--duration", "6", "--conntrack-buffer", "1024"];
+    let until = std::time::Instant::now() + Duration::from_secs(3);
+    let (code, out, stderr) = run_verify(&lab, &args, true, || {
+        while std::time::Instant::now() < until {
+            http_fresh(&lab, checkout, 50).unwrap();
+        }
+    });
+    assert_eq!((code, out.as_str()), (2, ""));
+    assert!(
+        stderr.contains(
+            "observer: cannot verify: the conntrack event listener itself dropped events (ENOBUFS"
+        ),
+        "{stderr}"
+    );
+}

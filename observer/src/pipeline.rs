@@ -578,7 +578,7 @@ impl Session {
             return Ok(());
         }
         match follower.view.destroyed(&key, Utc::now()) {
-            Destroyed::Found(id, record) => self.finished(id, record)?,
+            Destroyed::Found(id, record) => self.finished(id, *record)?,
             Destroyed::Kernel(conntrack) => {
                 // Unless the kernel programs ended it first (FIN/RST wins).
                 let (now, idle) = (monotonic_ns(), self.idle_timeout_ns);

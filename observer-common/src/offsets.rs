@@ -39,6 +39,55 @@ pub struct KernelOffsets {
 
 const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 19 * 4);
 
+/// `struct nf_conntrack_tuple` as every kernel since 2.6 lays it out: the programs read
+/// a tuple with one read into this. User space refuses to load on a kernel whose BTF
+/// says otherwise (`RawTuple::matches`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RawTuple {
+    /// `src.u3` (IPv4: the first 4 bytes)
+    pub src_addr: [u8; 16],
+    /// `src.u.all` (network order)
+    pub src_port: [u8; 2],
+    /// `src.l3num`
+    pub src_l3num: u16,
+    /// `dst.u3`
+    pub dst_addr: [u8; 16],
+    /// `dst.u.all` (network order)
+    pub dst_port: [u8; 2],
+    /// `dst.protonum`
+    pub dst_protonum: u8,
+    /// `dst.dir`
+    pub dst_dir: u8,
+}
+
+/// `nf_conn.tuplehash[0].tuple` up to the end of `tuplehash[1].tuple`: both tuples in
+/// one read. Between them lies `tuplehash[1].hnnode`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RawTuplePair {
+    pub original: RawTuple,
+    pub _hnnode: [u8; 16],
+    pub reply: RawTuple,
+}
+
+const _: () = assert!(core::mem::size_of::<RawTuple>() == 40);
+const _: () = assert!(core::mem::size_of::<RawTuplePair>() == 96);
+
+impl RawTuple {
+    /// Whether the kernel's tuple layout (from BTF) is this one, and the reply tuple
+    /// follows the original one where `RawTuplePair` expects it.
+    pub fn matches(o: &KernelOffsets) -> bool {
+        o.tuple_src_addr == 0
+            && o.tuple_src_port == 16
+            && o.tuple_src_l3num == 18
+            && o.tuple_dst_addr == 20
+            && o.tuple_dst_port == 36
+            && o.tuple_dst_protonum == 38
+            && o.ct_tuple_reply == o.ct_tuple_original + 56
+    }
+}
+
 /// `enum ip_conntrack_info` values (`skb->_nfct & 7`).
 pub mod ctinfo {
     pub const ESTABLISHED: u64 = 0;
@@ -63,3 +112,42 @@ pub mod tcp_state {
 #[cfg(feature = "user")]
 // SAFETY: plain old data: `#[repr(C)]`, all `u32`, no padding (size asserted above).
 unsafe impl aya::Pod for KernelOffsets {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The layout of every kernel observer was tried on (FACTS: 5.10 to 6.18).
+    fn known() -> KernelOffsets {
+        KernelOffsets {
+            ct_tuple_original: 16,
+            ct_tuple_reply: 72,
+            tuple_src_addr: 0,
+            tuple_src_port: 16,
+            tuple_src_l3num: 18,
+            tuple_dst_addr: 20,
+            tuple_dst_port: 36,
+            tuple_dst_protonum: 38,
+            ..KernelOffsets::default()
+        }
+    }
+
+    #[test]
+    fn the_known_tuple_layout_is_read_in_one_block() {
+        assert!(RawTuple::matches(&known()));
+    }
+
+    #[test]
+    fn another_tuple_layout_is_refused() {
+        let moved_port = KernelOffsets {
+            tuple_dst_port: 40,
+            ..known()
+        };
+        assert!(!RawTuple::matches(&moved_port));
+        let apart = KernelOffsets {
+            ct_tuple_reply: 80,
+            ..known()
+        };
+        assert!(!RawTuple::matches(&apart));
+    }
+}

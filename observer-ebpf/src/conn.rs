@@ -17,7 +17,9 @@ use observer_common::{
 };
 
 use crate::{
-    maps::{BPF_NOEXIST, CONNS, DIALED, EVENTS, atomic_add, count, count_lost},
+    maps::{
+        BPF_NOEXIST, CONNS, DIALED, EVENTS, atomic_add, count, count_lost, dialed_slot, mark_dialed,
+    },
     packet::{Packet, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
 };
 
@@ -206,6 +208,8 @@ pub fn emit(kind: u32, close: u32, conntrack: u64, state: *const ConnState, now:
 /// first owner.
 #[inline(always)]
 pub fn remember_dialed(conntrack: u64, state: &ConnState) {
+    let dst = &state.original.dst;
+    mark_dialed(dialed_slot(&dst.addr, dst.port, state.original.protocol));
     let _ = DIALED.insert(&DialedKey::of(&state.original), &conntrack, BPF_NOEXIST);
 }
 

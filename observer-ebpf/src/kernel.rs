@@ -1,13 +1,14 @@
-//! Reads of kernel memory. Every failed read is counted (`counters::READ_ERRORS`).
+//! Reads of kernel memory, one `bpf_probe_read_kernel` per contiguous block. Every
+//! failed read is counted (`counters::READ_ERRORS`).
 
 use aya_ebpf::helpers::bpf_probe_read_kernel;
 use observer_common::{
     conn::{Endpoint, FlowTuple},
     counters,
-    offsets::KernelOffsets,
+    offsets::RawTuplePair,
 };
 
-use crate::maps::count;
+use crate::maps::{count, offset};
 
 /// A failed kernel read; already counted.
 pub struct ReadFailed;
@@ -26,28 +27,42 @@ pub fn read<T>(base: u64, offset: u32) -> Result<T, ReadFailed> {
     }
 }
 
-/// Reads one direction's `struct nf_conntrack_tuple` at `tuple` into `out`.
+/// Reads both of a conntrack entry's tuples (`tuplehash[0..2].tuple`) in one read.
+/// User space checked at start-up that the kernel's layout is `RawTuplePair`'s.
 #[inline(always)]
-pub fn read_tuple(tuple: u64, off: &KernelOffsets, out: &mut FlowTuple) -> Result<(), ReadFailed> {
+pub fn read_tuples(conntrack: u64) -> Result<RawTuplePair, ReadFailed> {
+    read(conntrack, offset!(ct_tuple_original))
+}
+
+/// The original tuple alone (one read).
+#[inline(always)]
+pub fn read_original(conntrack: u64, out: &mut FlowTuple) -> Result<(), ReadFailed> {
+    let raw: observer_common::offsets::RawTuple = read(conntrack, offset!(ct_tuple_original))?;
+    convert(&raw, out);
+    Ok(())
+}
+
+/// A kernel tuple as observer keeps it (ports in host order).
+#[inline(always)]
+pub fn convert(raw: &observer_common::offsets::RawTuple, out: &mut FlowTuple) {
     out.src = Endpoint {
-        addr: read(tuple, off.tuple_src_addr)?,
-        port: u16::from_be(read(tuple, off.tuple_src_port)?),
+        addr: raw.src_addr,
+        port: u16::from_be_bytes(raw.src_port),
         _pad: [0; 2],
     };
     out.dst = Endpoint {
-        addr: read(tuple, off.tuple_dst_addr)?,
-        port: u16::from_be(read(tuple, off.tuple_dst_port)?),
+        addr: raw.dst_addr,
+        port: u16::from_be_bytes(raw.dst_port),
         _pad: [0; 2],
     };
-    out.family = read(tuple, off.tuple_src_l3num)?;
-    out.protocol = read(tuple, off.tuple_dst_protonum)?;
+    out.family = raw.src_l3num;
+    out.protocol = raw.dst_protonum;
     out._pad = 0;
-    Ok(())
 }
 
 /// The inode of the network namespace a conntrack entry belongs to.
 #[inline(always)]
-pub fn read_netns(conntrack: u64, off: &KernelOffsets) -> Result<u32, ReadFailed> {
-    let net: u64 = read(conntrack, off.ct_net)?;
-    read(net, off.net_ns_inum)
+pub fn read_netns(conntrack: u64) -> Result<u32, ReadFailed> {
+    let net: u64 = read(conntrack, offset!(ct_net))?;
+    read(net, offset!(net_ns_inum))
 }

@@ -16,7 +16,7 @@ use observer_common::{
 /// All zero (and `valid == 0`) until then, in which case the programs do nothing.
 // SAFETY: `OFFSETS` is a unique symbol in this object; user space finds it by this name.
 #[unsafe(no_mangle)]
-static OFFSETS: KernelOffsets = KernelOffsets {
+pub static OFFSETS: KernelOffsets = KernelOffsets {
     skb_nfct: 0,
     skb_head: 0,
     skb_data: 0,
@@ -38,12 +38,50 @@ static OFFSETS: KernelOffsets = KernelOffsets {
     valid: 0,
 };
 
-/// The offsets as user space set them. A volatile read keeps the compiler from
-/// folding the all-zero initializer into the code.
+/// One field of the offsets as user space set them: `offset!(skb_nfct)`. A volatile
+/// read keeps the compiler from folding the all-zero initializer into the code; reading
+/// field by field copies only what a packet needs.
+macro_rules! offset {
+    ($field:ident) => {
+        // SAFETY: `OFFSETS` is a plain static of POD data; the read is aligned and valid.
+        unsafe { core::ptr::read_volatile(&raw const crate::maps::OFFSETS.$field) }
+    };
+}
+
+pub(crate) use offset;
+
+/// A filter in front of `DIALED` for the local-delivery hook: byte `dialed_slot(...)`
+/// is set before any connection with that dialed address, port and protocol enters
+/// `DIALED`, and never cleared. A delivered packet whose source has a clear byte is
+/// no reply to a tracked connection, which the hook learns without a map lookup.
+// SAFETY: a unique symbol; a global (.bss) both programs address directly.
+#[unsafe(no_mangle)]
+static mut DIALED_SEEN: [u8; DIALED_SLOTS] = [0; DIALED_SLOTS];
+
+const DIALED_SLOTS: usize = 1 << 16;
+
+/// The `DIALED_SEEN` slot of a dialed address (IPv4: first 4 bytes, the rest zero),
+/// port (host order) and protocol.
 #[inline(always)]
-pub fn offsets() -> KernelOffsets {
-    // SAFETY: `OFFSETS` is a plain static of POD data; the read is aligned and valid.
-    unsafe { core::ptr::read_volatile(&raw const OFFSETS) }
+pub fn dialed_slot(addr: &[u8; 16], port: u16, protocol: u8) -> usize {
+    let word = |i: usize| u32::from_ne_bytes([addr[i], addr[i + 1], addr[i + 2], addr[i + 3]]);
+    let folded = word(0) ^ word(4) ^ word(8) ^ word(12) ^ ((port as u32) << 8) ^ protocol as u32;
+    // Fibonacci hashing: the high bits of the product mix every input bit.
+    (folded.wrapping_mul(0x9E37_79B1) >> 16) as usize & (DIALED_SLOTS - 1)
+}
+
+/// Marks a dialed address in `DIALED_SEEN` (idempotent: a plain byte store).
+#[inline(always)]
+pub fn mark_dialed(slot: usize) {
+    // SAFETY: `slot` is masked into the array; a byte store needs no atomicity.
+    unsafe { core::ptr::write_volatile(&raw mut DIALED_SEEN[slot & (DIALED_SLOTS - 1)], 1) }
+}
+
+/// Whether a dialed address may be in `DIALED` (`mark_dialed` ran for its slot).
+#[inline(always)]
+pub fn maybe_dialed(slot: usize) -> bool {
+    // SAFETY: as in `mark_dialed`.
+    unsafe { core::ptr::read_volatile(&raw const DIALED_SEEN[slot & (DIALED_SLOTS - 1)]) != 0 }
 }
 
 /// Tracked DNATed connections, keyed by the `struct nf_conn` address. User space sizes

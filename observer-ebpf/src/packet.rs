@@ -1,11 +1,17 @@
-//! The parts of a packet's headers that accounting needs, read from `skb->head`.
+//! The parts of a packet's headers that accounting needs, read from `skb->head`: the
+//! IP header and the start of the transport header in one read.
 
-use observer_common::{
-    conn::{PROTO_TCP, PROTO_UDP},
-    offsets::KernelOffsets,
+use network_types::{
+    ip::{Ipv4Hdr, Ipv6Hdr},
+    tcp::TcpHdr,
+    udp::UdpHdr,
 };
+use observer_common::conn::{PROTO_TCP, PROTO_UDP};
 
-use crate::kernel::{ReadFailed, read};
+use crate::{
+    kernel::{ReadFailed, read},
+    maps::offset,
+};
 
 pub const TCP_FIN: u8 = 0x01;
 pub const TCP_SYN: u8 = 0x02;
@@ -21,51 +27,106 @@ pub struct Packet {
     pub seq: u32,
     /// Transport payload bytes in this skb (a GSO skb carries many segments).
     pub payload: u32,
-    /// `skb->dev`: the device about to transmit it (0 at local delivery).
+    /// UDP: `skb->dev`, the device about to transmit it (0 for TCP and at local
+    /// delivery).
     pub dev: u64,
 }
 
-/// Parses an IPv4 or IPv6 TCP/UDP packet; `Ok(None)` for anything else.
+/// An IPv6 header and a TCP header: read at the IP header, it holds an IPv4 header
+/// without options and its TCP header too (`V4_TRANSPORT`). Past the end of a short
+/// packet the read still lands in the skb's buffer (`skb_shared_info` follows it).
+#[repr(C)]
+pub struct Headers {
+    pub ip: [u8; Ipv6Hdr::LEN],
+    pub transport: TcpHdr,
+}
+
+/// Where an option-less IPv4 header's transport header starts in `Headers`.
+const V4_TRANSPORT: usize = Ipv4Hdr::LEN;
+
+/// The transport fields accounting uses.
+pub struct Transport {
+    pub tcp_flags: u8,
+    pub seq: u32,
+    /// Transport header length.
+    pub header: u32,
+}
+
+impl Transport {
+    /// From a TCP header (`TcpHdr` keeps the flags in its bitfield: byte 13).
+    #[inline(always)]
+    pub fn tcp(header: &TcpHdr) -> Transport {
+        // SAFETY: TcpHdr is 20 plain bytes; byte 12 is the data offset, 13 the flags.
+        let bytes: [u8; TcpHdr::LEN] = unsafe { core::mem::transmute_copy(header) };
+        Transport {
+            tcp_flags: bytes[13],
+            seq: u32::from_be_bytes(header.seq),
+            header: ((bytes[12] >> 4) as u32) * 4,
+        }
+    }
+
+    pub const UDP: Transport = Transport {
+        tcp_flags: 0,
+        seq: 0,
+        header: UdpHdr::LEN as u32,
+    };
+}
+
+/// Parses an IPv4 or IPv6 TCP/UDP packet; `Ok(None)` for anything else. Reads: `head`
+/// with `data`, `len`, `network_header`, the headers, and for UDP `dev`.
 #[inline(always)]
-pub fn parse(skb: u64, off: &KernelOffsets) -> Result<Option<Packet>, ReadFailed> {
-    let head: u64 = read(skb, off.skb_head)?;
-    let data: u64 = read(skb, off.skb_data)?;
-    let len: u32 = read(skb, off.skb_len)?;
-    let dev: u64 = read(skb, off.skb_dev)?;
-    let network_header: u16 = read(skb, off.skb_network_header)?;
+pub fn parse(skb: u64) -> Result<Option<Packet>, ReadFailed> {
+    let [head, data]: [u64; 2] = read(skb, offset!(skb_head))?;
+    let len: u32 = read(skb, offset!(skb_len))?;
+    let network_header: u16 = read(skb, offset!(skb_network_header))?;
     let ip = head + network_header as u64;
     // Bytes in front of the IP header that `skb->len` counts (the L2 header here).
     let l2 = ip.wrapping_sub(data) as u32;
-
-    let first: u8 = read(ip, 0)?;
-    let (ip_header, protocol) = match first >> 4 {
-        4 => (((first & 0x0f) as u32) * 4, read::<u8>(ip, 9)?),
-        // IPv6 without extension headers.
-        6 => (40, read::<u8>(ip, 6)?),
+    let headers: Headers = read(ip, 0)?;
+    let (ip_header, protocol, tcp) = match headers.ip[0] >> 4 {
+        4 => {
+            // SAFETY: `Ipv4Hdr` is 20 plain bytes, within the 40 of `headers.ip`.
+            let v4: Ipv4Hdr = unsafe { core::ptr::read_unaligned(headers.ip.as_ptr().cast()) };
+            let ihl = ((v4.vihl & 0x0f) as u32) * 4;
+            let tcp = if v4.proto != PROTO_TCP {
+                None
+            } else if ihl as usize == V4_TRANSPORT {
+                // SAFETY: bytes 20..40 of `headers.ip` are the TCP header here.
+                Some(unsafe {
+                    core::ptr::read_unaligned(headers.ip.as_ptr().add(V4_TRANSPORT).cast())
+                })
+            } else {
+                // IP options: the TCP header lies further on.
+                Some(read::<TcpHdr>(ip, ihl)?)
+            };
+            (ihl, v4.proto, tcp)
+        }
+        6 => {
+            // IPv6 without extension headers.
+            // SAFETY: `Ipv6Hdr` is 40 plain bytes: `headers.ip`.
+            let v6: Ipv6Hdr = unsafe { core::ptr::read_unaligned(headers.ip.as_ptr().cast()) };
+            let tcp = (v6.next_hdr == PROTO_TCP).then_some(headers.transport);
+            (Ipv6Hdr::LEN as u32, v6.next_hdr, tcp)
+        }
         _ => return Ok(None),
     };
-    let transport = ip + ip_header as u64;
-    let before_transport = l2.wrapping_add(ip_header);
-    match protocol {
-        PROTO_TCP => {
-            let header: [u8; 14] = read(transport, 0)?;
-            let seq = u32::from_be_bytes([header[4], header[5], header[6], header[7]]);
-            let data_offset = ((header[12] >> 4) as u32) * 4;
-            Ok(Some(Packet {
-                protocol,
-                tcp_flags: header[13],
-                seq,
-                payload: len.saturating_sub(before_transport + data_offset),
-                dev,
-            }))
-        }
-        PROTO_UDP => Ok(Some(Packet {
-            protocol,
-            tcp_flags: 0,
-            seq: 0,
-            payload: len.saturating_sub(before_transport + 8),
-            dev,
-        })),
-        _ => Ok(None),
-    }
+    let transport = match (protocol, tcp) {
+        (PROTO_TCP, Some(header)) => Transport::tcp(&header),
+        (PROTO_UDP, _) => Transport::UDP,
+        _ => return Ok(None),
+    };
+    // Only UDP de-duplication needs the device.
+    let dev: u64 = if protocol == PROTO_UDP {
+        read(skb, offset!(skb_dev))?
+    } else {
+        0
+    };
+    let before_payload = l2.wrapping_add(ip_header) + transport.header;
+    Ok(Some(Packet {
+        protocol,
+        tcp_flags: transport.tcp_flags,
+        seq: transport.seq,
+        payload: len.saturating_sub(before_payload),
+        dev,
+    }))
 }

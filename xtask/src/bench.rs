@@ -20,6 +20,9 @@ use observer_lab::{self as lab, Lab, LabConfig, Observer, Proto, RuleMode, Servi
 
 use crate::load::LoadReport;
 
+mod cost;
+mod progstats;
+
 const PREFIX: &str = "bench";
 const SINK_PORT: u16 = 9090;
 
@@ -28,8 +31,8 @@ pub struct BenchArgs {
     /// Seconds per run.
     #[arg(long, default_value_t = 5.0)]
     seconds: f64,
-    /// Runs per configuration (the median is reported).
-    #[arg(long, default_value_t = 3)]
+    /// Interleaved rounds per configuration (the median is reported).
+    #[arg(long, default_value_t = 5)]
     runs: usize,
     /// Offered rates (connections/s) for the loss ramp.
     #[arg(
@@ -42,6 +45,9 @@ pub struct BenchArgs {
     /// view under load), and wait for Enter instead of measuring.
     #[arg(long)]
     hold: bool,
+    /// Benchmark this observer binary instead of building one (e.g. to compare builds).
+    #[arg(long)]
+    observer: Option<std::path::PathBuf>,
 }
 
 /// Kills child processes when the benchmark ends, however it ends.
@@ -63,7 +69,10 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
             "the benchmark builds network namespaces and loads eBPF programs; run it as root: sudo -E cargo xtask bench"
         );
     }
-    let observer = crate::demo::build_observer(true)?;
+    let observer = match args.observer.clone() {
+        Some(path) => path,
+        None => crate::demo::build_observer(true)?,
+    };
     let xtask = std::env::current_exe()?;
     lab::down(PREFIX)?;
     let mut lab = Lab::up(LabConfig {
@@ -114,7 +123,7 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
         return Ok(());
     }
 
-    let load = |rate: u64| -> anyhow::Result<LoadReport> {
+    let load_to = |target: SocketAddr, rate: u64| -> anyhow::Result<LoadReport> {
         let out = lab.run_in(
             lab.client_ns(),
             &xtask.to_string_lossy(),
@@ -135,47 +144,26 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
             )
         })
     };
+    let load = |rate: u64| load_to(target, rate);
 
     println!(
         "observer benchmark: new TCP connections/s through kube-proxy iptables DNAT (lab, bridged node)"
     );
     println!(
-        "{} s per run, median of {} runs; machine: {} CPUs",
+        "{} s per run, median of {} interleaved rounds; machine: {} CPUs",
         args.seconds,
         args.runs,
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
     println!();
-    let mut without = Vec::new();
-    let mut with = Vec::new();
-    let mut lost_at_max = Vec::new();
-    for _ in 0..args.runs {
-        without.push(load(0)?.rate());
-        let dir = tempfile_dir()?;
-        let recorder = Recorder::start(&observer, &dir)?;
-        let report = load(0)?;
-        let summary = recorder.stop()?;
-        with.push(report.rate());
-        lost_at_max.push(summary.lost_connections);
-    }
-    let (without_median, with_median) = (median(&mut without), median(&mut with));
-    println!("unthrottled            conns/s (median)   runs");
-    println!(
-        "  without observer     {without_median:>17.0}   {}",
-        list(&without)
-    );
-    println!(
-        "  with observer        {with_median:>17.0}   {}",
-        list(&with)
-    );
-    println!(
-        "  ratio with/without   {:>17.3}",
-        with_median / without_median
-    );
-    println!(
-        "  lost connections with observer at full speed: {}",
-        list_u64(&lost_at_max)
-    );
+    let pod = SocketAddr::from((checkout.endpoints[0].ip, SINK_PORT));
+    cost::report(&cost::Setup {
+        lab: &lab,
+        observer: &observer,
+        rounds: args.runs,
+        dnat: &|| load(0),
+        pod_to_pod: &|| load_to(pod, 0),
+    })?;
     println!();
 
     println!("loss ramp (observer attached)");

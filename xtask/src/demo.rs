@@ -31,10 +31,10 @@ pub fn build_observer(release: bool) -> anyhow::Result<std::path::PathBuf> {
     }
     crate::setup::run(&mut cargo)?;
     let dir = if release { "release" } else { "debug" };
-    Ok(crate::workspace_root()
-        .join("target")
-        .join(dir)
-        .join("observer"))
+    // Where cargo put it: CARGO_TARGET_DIR when set.
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| crate::workspace_root().join("target"), Into::into);
+    Ok(target.join(dir).join("observer"))
 }
 
 pub fn demo(args: DemoArgs) -> anyhow::Result<()> {

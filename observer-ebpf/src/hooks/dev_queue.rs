@@ -18,15 +18,15 @@ use observer_common::{
         PROTO_TCP, REPLY,
     },
     counters,
-    offsets::{KernelOffsets, ctinfo, status, tcp_state},
+    offsets::{ctinfo, status, tcp_state},
 };
 
 use crate::{
     conn::{
         account, close, emit, end_now, load, lost_identity, pending_close, remember_dialed, store,
     },
-    kernel::{ReadFailed, read, read_netns, read_tuple},
-    maps::{BPF_NOEXIST, CONNS, DIALED, LOST, SCRATCH, count, count_lost, offsets},
+    kernel::{ReadFailed, convert, read, read_netns, read_original, read_tuples},
+    maps::{BPF_NOEXIST, CONNS, DIALED, LOST, SCRATCH, count, count_lost, offset},
     packet::{Packet, TCP_ACK, TCP_SYN, parse},
 };
 
@@ -41,17 +41,18 @@ pub fn net_dev_queue(ctx: RawTracePointContext) -> i32 {
 
 #[inline(always)]
 fn handle(skb: u64) -> Result<(), ReadFailed> {
-    let off = offsets();
-    if off.valid == 0 {
+    // A packet without a DNAT decision costs two reads and no map lookup (the first
+    // packet of a connection one lookup more: `forget_reused`).
+    if offset!(valid) == 0 {
         return Ok(());
     }
-    let nfct: u64 = read(skb, off.skb_nfct)?;
+    let nfct: u64 = read(skb, offset!(skb_nfct))?;
     let info = nfct & ctinfo::MASK;
     let conntrack = nfct & !ctinfo::MASK;
     if conntrack == 0 || info == ctinfo::UNTRACKED {
         return Ok(());
     }
-    let ct_status: u64 = read(conntrack, off.ct_status)?;
+    let ct_status: u64 = read(conntrack, offset!(ct_status))?;
     if ct_status & (1 << status::DST_NAT_BIT) == 0 {
         if info == ctinfo::NEW {
             forget_reused(conntrack);
@@ -62,7 +63,7 @@ fn handle(skb: u64) -> Result<(), ReadFailed> {
     if info == ctinfo::RELATED || info == ctinfo::RELATED + ctinfo::IS_REPLY {
         return Ok(());
     }
-    let Some(packet) = parse(skb, &off)? else {
+    let Some(packet) = parse(skb)? else {
         return Ok(());
     };
     let dir = if info >= ctinfo::IS_REPLY {
@@ -74,7 +75,7 @@ fn handle(skb: u64) -> Result<(), ReadFailed> {
     let now = unsafe { bpf_ktime_get_ns() };
 
     if let Some(state) = CONNS.get_ptr_mut(&conntrack) {
-        if info == ctinfo::NEW && reused(conntrack, state, &packet, &off)? {
+        if info == ctinfo::NEW && reused(conntrack, state, &packet)? {
             // The kernel freed the entry we tracked and reused its memory for this new
             // connection: the old one ended without FIN or RST.
             end_now(conntrack, state, CLOSE_EXPIRED, now);
@@ -83,7 +84,7 @@ fn handle(skb: u64) -> Result<(), ReadFailed> {
             return Ok(());
         }
     }
-    open(conntrack, info, dir, &packet, now, &off)
+    open(conntrack, info, dir, &packet, now)
 }
 
 /// The first packet of a connection that was not DNATed: if its `nf_conn` is one we
@@ -125,10 +126,9 @@ fn open(
     dir: usize,
     packet: &Packet,
     now: u64,
-    off: &KernelOffsets,
 ) -> Result<(), ReadFailed> {
     let start_seen = info == ctinfo::NEW;
-    if !start_seen && packet.protocol == PROTO_TCP && !established(conntrack, off)? {
+    if !start_seen && packet.protocol == PROTO_TCP && !established(conntrack)? {
         // Attached mid-connection: adopt established connections only, not the last
         // ACKs of one that just closed.
         return Ok(());
@@ -141,13 +141,10 @@ fn open(
     *init = ConnState::default();
     init.start_ns = now;
     init.start_seen = start_seen as u8;
-    init.netns = read_netns(conntrack, off)?;
-    read_tuple(
-        conntrack + off.ct_tuple_original as u64,
-        off,
-        &mut init.original,
-    )?;
-    read_tuple(conntrack + off.ct_tuple_reply as u64, off, &mut init.reply)?;
+    init.netns = read_netns(conntrack)?;
+    let tuples = read_tuples(conntrack)?;
+    convert(&tuples.original, &mut init.original);
+    convert(&tuples.reply, &mut init.reply);
     init.reply_forwarded = (dir == REPLY) as u8;
     account(fresh, dir, packet, now);
     // SAFETY: as above.
@@ -159,7 +156,7 @@ fn open(
         Ok(())
             if !start_seen
                 && packet.protocol == PROTO_TCP
-                && matches!(established(conntrack, off), Ok(false)) =>
+                && matches!(established(conntrack), Ok(false)) =>
         {
             // A late packet of a connection another CPU just closed and removed: its
             // state left ESTABLISHED before that removal, so checking after the insert
@@ -193,8 +190,8 @@ fn open(
 
 /// Whether conntrack's TCP state of the entry is ESTABLISHED now.
 #[inline(always)]
-fn established(conntrack: u64, off: &KernelOffsets) -> Result<bool, ReadFailed> {
-    let state: u8 = read(conntrack, off.ct_tcp_state)?;
+fn established(conntrack: u64) -> Result<bool, ReadFailed> {
+    let state: u8 = read(conntrack, offset!(ct_tcp_state))?;
     Ok(state == tcp_state::ESTABLISHED)
 }
 
@@ -225,14 +222,9 @@ fn supersede(conntrack: u64, fresh: &ConnState, now: u64) {
 /// initial sequence number than the one recorded; or the entry already saw a reply
 /// (conntrack marks packets NEW only until an entry sees its first reply).
 #[inline(always)]
-fn reused(
-    conntrack: u64,
-    state: *const ConnState,
-    packet: &Packet,
-    off: &KernelOffsets,
-) -> Result<bool, ReadFailed> {
+fn reused(conntrack: u64, state: *const ConnState, packet: &Packet) -> Result<bool, ReadFailed> {
     let mut current = FlowTuple::default();
-    read_tuple(conntrack + off.ct_tuple_original as u64, off, &mut current)?;
+    read_original(conntrack, &mut current)?;
     // SAFETY: a live map value; the tuples are written once, before insertion.
     let tracked = unsafe { &(*state).original };
     if current.src != tracked.src || current.dst != tracked.dst {

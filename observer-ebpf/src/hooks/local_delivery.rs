@@ -10,13 +10,20 @@
 //! reads `dialed address -> client`, which finds the connection in `DIALED`. Replies
 //! the node forwarded (`ConnState::reply_forwarded`) were accounted already and are left
 //! alone. The program never drops anything: it returns 1.
+//!
+//! Most delivered packets are no such reply. `candidate` tells them apart by reading
+//! the headers in place (direct packet access, no helper call) and one byte of
+//! `DIALED_SEEN`, before any map lookup or `bpf_skb_load_bytes`. (`skb->_nfct`, which
+//! the forwarding hook reads, is gone by now: TCP and UDP reset it before socket
+//! filters run.)
 
 use aya_ebpf::{helpers::bpf_ktime_get_ns, macros::cgroup_skb, programs::SkBuffContext};
+use network_types::ip::{Ipv4Hdr, Ipv6Hdr};
 use observer_common::conn::{CLOSE_NONE, DialedKey, PROTO_TCP, PROTO_UDP, REPLY};
 
 use crate::{
     conn::{account, close, load, pending_close},
-    maps::{CONNS, DIALED},
+    maps::{CONNS, DIALED, dialed_slot, maybe_dialed},
     packet::Packet,
 };
 
@@ -26,8 +33,59 @@ pub fn local_delivery(ctx: SkBuffContext) -> i32 {
     1
 }
 
+/// Whether the packet may be a reply to a tracked connection: false only when it
+/// certainly is not (its source was never a tracked connection's dialed address).
+#[inline(always)]
+fn candidate(ctx: &SkBuffContext) -> bool {
+    // SAFETY: `skb` is the program's context; `data` and `data_end` are readable fields.
+    let (data, end) = unsafe {
+        (
+            (*ctx.skb.skb).data as usize,
+            (*ctx.skb.skb).data_end as usize,
+        )
+    };
+    // An IPv4 header without options and the ports, or an IPv6 header and the ports.
+    const V4: usize = Ipv4Hdr::LEN + 4;
+    const V6: usize = Ipv6Hdr::LEN + 4;
+    if data + V4 > end {
+        // Not all in the linear part: the careful path decides.
+        return true;
+    }
+    // SAFETY: `data..data + V4` is inside the packet (checked above).
+    let first = unsafe { *(data as *const u8) };
+    let mut addr = [0u8; 16];
+    let (protocol, ports) = match first >> 4 {
+        4 if first & 0x0f == 5 => {
+            // SAFETY: as above; `Ipv4Hdr` is plain bytes.
+            let ip: Ipv4Hdr = unsafe { core::ptr::read_unaligned(data as *const Ipv4Hdr) };
+            addr[..4].copy_from_slice(&ip.src_addr);
+            (ip.proto, data + Ipv4Hdr::LEN)
+        }
+        4 => return true,
+        6 => {
+            if data + V6 > end {
+                return true;
+            }
+            // SAFETY: `data..data + V6` is inside the packet (checked above).
+            let ip: Ipv6Hdr = unsafe { core::ptr::read_unaligned(data as *const Ipv6Hdr) };
+            addr = ip.src_addr;
+            (ip.next_hdr, data + Ipv6Hdr::LEN)
+        }
+        _ => return false,
+    };
+    if protocol != PROTO_TCP && protocol != PROTO_UDP {
+        return false;
+    }
+    // SAFETY: the two bytes after the IP header are inside the packet (checked above).
+    let port: [u8; 2] = unsafe { core::ptr::read_unaligned(ports as *const [u8; 2]) };
+    maybe_dialed(dialed_slot(&addr, u16::from_be_bytes(port), protocol))
+}
+
 #[inline(always)]
 fn handle(ctx: &SkBuffContext) -> Result<(), i64> {
+    if !candidate(ctx) {
+        return Ok(());
+    }
     let first: u8 = ctx.load(0)?;
     let mut key = DialedKey::default();
     let (ip_header, protocol) = match first >> 4 {

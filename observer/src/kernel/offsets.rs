@@ -1,6 +1,6 @@
 //! The kernel structure offsets the programs need, found in BTF by name.
 
-use observer_common::offsets::KernelOffsets;
+use observer_common::offsets::{KernelOffsets, RawTuple};
 
 use crate::kernel::btf::{Btf, BtfError};
 
@@ -91,7 +91,7 @@ pub fn kernel_offsets(btf: &Btf) -> Result<KernelOffsets, BtfError> {
         ],
     )?;
     let (_, [ns_inum]) = offsets(btf, "net", [("ns.inum", 4)])?;
-    Ok(KernelOffsets {
+    let found = KernelOffsets {
         skb_nfct,
         skb_head,
         skb_data,
@@ -111,7 +111,15 @@ pub fn kernel_offsets(btf: &Btf) -> Result<KernelOffsets, BtfError> {
         tuple_dst_port: dst_port,
         tuple_dst_protonum: dst_protonum,
         valid: 1,
-    })
+    };
+    // The programs read both tuples, and `head` with `data`, in one read each.
+    if !RawTuple::matches(&found) {
+        return Err(BtfError::UnexpectedLayout("nf_conn.tuplehash"));
+    }
+    if skb_data != skb_head + 8 {
+        return Err(BtfError::UnexpectedLayout("sk_buff.head, data"));
+    }
+    Ok(found)
 }
 
 /// Every offset as `struct.member.path=bytes`, in C's notation, space-separated: what

@@ -20,6 +20,10 @@ pub enum BtfError {
     Io(String),
     #[error("BTF data is truncated or malformed: {0}")]
     Malformed(&'static str),
+    #[error(
+        "this kernel lays out `{0}` unlike every kernel observer knows; its programs read it in one block"
+    )]
+    UnexpectedLayout(&'static str),
     #[error("BTF has no struct `{0}`")]
     NoStruct(String),
     #[error("BTF struct `{0}` has no member `{1}`")]

@@ -1,0 +1,204 @@
+//! What observer costs: connection rates through the DNAT with no observer, with
+//! `observer record`, and with `conntrack -E -e NEW` (the anchor) in interleaved
+//! rounds; pod-to-pod rates (no Service) with and without observer; each kernel
+//! program's ns per run on DNATed and on pod-to-pod packets; observer's CPU per
+//! connection; lost connections.
+
+use std::{
+    path::Path,
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use anyhow::Context as _;
+use observer_lab::Lab;
+
+use super::{Children, Recorder, list, list_u64, median, progstats, tempfile_dir};
+use crate::load::LoadReport;
+
+/// What the measurements need from the benchmark's lab.
+pub struct Setup<'a> {
+    pub lab: &'a Lab,
+    pub observer: &'a Path,
+    pub rounds: usize,
+    /// One unthrottled run through the Service's DNAT.
+    pub dnat: &'a dyn Fn() -> anyhow::Result<LoadReport>,
+    /// One unthrottled run straight to a pod IP.
+    pub pod_to_pod: &'a dyn Fn() -> anyhow::Result<LoadReport>,
+}
+
+/// One run with `observer record` attached.
+struct Recorded {
+    rate: f64,
+    cpu_us_per_conn: f64,
+    lost: u64,
+}
+
+pub fn report(setup: &Setup<'_>) -> anyhow::Result<()> {
+    println!(
+        "load average: {}",
+        std::fs::read_to_string("/proc/loadavg")?.trim()
+    );
+    dnat_rates(setup)?;
+    pod_rates(setup)?;
+    program_costs(setup)?;
+    println!(
+        "load average: {}",
+        std::fs::read_to_string("/proc/loadavg")?.trim()
+    );
+    Ok(())
+}
+
+fn dnat_rates(setup: &Setup<'_>) -> anyhow::Result<()> {
+    let (mut none, mut with, mut anchor) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut cpu, mut lost) = (Vec::new(), Vec::new());
+    for _ in 0..setup.rounds {
+        none.push((setup.dnat)()?.rate());
+        let recorded = recorded(setup, setup.dnat)?;
+        with.push(recorded.rate);
+        cpu.push(recorded.cpu_us_per_conn);
+        lost.push(recorded.lost);
+        let watch = conntrack_events(setup.lab)?;
+        anchor.push((setup.dnat)()?.rate());
+        drop(watch);
+    }
+    let base = median(&mut none.clone());
+    println!(
+        "new connections/s through the DNAT (rounds interleaved: none, observer, conntrack -E)"
+    );
+    println!("                          median   ratio   rounds");
+    println!(
+        "  no observer           {base:>8.0}   1.000   {}",
+        list(&none)
+    );
+    let with_median = median(&mut with.clone());
+    println!(
+        "  observer record       {with_median:>8.0}   {:.3}   {}",
+        with_median / base,
+        list(&with)
+    );
+    let anchor_median = median(&mut anchor.clone());
+    println!(
+        "  conntrack -E -e NEW   {anchor_median:>8.0}   {:.3}   {}",
+        anchor_median / base,
+        list(&anchor)
+    );
+    println!(
+        "  observer CPU per connection: {:.2} µs (median; rounds: {})",
+        median(&mut cpu.clone()),
+        cpu.iter()
+            .map(|v| format!("{v:.2}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    println!("  lost connections per round: {}", list_u64(&lost));
+    Ok(())
+}
+
+fn pod_rates(setup: &Setup<'_>) -> anyhow::Result<()> {
+    let (mut none, mut with) = (Vec::new(), Vec::new());
+    for _ in 0..setup.rounds {
+        none.push((setup.pod_to_pod)()?.rate());
+        with.push(recorded(setup, setup.pod_to_pod)?.rate);
+    }
+    let base = median(&mut none.clone());
+    let with_median = median(&mut with.clone());
+    println!("pod-to-pod connections/s (no Service; rounds interleaved)");
+    println!(
+        "  no observer           {base:>8.0}   1.000   {}",
+        list(&none)
+    );
+    println!(
+        "  observer record       {with_median:>8.0}   {:.3}   {}",
+        with_median / base,
+        list(&with)
+    );
+    Ok(())
+}
+
+/// One run of `load` with `observer record` attached, and observer's CPU time over it
+/// (utime + stime from /proc/PID/stat, start-up excluded).
+fn recorded(
+    setup: &Setup<'_>,
+    load: &dyn Fn() -> anyhow::Result<LoadReport>,
+) -> anyhow::Result<Recorded> {
+    let dir = tempfile_dir()?;
+    let recorder = Recorder::start(setup.observer, &dir)?;
+    let pid = recorder.observer.pid();
+    let before = cpu_seconds(pid)?;
+    let report = load()?;
+    // Let it drain and write what the run produced.
+    std::thread::sleep(Duration::from_millis(300));
+    let cpu = cpu_seconds(pid)? - before;
+    let summary = recorder.stop()?;
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(Recorded {
+        rate: report.rate(),
+        cpu_us_per_conn: cpu * 1e6 / report.connected.max(1) as f64,
+        lost: summary.lost_connections,
+    })
+}
+
+/// `conntrack -E -e NEW` in the node's namespace, its output thrown away.
+fn conntrack_events(lab: &Lab) -> anyhow::Result<Children> {
+    let child = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            lab.node_ns(),
+            "conntrack",
+            "-E",
+            "-e",
+            "NEW",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("conntrack -E")?;
+    std::thread::sleep(Duration::from_millis(200));
+    Ok(Children(vec![child]))
+}
+
+/// User + system CPU seconds process `pid` used so far (/proc/PID/stat fields 14, 15).
+fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the command name, which is in parentheses and may hold spaces.
+    let rest = &stat[stat.rfind(')').context("/proc/PID/stat")? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = fields[11].parse::<u64>()? + fields[12].parse::<u64>()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { nix::libc::sysconf(nix::libc::_SC_CLK_TCK) } as f64;
+    Ok(ticks as f64 / hz)
+}
+
+/// ns per run of each observer program over a DNAT-only phase and a pod-to-pod-only
+/// phase (other traffic on the machine, e.g. other labs, runs them too).
+fn program_costs(setup: &Setup<'_>) -> anyhow::Result<()> {
+    let dir = tempfile_dir()?;
+    let recorder = Recorder::start(setup.observer, &dir)?;
+    let ids = progstats::program_ids(recorder.observer.pid())?;
+    let stats = progstats::StatsEnabled::new()?;
+    let start = progstats::snapshot(&ids)?;
+    let dnat = (setup.dnat)()?;
+    let middle = progstats::snapshot(&ids)?;
+    let pods = (setup.pod_to_pod)()?;
+    let end = progstats::snapshot(&ids)?;
+    drop(stats);
+    recorder.stop()?;
+    let _ = std::fs::remove_dir_all(&dir);
+    println!("kernel programs (kernel.bpf_stats_enabled), ns per run and runs per connection");
+    println!("  program            DNAT ns/run  runs/conn   pod-to-pod ns/run  runs/conn");
+    for (name, end_runs) in &end {
+        let (Some(first), Some(mid)) = (start.get(name), middle.get(name)) else {
+            continue;
+        };
+        println!(
+            "  {name:<18} {:>11.1}  {:>9.1}   {:>17.1}  {:>9.1}",
+            mid.per_run_since(first),
+            mid.count_since(first) as f64 / dnat.connected.max(1) as f64,
+            end_runs.per_run_since(mid),
+            end_runs.count_since(mid) as f64 / pods.connected.max(1) as f64,
+        );
+    }
+    Ok(())
+}

@@ -19,6 +19,7 @@ use crate::model::ctview::{CtKey, Destroyed, destroyed_close};
 use crate::model::record::{Close, ConnRecord, SummaryRecord};
 use crate::model::tracker::{Clock, Tracker};
 use crate::model::update::{CaptureStats, ConnId, Update};
+use crate::naming::pod_source::PodNamer;
 use crate::naming::{FIRST_READ, Namer, hold::Hold};
 use crate::sinks::log::LogWriter;
 
@@ -43,6 +44,8 @@ pub struct SessionOptions {
     pub updates: Option<mpsc::Sender<Update>>,
     /// Names connections from the node's rules; `None` leaves `service` null.
     pub namer: Option<Namer>,
+    /// Names client and backend addresses by pod; `None` leaves them null.
+    pub pods: Option<PodNamer>,
     /// Where warnings go (e.g. rules that cannot be read): once each.
     pub warn: Box<dyn FnMut(String) + Send>,
     /// conntrack's own entries (found at start) and destroy events (while running).
@@ -62,6 +65,7 @@ struct Session {
     log: Option<LogWriter>,
     updates: Option<mpsc::Sender<Update>>,
     namer: Option<Namer>,
+    pods: Option<PodNamer>,
     warn: Box<dyn FnMut(String) + Send>,
     netns_seen: std::collections::HashSet<u32>,
     /// Finished connections waiting (briefly) for their rules to be read.
@@ -97,6 +101,7 @@ pub async fn run(
         log: options.log,
         updates: options.updates,
         namer: options.namer,
+        pods: options.pods,
         warn: options.warn,
         netns_seen: Default::default(),
         held: Hold::new(NAME_WAIT, FIRST_NAME_WAIT),
@@ -359,6 +364,7 @@ impl Session {
     /// Returns the generation of the rules the name waits for, if a re-read is under way.
     fn name(&mut self, record: &mut ConnRecord) -> anyhow::Result<Option<u64>> {
         self.netns_seen.insert(record.netns);
+        self.name_pods(record);
         let Some(namer) = self.namer.as_mut() else {
             return Ok(None);
         };
@@ -373,8 +379,23 @@ impl Session {
         );
         record.service = lookup.naming.service;
         record.endpoint_in_rules = lookup.naming.endpoint_in_rules;
+        record.frontend = lookup.naming.frontend;
         self.publish_naming()?;
         Ok(lookup.wait_for)
+    }
+
+    /// Fills in `client_pod` and `backend_pod`: map look-ups; an unknown address asks the
+    /// pod namer's own thread to re-read the runtime state.
+    fn name_pods(&mut self, record: &mut ConnRecord) {
+        let Some(pods) = self.pods.as_mut() else {
+            return;
+        };
+        let now = Instant::now();
+        record.client_pod = pods.name(record.client.ip(), now);
+        record.backend_pod = pods.name(record.backend.ip(), now);
+        for warning in pods.take_warnings() {
+            (self.warn)(warning);
+        }
     }
 
     /// Passes on the namer's warnings and writes its new or changed Services.
@@ -386,7 +407,13 @@ impl Session {
         for warning in namer.take_warnings() {
             (self.warn)(warning);
         }
-        for service in namer.take_service_updates() {
+        for mut service in namer.take_service_updates() {
+            if let Some(pods) = self.pods.as_mut() {
+                let now = Instant::now();
+                for endpoint in &mut service.endpoints {
+                    endpoint.pod = pods.name(endpoint.addr.ip(), now);
+                }
+            }
             if let Some(log) = self.log.as_mut() {
                 log.service(&service)
                     .with_context(|| format!("cannot write the connection log to {}", log.name))?;
@@ -565,7 +592,7 @@ impl Session {
             return Ok(());
         }
         match follower.view.destroyed(&key, Utc::now()) {
-            Destroyed::Found(id, record) => self.finished(id, record)?,
+            Destroyed::Found(id, record) => self.finished(id, *record)?,
             Destroyed::Kernel(conntrack) => {
                 // Unless the kernel programs ended it first (FIN/RST wins).
                 let (now, idle) = (monotonic_ns(), self.idle_timeout_ns);

@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 
 use common::{Recorder, only_node, prefix, require_root};
-use observer::model::record::{Close, ConnRecord, Proto};
+use observer::model::record::{Close, ConnRecord, FrontendKind, Proto};
 use observer_lab::{
     ConntrackWatch, Lab, LabConfig, RuleMode, Topology, http_fresh, http_keepalive, node_fetch,
     udp_queries,
@@ -40,7 +40,16 @@ fn scenario(topology: Topology, rules: RuleMode, tag: &str) {
         .collect();
 
     let watch = ConntrackWatch::start(lab.node_ns()).expect("conntrack -E");
-    let recorder = Recorder::start(dir.path(), &["--idle-timeout", "2"]);
+    let runtime_root = lab.runtime_root();
+    let recorder = Recorder::start(
+        dir.path(),
+        &[
+            "--idle-timeout",
+            "2",
+            "--runtime-root",
+            runtime_root.to_str().unwrap(),
+        ],
+    );
     let fresh = http_fresh(&lab, checkout, 21).unwrap();
     let keepalive = http_keepalive(&lab, checkout, 30).unwrap();
     let node = node_fetch(&lab, checkout, 30).unwrap();
@@ -110,6 +119,24 @@ fn scenario(topology: Topology, rules: RuleMode, tag: &str) {
         };
         assert_eq!(conn.service.as_deref(), Some(expected), "{conn:?}");
         assert_eq!(conn.endpoint_in_rules, Some(true), "{conn:?}");
+        assert_eq!(conn.frontend, Some(FrontendKind::ClusterIp), "{conn:?}");
+    }
+    // Every client and backend is a lab pod, named from the runtime state the lab wrote
+    // as containerd does.
+    let pods = lab.pod_names();
+    let pod_of = |addr: SocketAddr| match addr.ip() {
+        std::net::IpAddr::V4(ip) => pods.get(&ip).cloned(),
+        std::net::IpAddr::V6(_) => None,
+    };
+    for conn in &recording.conns {
+        assert_eq!(
+            conn.client_pod.as_deref(),
+            Some("default/client"),
+            "{conn:?}"
+        );
+        assert_eq!(conn.client_pod, pod_of(conn.client), "{conn:?}");
+        assert!(conn.backend_pod.is_some(), "{conn:?}");
+        assert_eq!(conn.backend_pod, pod_of(conn.backend), "{conn:?}");
     }
     // The log describes both Services with the rules' expected shares.
     let shares = |name: &str| -> Vec<(String, f64)> {
@@ -161,6 +188,8 @@ fn scenario(topology: Topology, rules: RuleMode, tag: &str) {
         );
         assert_eq!((conn.requests, conn.close), (1, Close::Fin));
         assert_eq!(conn.original_dst, SocketAddr::V4(checkout));
+        // The pod that answered, by the name it answered with.
+        assert_eq!(conn.backend_pod, Some(format!("shop/{}", answer.pod)));
         // http.client's request: GET, Host, Accept-Encoding and Connection: close lines.
         assert_eq!(conn.bytes_to_backend, 84, "each byte once");
     }
@@ -191,6 +220,10 @@ fn scenario(topology: Topology, rules: RuleMode, tag: &str) {
         let conn = by_port[&(Proto::Udp, answer.client_port)];
         assert_eq!(conn.backend, pod_ip[&answer.pod]);
         assert_eq!(conn.original_dst, SocketAddr::V4(dns));
+        assert_eq!(
+            conn.backend_pod,
+            Some(format!("kube-system/{}", answer.pod))
+        );
         assert_eq!(
             (
                 conn.requests,

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
+use observer::model::record::FrontendKind::{ClusterIp, NodePort};
 use observer::model::record::{LogLine, Proto};
 use observer::naming::{Namer, NamerConfig, Naming, SystemSource, netns_inode};
 
@@ -116,28 +117,28 @@ fn cases(ipt_inode: u32, nft_inode: u32) -> [(u32, Proto, &'static str, &'static
             Proto::Tcp,
             "10.96.35.226:80",
             "10.244.1.14:3000",
-            Naming::named("shop/checkout:http", true),
+            Naming::named("shop/checkout:http", true).via(ClusterIp),
         ),
         (
             ipt_inode,
             Proto::Tcp,
             "[fd00:10:96::a]:80",
             "[fd00:10:244:2::7]:3000",
-            Naming::named("shop/checkout:http", true),
+            Naming::named("shop/checkout:http", true).via(ClusterIp),
         ),
         (
             ipt_inode,
             Proto::Udp,
             "10.96.0.10:53",
             "10.244.0.3:53",
-            Naming::named("kube-system/kube-dns:dns", true),
+            Naming::named("kube-system/kube-dns:dns", true).via(ClusterIp),
         ),
         (
             ipt_inode,
             Proto::Tcp,
             "10.0.0.5:30443",
             "10.244.9.9:8443",
-            Naming::named("web-team/front-end.v2:https-alt", false),
+            Naming::named("web-team/front-end.v2:https-alt", false).via(NodePort),
         ),
         (
             ipt_inode,
@@ -151,21 +152,21 @@ fn cases(ipt_inode: u32, nft_inode: u32) -> [(u32, Proto, &'static str, &'static
             Proto::Tcp,
             "10.96.35.226:80",
             "10.244.2.7:3000",
-            Naming::named("shop/checkout:http", true),
+            Naming::named("shop/checkout:http", true).via(ClusterIp),
         ),
         (
             nft_inode,
             Proto::Udp,
             "[fd00:1::2]:30053",
             "[fd00:10:244::2]:53",
-            Naming::named("kube-system/kube-dns:dns", true),
+            Naming::named("kube-system/kube-dns:dns", true).via(NodePort),
         ),
         (
             nft_inode,
             Proto::Tcp,
             "10.96.200.1:80",
             "10.244.1.1:80",
-            Naming::named("shop/empty:http", false),
+            Naming::named("shop/empty:http", false).via(ClusterIp),
         ),
     ]
 }

@@ -121,9 +121,10 @@ fn live_view_shows_pinning() {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("live.jsonl");
     let command = format!(
-        "{} --idle-timeout 2 --record {}",
+        "{} --idle-timeout 2 --record {} --runtime-root {}",
         env!("CARGO_BIN_EXE_observer"),
-        log.display()
+        log.display(),
+        lab.runtime_root().display()
     );
     let tmux = Tmux::start(&format!("observer-e2e-{}", std::process::id()), &command);
     tmux.wait_for("the status bar", |s| s.contains("hooks 2"));
@@ -179,6 +180,25 @@ fn live_view_shows_pinning() {
     assert!(
         fields[1].starts_with(&pinned.ip.to_string()),
         "keep-alive row: {row}"
+    );
+
+    // `n` shows pod names: every backend row, and the keep-alive row by both pods.
+    tmux.keys(&["n"]);
+    let named = tmux.wait_for("pod names", |s| s.contains("BACKEND POD"));
+    let backend_rows = named
+        .lines()
+        .filter(|l| l.starts_with("shop/checkout-"))
+        .count();
+    assert_eq!(backend_rows, 3, "{named}");
+    let pinned_pod = format!("shop/{}", keepalive[0].pod);
+    assert!(
+        named.lines().any(|l| {
+            let fields: Vec<&str> = l.split_whitespace().filter(|f| *f != ">").collect();
+            fields.len() > 3
+                && fields[..2] == ["default/client", pinned_pod.as_str()]
+                && fields[3] == "30"
+        }),
+        "keep-alive row by pod names:\n{named}"
     );
 
     // q quits, restores the terminal, and the recording is complete.

@@ -67,8 +67,11 @@ pub fn demo(args: DemoArgs) -> anyhow::Result<()> {
                 }
             });
         }
+        // Pod names from the runtime state the lab writes as containerd would.
         let status = Command::new(&observer)
             .args(["--idle-timeout", "5"])
+            .arg("--runtime-root")
+            .arg(lab.runtime_root())
             .status();
         stop.store(true, Ordering::Relaxed);
         // End the clients that are still talking so the threads notice the stop.
@@ -93,7 +96,7 @@ pub fn demo(args: DemoArgs) -> anyhow::Result<()> {
 type Client = fn(&Lab) -> anyhow::Result<()>;
 
 /// The demo's traffic: each runs in a loop on its own thread.
-const CLIENTS: [Client; 4] = [keepalive, fresh, node_fetch, dns];
+const CLIENTS: [Client; 5] = [keepalive, fresh, node_fetch, dns, node_port];
 
 fn checkout(lab: &Lab) -> std::net::SocketAddrV4 {
     lab.service("checkout")
@@ -110,6 +113,21 @@ fn keepalive(lab: &Lab) -> anyhow::Result<()> {
 fn fresh(lab: &Lab) -> anyhow::Result<()> {
     lab::http_fresh(lab, checkout(lab), 5)?;
     std::thread::sleep(Duration::from_millis(500));
+    Ok(())
+}
+
+/// Fresh connections through the NodePort on the node's address: another door.
+fn node_port(lab: &Lab) -> anyhow::Result<()> {
+    let checkout = lab.service("checkout").expect("the lab defines it");
+    let port = checkout
+        .node_port
+        .expect("the lab gives checkout a NodePort");
+    lab::http_fresh(
+        lab,
+        std::net::SocketAddrV4::new(lab::spec::NODE_IP, port),
+        2,
+    )?;
+    std::thread::sleep(Duration::from_secs(1));
     Ok(())
 }
 

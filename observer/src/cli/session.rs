@@ -7,6 +7,7 @@ use anyhow::Context as _;
 
 use super::args::idle_seconds;
 use crate::kernel::capture::{Capture, CaptureOptions};
+use crate::naming::pod_source::{DEFAULT_RUNTIME_ROOTS, PodNamer, PodNamerConfig, RuntimeSource};
 use crate::naming::{Namer, NamerConfig, SystemSource};
 use crate::pipeline::SessionOptions;
 use crate::sinks::log::LogWriter;
@@ -32,6 +33,13 @@ pub struct CaptureArgs {
     /// Do not read kube-proxy's rules: connections keep `service: null`.
     #[arg(long)]
     pub no_names: bool,
+    /// Where the container runtime keeps its pod sandbox bundles (`<id>/config.json`),
+    /// for pod names; repeatable. Default: containerd's and CRI-O's state directories.
+    #[arg(long, value_name = "DIR", hide = true)]
+    pub runtime_root: Vec<std::path::PathBuf>,
+    /// Do not name addresses by pod: `client_pod` and `backend_pod` stay null.
+    #[arg(long)]
+    pub no_pod_names: bool,
 }
 
 impl CaptureArgs {
@@ -47,6 +55,7 @@ impl CaptureArgs {
             log,
             updates: None,
             namer: self.namer(),
+            pods: self.pods(),
             warn,
             conntrack: Some(crate::pipeline::follow_conntrack()),
         }
@@ -62,6 +71,21 @@ impl CaptureArgs {
         };
         // Reads run on a thread of their own: never on the loop that drains the kernel.
         (!self.no_names).then(|| Namer::spawn(config, Box::new(SystemSource::new())))
+    }
+
+    fn pods(&self) -> Option<PodNamer> {
+        if self.no_pod_names {
+            return None;
+        }
+        let roots = if self.runtime_root.is_empty() {
+            DEFAULT_RUNTIME_ROOTS.iter().map(Into::into).collect()
+        } else {
+            self.runtime_root.clone()
+        };
+        Some(PodNamer::start(
+            PodNamerConfig::default(),
+            Box::new(RuntimeSource::new(roots)),
+        ))
     }
 
     /// Loads and attaches the kernel programs; says what works less well on this machine.

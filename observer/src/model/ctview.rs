@@ -69,8 +69,9 @@ pub enum Destroyed {
     /// A connection the kernel programs follow, at this `nf_conn` address: remove it
     /// from their table and end it as expired (unless they ended it first).
     Kernel(u64),
-    /// An entry found at start that never carried a packet since: its final record.
-    Found(ConnId, ConnRecord),
+    /// An entry found at start that never carried a packet since: its final record
+    /// (boxed: a record is large next to the other variants).
+    Found(ConnId, Box<ConnRecord>),
     /// Nothing observer follows.
     Unknown,
 }
@@ -216,7 +217,8 @@ impl ConntrackView {
     /// conntrack destroyed the entry `key` at `now`.
     pub fn destroyed(&mut self, key: &CtKey, now: DateTime<Utc>) -> Destroyed {
         if let Some(found) = self.found.remove(key) {
-            return Destroyed::Found(found.id, record(key.netns, &found, Close::Expired, now));
+            let record = record(key.netns, &found, Close::Expired, now);
+            return Destroyed::Found(found.id, Box::new(record));
         }
         match self.kernel.remove(key) {
             Some(conntrack) => Destroyed::Kernel(conntrack),
@@ -309,9 +311,12 @@ fn record(netns: u32, found: &Found, close: Close, now: DateTime<Utc>) -> ConnRe
     ConnRecord {
         proto: found.proto,
         client: found.entry.original.src,
+        client_pod: None,
         original_dst: found.entry.original.dst,
         backend: found.entry.reply.src,
+        backend_pod: None,
         service: None,
+        frontend: None,
         endpoint_in_rules: None,
         netns,
         start: found.start,

@@ -2,8 +2,10 @@
 //! "Record schema"); other projects' tests parse it.
 //!
 //! ```text
-//! {"type":"conn","proto":"tcp","client":"10.244.1.9:45364","original_dst":"10.96.35.226:80",
-//!  "backend":"10.244.1.13:3000","service":"shop/checkout:http","endpoint_in_rules":true,
+//! {"type":"conn","proto":"tcp","client":"10.244.1.9:45364","client_pod":"shop/client",
+//!  "original_dst":"10.96.35.226:80","backend":"10.244.1.13:3000",
+//!  "backend_pod":"shop/checkout-b","service":"shop/checkout:http","frontend":"cluster_ip",
+//!  "endpoint_in_rules":true,
 //!  "netns":4026532301,"start":"2026-08-06T13:46:36.412345Z","end":"2026-08-06T13:46:40.500000Z",
 //!  "duration_ms":4087.655,"requests":30,"bytes_to_backend":2790,"bytes_from_backend":5400,
 //!  "close":"fin","start_seen":true}
@@ -57,12 +59,22 @@ pub struct ConnRecord {
     pub proto: Proto,
     /// The client's address and port (conntrack's original source).
     pub client: SocketAddr,
+    /// `namespace/pod` of the client when it is a pod on a node observer sees; null otherwise.
+    #[serde(default)]
+    pub client_pod: Option<String>,
     /// What the client dialed: ClusterIP:port, NodeIP:NodePort, external IP...
     pub original_dst: SocketAddr,
     /// The backend the connection was pinned to: pod IP:targetPort.
     pub backend: SocketAddr,
+    /// `namespace/pod` of the backend when it is a pod on a node observer sees; null otherwise.
+    #[serde(default)]
+    pub backend_pod: Option<String>,
     /// `ns/name:port` as kube-proxy's rules name the Service port; null when unknown.
     pub service: Option<String>,
+    /// Which kind of Service address the client dialed (the rule that matched); null
+    /// with no service.
+    #[serde(default)]
+    pub frontend: Option<FrontendKind>,
     /// Whether `backend` is still an endpoint of `service` in the node's current rules;
     /// `false` is a stale pin; null when the service is unknown.
     #[serde(default)]
@@ -133,6 +145,18 @@ pub enum FrontendKind {
     LoadBalancer,
 }
 
+impl FrontendKind {
+    /// As the log writes it: `cluster_ip`, `node_port`, `external_ip`, `load_balancer`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FrontendKind::ClusterIp => "cluster_ip",
+            FrontendKind::NodePort => "node_port",
+            FrontendKind::ExternalIp => "external_ip",
+            FrontendKind::LoadBalancer => "load_balancer",
+        }
+    }
+}
+
 /// One address of a Service. `ip` is null for a NodePort (any local address).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct Frontend {
@@ -147,6 +171,10 @@ pub struct EndpointShare {
     pub addr: SocketAddr,
     /// The iptables `--probability` waterfall multiplied out; 1/N in nftables mode.
     pub expected_share: f64,
+    /// `namespace/pod` of the endpoint when it is a pod on a node observer sees; left
+    /// out otherwise (so endpoints that got nothing are named too).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
 }
 
 /// A Service port as the node's rules define it, written once when a recording first
@@ -342,12 +370,69 @@ mod micros_opt {
 mod tests {
     use super::*;
 
-    const EXAMPLE: &str = r#"{"type":"conn","proto":"tcp","client":"10.244.1.9:45364","original_dst":"10.96.35.226:80","backend":"10.244.1.13:3000","service":null,"endpoint_in_rules":null,"netns":4026532301,"start":"2026-08-06T13:46:36.412345Z","end":"2026-08-06T13:46:40.500000Z","duration_ms":4087.655,"requests":30,"bytes_to_backend":2790,"bytes_from_backend":5400,"close":"fin","start_seen":true}"#;
+    const EXAMPLE: &str = r#"{"type":"conn","proto":"tcp","client":"10.244.1.9:45364","client_pod":null,"original_dst":"10.96.35.226:80","backend":"10.244.1.13:3000","backend_pod":null,"service":null,"frontend":null,"endpoint_in_rules":null,"netns":4026532301,"start":"2026-08-06T13:46:36.412345Z","end":"2026-08-06T13:46:40.500000Z","duration_ms":4087.655,"requests":30,"bytes_to_backend":2790,"bytes_from_backend":5400,"close":"fin","start_seen":true}"#;
 
     #[test]
     fn conn_line_round_trips_byte_for_byte() {
         let line: LogLine = serde_json::from_str(EXAMPLE).unwrap();
         assert_eq!(serde_json::to_string(&line).unwrap(), EXAMPLE);
+    }
+
+    #[test]
+    fn lines_without_pods_or_frontend_still_read() {
+        let old = EXAMPLE
+            .replace(r#""client_pod":null,"#, "")
+            .replace(r#""backend_pod":null,"#, "")
+            .replace(r#""frontend":null,"#, "");
+        assert_ne!(old, EXAMPLE);
+        let old: LogLine = serde_json::from_str(&old).unwrap();
+        let new: LogLine = serde_json::from_str(EXAMPLE).unwrap();
+        assert_eq!(old, new);
+    }
+
+    #[test]
+    fn pods_and_frontend_round_trip() {
+        let line = EXAMPLE
+            .replace(r#""client_pod":null"#, r#""client_pod":"shop/client""#)
+            .replace(
+                r#""backend_pod":null"#,
+                r#""backend_pod":"shop/checkout-b""#,
+            )
+            .replace(r#""frontend":null"#, r#""frontend":"node_port""#);
+        let LogLine::Conn(conn) = serde_json::from_str(&line).unwrap() else {
+            panic!("not a conn line");
+        };
+        assert_eq!(conn.client_pod.as_deref(), Some("shop/client"));
+        assert_eq!(conn.backend_pod.as_deref(), Some("shop/checkout-b"));
+        assert_eq!(conn.frontend, Some(FrontendKind::NodePort));
+        for kind in [
+            FrontendKind::ClusterIp,
+            FrontendKind::NodePort,
+            FrontendKind::ExternalIp,
+            FrontendKind::LoadBalancer,
+        ] {
+            assert_eq!(
+                serde_json::to_string(&kind).unwrap(),
+                format!("\"{}\"", kind.as_str())
+            );
+        }
+        assert_eq!(serde_json::to_string(&LogLine::Conn(conn)).unwrap(), line);
+    }
+
+    #[test]
+    fn endpoint_pods_are_written_only_when_known() {
+        let mut endpoint = EndpointShare {
+            addr: "10.244.1.12:8080".parse().unwrap(),
+            expected_share: 0.5,
+            pod: None,
+        };
+        let unnamed = r#"{"addr":"10.244.1.12:8080","expected_share":0.5}"#;
+        assert_eq!(serde_json::to_string(&endpoint).unwrap(), unnamed);
+        endpoint.pod = Some("shop/checkout-a".to_owned());
+        let named = r#"{"addr":"10.244.1.12:8080","expected_share":0.5,"pod":"shop/checkout-a"}"#;
+        assert_eq!(serde_json::to_string(&endpoint).unwrap(), named);
+        let back: EndpointShare = serde_json::from_str(named).unwrap();
+        assert_eq!(back, endpoint);
     }
 
     #[test]

@@ -203,9 +203,12 @@ impl Tracker {
         Ok(ConnRecord {
             proto,
             client: decode::socket_addr(state.original.family, &state.original.src),
+            client_pod: None,
             original_dst: decode::socket_addr(state.original.family, &state.original.dst),
             backend: decode::socket_addr(state.reply.family, &state.reply.src),
+            backend_pod: None,
             service: None,
+            frontend: None,
             endpoint_in_rules: None,
             netns: state.netns,
             start: self.clock.wall(state.start_ns),
@@ -302,7 +305,7 @@ mod tests {
         let line = serde_json::to_string(&crate::model::record::LogLine::Conn(record)).unwrap();
         assert_eq!(
             line,
-            r#"{"type":"conn","proto":"tcp","client":"10.244.1.9:45364","original_dst":"10.96.35.226:80","backend":"10.244.1.13:8080","service":null,"endpoint_in_rules":null,"netns":4026532301,"start":"2026-08-06T13:46:36.000000Z","end":"2026-08-06T13:46:40.000500Z","duration_ms":4000.5,"requests":30,"bytes_to_backend":93,"bytes_from_backend":180,"close":"fin","start_seen":true}"#
+            r#"{"type":"conn","proto":"tcp","client":"10.244.1.9:45364","client_pod":null,"original_dst":"10.96.35.226:80","backend":"10.244.1.13:8080","backend_pod":null,"service":null,"frontend":null,"endpoint_in_rules":null,"netns":4026532301,"start":"2026-08-06T13:46:36.000000Z","end":"2026-08-06T13:46:40.000500Z","duration_ms":4000.5,"requests":30,"bytes_to_backend":93,"bytes_from_backend":180,"close":"fin","start_seen":true}"#
         );
     }
 

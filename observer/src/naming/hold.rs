@@ -118,6 +118,7 @@ impl<T> Hold<T> {
             );
             record.service = naming.service;
             record.endpoint_in_rules = naming.endpoint_in_rules;
+            record.frontend = naming.frontend;
         }
         (held.item, held.record)
     }

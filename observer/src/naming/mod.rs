@@ -23,12 +23,14 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use crate::model::record::{EndpointsRecord, Proto, ServiceRecord};
+use crate::model::record::{EndpointsRecord, FrontendKind, Proto, ServiceRecord};
 use reader::{Request, RuleReader};
 use rules::ServiceMap;
 
 pub mod hold;
 pub mod legacy;
+pub mod pod_source;
+pub mod pods;
 mod reader;
 pub mod rules;
 pub mod source;
@@ -43,6 +45,8 @@ pub struct Naming {
     pub service: Option<String>,
     /// Whether the backend is still an endpoint in the rules; `None` with no service.
     pub endpoint_in_rules: Option<bool>,
+    /// Which kind of Service address the client dialed; `None` with no service.
+    pub frontend: Option<FrontendKind>,
 }
 
 impl Naming {
@@ -52,6 +56,15 @@ impl Naming {
         Naming {
             service: Some(service.into()),
             endpoint_in_rules: Some(endpoint_in_rules),
+            frontend: None,
+        }
+    }
+
+    /// The same naming, entered through `door`.
+    pub fn via(self, door: impl Into<Option<FrontendKind>>) -> Naming {
+        Naming {
+            frontend: door.into(),
+            ..self
         }
     }
 }
@@ -291,12 +304,10 @@ impl Namer {
         original_dst: SocketAddr,
         backend: SocketAddr,
     ) -> Naming {
-        match self
-            .spaces
-            .get(&netns)
-            .and_then(|space| space.map.lookup(proto, original_dst, backend))
-        {
-            Some((port, current)) => Naming::named(port.name.as_str(), current),
+        let map = self.spaces.get(&netns).map(|space| &space.map);
+        match map.and_then(|map| map.lookup(proto, original_dst, backend)) {
+            Some((port, current)) => Naming::named(port.name.as_str(), current)
+                .via(map.and_then(|map| map.frontend_kind(proto, original_dst))),
             None => Naming::default(),
         }
     }

@@ -54,9 +54,9 @@ fn name_tcp(namer: &mut Namer, netns: u32, dst: &str, backend: &str, at: Instant
     namer.name(netns, Proto::Tcp, sa(dst), sa(backend), at)
 }
 
-/// A connection named `service`, its backend in the rules or not.
+/// A connection to a ClusterIP named `service`, its backend in the rules or not.
 pub(super) fn named(service: &str, current: bool) -> Naming {
-    Naming::named(service, current)
+    Naming::named(service, current).via(FrontendKind::ClusterIp)
 }
 
 pub(super) const NS: u32 = 4026532301;
@@ -79,7 +79,7 @@ fn names_from_injected_dumps_and_publishes_services_once() {
     let t0 = Instant::now();
     assert_eq!(
         name_tcp(&mut namer, NS, "10.96.35.226:80", "10.244.1.14:3000", t0),
-        Naming::named("shop/checkout:http", true)
+        Naming::named("shop/checkout:http", true).via(FrontendKind::ClusterIp)
     );
     assert_eq!(
         name_tcp(
@@ -89,7 +89,7 @@ fn names_from_injected_dumps_and_publishes_services_once() {
             "[fd00:10:244:2::7]:3000",
             t0
         ),
-        Naming::named("shop/checkout:http", true)
+        Naming::named("shop/checkout:http", true).via(FrontendKind::ClusterIp)
     );
     assert_eq!(fake.reads(), 1);
     let updates = namer.take_service_updates();
@@ -135,14 +135,14 @@ fn rules_are_reread_when_old_and_changes_are_published() {
             "10.244.1.13:9100",
             young
         ),
-        Naming::named("shop/checkout:metrics", true),
+        Naming::named("shop/checkout:metrics", true).via(FrontendKind::ClusterIp),
         "rules younger than max_age and a hit: no re-read"
     );
     assert_eq!(fake.reads(), 1);
     let old = t0 + Duration::from_secs(10);
     assert_eq!(
         name_tcp(&mut namer, NS, "10.96.35.226:9090", "10.244.1.13:9100", old),
-        Naming::named("shop/checkout:metrics", false),
+        Naming::named("shop/checkout:metrics", false).via(FrontendKind::ClusterIp),
         "the old pod is now a stale pin"
     );
     assert_eq!(fake.reads(), 2);
@@ -175,7 +175,7 @@ fn a_miss_rereads_at_most_every_min_interval() {
     fake.set(NS, iptables(&added));
     assert_eq!(
         unknown(&mut namer, t0 + Duration::from_secs(2)),
-        Naming::named("new/svc:web", true)
+        Naming::named("new/svc:web", true).via(FrontendKind::ClusterIp)
     );
     assert_eq!(fake.reads(), 2);
     // A stale pin is a miss too, but again rate-limited.
@@ -186,7 +186,10 @@ fn a_miss_rereads_at_most_every_min_interval() {
         "10.244.9.9:3000",
         t0 + Duration::from_secs(3),
     );
-    assert_eq!(stale, Naming::named("shop/checkout:http", false));
+    assert_eq!(
+        stale,
+        Naming::named("shop/checkout:http", false).via(FrontendKind::ClusterIp)
+    );
     assert_eq!(fake.reads(), 2);
     name_tcp(
         &mut namer,
@@ -236,7 +239,7 @@ fn a_failed_reread_keeps_the_last_good_rules() {
     let later = t0 + Duration::from_secs(60);
     assert_eq!(
         name_tcp(&mut namer, NS, "10.96.35.226:80", "10.244.1.14:3000", later),
-        Naming::named("shop/checkout:http", true)
+        Naming::named("shop/checkout:http", true).via(FrontendKind::ClusterIp)
     );
     assert_eq!(namer.take_warnings().len(), 1);
 }

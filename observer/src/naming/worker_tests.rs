@@ -33,9 +33,12 @@ fn finished(netns: u32, original_dst: &str, backend: &str) -> crate::model::reco
     crate::model::record::ConnRecord {
         proto: Proto::Tcp,
         client: sa("10.244.1.9:40000"),
+        client_pod: None,
         original_dst: sa(original_dst),
         backend: sa(backend),
+        backend_pod: None,
         service: None,
+        frontend: None,
         endpoint_in_rules: None,
         netns,
         start: chrono::Utc::now(),
@@ -100,6 +103,12 @@ fn with_a_worker_lookups_never_wait_and_finished_connections_wait_for_their_rule
     assert_eq!(
         named,
         [(1, Some("shop/checkout:http"), Some(true)), (2, None, None)]
+    );
+    // A held connection learns its door with its name.
+    let doors: Vec<_> = released.iter().map(|(_, r)| r.frontend).collect();
+    assert_eq!(
+        doors,
+        [Some(crate::model::record::FrontendKind::ClusterIp), None]
     );
     assert!(hold.is_empty());
     assert_eq!(namer.take_service_updates().len(), 5);

@@ -159,9 +159,12 @@ mod tests {
         ConnRecord {
             proto: Proto::Tcp,
             client: client.parse().unwrap(),
+            client_pod: None,
             original_dst: "10.96.35.226:80".parse().unwrap(),
             backend: "10.244.1.13:8080".parse().unwrap(),
+            backend_pod: None,
             service: Some("shop/checkout:http".into()),
+            frontend: None,
             endpoint_in_rules: Some(true),
             netns: 7,
             start: "2026-08-06T13:46:36Z".parse().unwrap(),

@@ -79,6 +79,7 @@ struct ServiceFamilies {
     lifetime: Family,
     stale: Family,
     skew: Family,
+    doors: Family,
 }
 
 impl ServiceFamilies {
@@ -131,6 +132,11 @@ impl ServiceFamilies {
                 "gauge",
                 "Largest backend request share over its expected share (1 is even).",
             ),
+            doors: Family::new(
+                "observer_frontend_connections_total",
+                "counter",
+                "Connections per Service by the door they came through (cluster_ip, node_port, external_ip, load_balancer).",
+            ),
         }
     }
 
@@ -143,8 +149,20 @@ impl ServiceFamilies {
         if let Some(value) = service.skew {
             self.skew.add(service_labels.clone(), value);
         }
+        for (door, count) in &service.doors {
+            let door = serde_json::to_value(door).unwrap_or_default();
+            let door = door.as_str().unwrap_or_default();
+            self.doors.add(
+                format!("{service_labels},frontend=\"{door}\""),
+                *count as f64,
+            );
+        }
         for backend in &service.backends {
-            let labels = format!("{service_labels},backend=\"{}\"", backend.backend);
+            let mut labels = format!("{service_labels},backend=\"{}\"", backend.backend);
+            // Only where the pod is known: Prometheus reads an empty label as absent.
+            if let Some(pod) = &backend.pod {
+                labels.push_str(&format!(",backend_pod=\"{}\"", escape(pod)));
+            }
             self.add_backend(labels, backend);
         }
     }
@@ -177,7 +195,7 @@ impl ServiceFamilies {
     }
 
     /// In exposition order.
-    fn into_families(self) -> [Family; 9] {
+    fn into_families(self) -> [Family; 10] {
         [
             self.connections,
             self.active,
@@ -188,6 +206,7 @@ impl ServiceFamilies {
             self.lifetime,
             self.stale,
             self.skew,
+            self.doors,
         ]
     }
 }
@@ -313,6 +332,35 @@ mod tests {
         for line in metrics.lines().filter(|l| !l.starts_with('#')) {
             let (_, value) = line.rsplit_once(' ').unwrap();
             assert!(value.parse::<f64>().is_ok(), "{line}");
+        }
+    }
+
+    #[test]
+    fn backend_pods_and_doors_are_labels() {
+        let text = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/data/logs/pods.jsonl"
+        ))
+        .unwrap();
+        let recording = Recording::parse("pods.jsonl", &text).unwrap();
+        let services = Aggregator::from_recording(&recording).services();
+        let metrics = render(&services, &CaptureStats::default());
+        let svc = r#"service="shop/checkout:http",proto="tcp""#;
+        for line in [
+            format!(
+                r#"observer_requests_total{{{svc},backend="10.244.1.12:8080",backend_pod="shop/checkout-a"}} 3"#
+            ),
+            format!(
+                r#"observer_connections_total{{{svc},backend="10.244.1.13:8080",backend_pod="shop/checkout-b"}} 1"#
+            ),
+            format!(r#"observer_frontend_connections_total{{{svc},frontend="cluster_ip"}} 2"#),
+            format!(r#"observer_frontend_connections_total{{{svc},frontend="node_port"}} 1"#),
+            "# TYPE observer_frontend_connections_total counter".to_owned(),
+        ] {
+            assert!(
+                metrics.lines().any(|l| l == line),
+                "missing {line:?} in\n{metrics}"
+            );
         }
     }
 

@@ -9,8 +9,8 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use crate::model::record::{FrontendKind, SummaryRecord, format_time};
-use crate::sinks::text::{Digits, bytes, duration, plural};
+use crate::model::record::{SummaryRecord, format_time};
+use crate::sinks::text::{Digits, bytes, door_text, duration, plural};
 use crate::stats::{BackendStats, ServiceStats, SkewDetail};
 
 /// Skew from which a Service gets a marked `! skew` line: one backend got at least 1.5
@@ -96,13 +96,7 @@ fn frontend_text(service: &ServiceStats) -> String {
                 std::net::IpAddr::V6(ip) => format!("[{ip}]"),
             });
             let ip = ip.unwrap_or_default();
-            let kind = match f.kind {
-                FrontendKind::ClusterIp => "ClusterIP",
-                FrontendKind::NodePort => "NodePort",
-                FrontendKind::ExternalIp => "externalIP",
-                FrontendKind::LoadBalancer => "LoadBalancer",
-            };
-            format!("{kind} {ip}:{}", f.port)
+            format!("{} {ip}:{}", door_text(f.kind), f.port)
         })
         .collect::<Vec<_>>()
         .join(", ")
@@ -157,6 +151,14 @@ fn skew_sentence(s: &ServiceStats, detail: &SkewDetail<'_>) -> String {
 
 fn render_service(s: &ServiceStats) -> String {
     let mut out = heading(s);
+    if !s.doors.is_empty() {
+        let doors: Vec<String> = s
+            .doors
+            .iter()
+            .map(|(door, n)| format!("{} {n}", door_text(*door)))
+            .collect();
+        let _ = writeln!(out, "  doors: {}", doors.join(", "));
+    }
     out.push_str(&backend_table(s));
     if let Some(detail) = s.skew_detail()
         && detail.skew >= SKEW_MARK
@@ -194,9 +196,10 @@ fn heading(s: &ServiceStats) -> String {
     )
 }
 
-/// One row per backend, indented under the Service's line.
+/// One row per backend, indented under the Service's line; a `pod` column beside the
+/// address when any backend's pod is known.
 fn backend_table(s: &ServiceStats) -> String {
-    let header = [
+    let mut header = vec![
         "backend",
         "conns",
         "active",
@@ -211,11 +214,18 @@ fn backend_table(s: &ServiceStats) -> String {
         "from backend",
         "",
     ];
-    let rows: Vec<Vec<String>> = s.backends.iter().map(backend_row).collect();
+    let mut rows: Vec<Vec<String>> = s.backends.iter().map(backend_row).collect();
     // Left-aligned: backend, bar, note; the rest are numbers.
-    let left = [
+    let mut left = vec![
         true, false, false, false, false, true, false, false, false, false, false, false, true,
     ];
+    if s.backends.iter().any(|b| b.pod.is_some()) {
+        header.insert(1, "pod");
+        left.insert(1, true);
+        for (row, b) in rows.iter_mut().zip(&s.backends) {
+            row.insert(1, b.pod.clone().unwrap_or_else(|| "-".to_owned()));
+        }
+    }
     table(&header, &rows, &left, "  ")
 }
 
@@ -406,6 +416,23 @@ shop/cart:http (tcp, ClusterIP 10.96.40.10:80): 4 connections, 2 active, 128 req
     }
 
     #[test]
+    fn pods_and_doors_are_shown_beside_addresses() {
+        let (recording, services) = fixture("pods.jsonl");
+        let text = render("pods.jsonl", recording.summary.as_ref(), &services);
+        let service: Vec<&str> = text.lines().skip(3).collect();
+        assert_eq!(
+            service.join("\n"),
+            "\
+shop/checkout:http (tcp, ClusterIP 10.96.35.226:80, NodePort :30080): 3 connections, 0 active, 4 requests, skew 1.50x
+  doors: ClusterIP 2, NodePort 1
+  backend           pod              conns  active  requests  share                          expected    p50    p90    max  to backend  from backend
+  10.244.1.12:8080  shop/checkout-a      2       0         3    75%  [###############.....]       50%  1.00s  1.00s  1.00s       195 B         540 B
+  10.244.1.13:8080  shop/checkout-b      1       0         1    25%  [#####...............]       50%  1.00s  1.00s  1.00s        65 B         180 B
+  ! skew 1.50x: 10.244.1.12:8080 got 75% of requests, expected 50%"
+        );
+    }
+
+    #[test]
     fn fixtures_are_in_the_exact_record_schema() {
         use crate::model::record::LogLine;
         let dir = format!("{}/tests/data/logs", env!("CARGO_MANIFEST_DIR"));
@@ -414,6 +441,7 @@ shop/cart:http (tcp, ClusterIP 10.96.40.10:80): 4 connections, 2 active, 128 req
             "mixed.jsonl",
             "balanced.jsonl",
             "nosummary.jsonl",
+            "pods.jsonl",
         ] {
             let text = std::fs::read_to_string(format!("{dir}/{name}")).unwrap();
             for line in text.lines() {

@@ -1,6 +1,17 @@
 //! How numbers read in every text sink and on screen: durations, bytes, counted nouns.
 //! One formatter each, so the live view and `summary` say the same thing the same way.
 
+/// A door (frontend kind) as Kubernetes spells the Service type or field.
+pub fn door_text(kind: crate::model::record::FrontendKind) -> &'static str {
+    use crate::model::record::FrontendKind;
+    match kind {
+        FrontendKind::ClusterIp => "ClusterIP",
+        FrontendKind::NodePort => "NodePort",
+        FrontendKind::ExternalIp => "externalIP",
+        FrontendKind::LoadBalancer => "LoadBalancer",
+    }
+}
+
 /// How many digits a duration keeps: a report has room, a table column on screen less.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Digits {

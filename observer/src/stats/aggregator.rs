@@ -1,12 +1,12 @@
 //! The running totals: per connection id, per Service, per backend.
 
 use std::collections::hash_map::Entry;
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::net::SocketAddr;
 
 use super::lifetimes::{Lifetimes, lifetime_percentiles};
 use super::{BackendStats, ServiceStats};
-use crate::model::record::{ConnRecord, Proto, Recording, ServiceRecord};
+use crate::model::record::{ConnRecord, FrontendKind, Proto, Recording, ServiceRecord};
 use crate::model::update::ConnId;
 
 type ServiceKey = (String, Proto);
@@ -26,6 +26,19 @@ struct Counts {
     stale_pins: u64,
     bytes_to_backend: u64,
     bytes_from_backend: u64,
+    /// Connections per door (frontend kind), in `DOORS` order.
+    doors: [u64; 4],
+}
+
+const DOORS: [FrontendKind; 4] = [
+    FrontendKind::ClusterIp,
+    FrontendKind::NodePort,
+    FrontendKind::ExternalIp,
+    FrontendKind::LoadBalancer,
+];
+
+fn door_index(kind: FrontendKind) -> usize {
+    DOORS.iter().position(|d| *d == kind).unwrap_or(0)
 }
 
 impl Counts {
@@ -36,6 +49,9 @@ impl Counts {
         self.stale_pins += u64::from(c.stale);
         self.bytes_to_backend += c.bytes_to_backend;
         self.bytes_from_backend += c.bytes_from_backend;
+        if let Some(door) = c.frontend {
+            self.doors[door_index(door)] += 1;
+        }
     }
 
     /// Undoes an earlier `add` of the same contribution, so never underflows.
@@ -46,6 +62,19 @@ impl Counts {
         self.stale_pins -= u64::from(c.stale);
         self.bytes_to_backend -= c.bytes_to_backend;
         self.bytes_from_backend -= c.bytes_from_backend;
+        if let Some(door) = c.frontend {
+            self.doors[door_index(door)] -= 1;
+        }
+    }
+
+    /// The doors connections came through, with their counts (none with no count).
+    fn doors(&self) -> BTreeMap<FrontendKind, u64> {
+        DOORS
+            .iter()
+            .zip(self.doors)
+            .filter(|(_, n)| *n > 0)
+            .map(|(door, n)| (*door, n))
+            .collect()
     }
 }
 
@@ -54,6 +83,8 @@ pub(super) const RECENT_CLOSED: usize = 1024;
 
 pub(super) struct BackendAcc {
     counts: Counts,
+    /// The pod the latest record named for this backend.
+    pod: Option<String>,
     pub(super) lifetimes: Lifetimes,
 }
 
@@ -76,6 +107,7 @@ pub(super) struct Contribution {
     requests: u64,
     bytes_to_backend: u64,
     bytes_from_backend: u64,
+    frontend: Option<FrontendKind>,
 }
 
 /// Running per-Service, per-backend totals; feed it records, read `services()`.
@@ -147,12 +179,15 @@ impl Aggregator {
             requests: record.requests,
             bytes_to_backend: record.bytes_to_backend,
             bytes_from_backend: record.bytes_from_backend,
+            frontend: record.frontend,
         };
         let service = &mut self.accs[index];
         service.counts.add(&contribution);
-        backend_acc(service, record.backend)
-            .counts
-            .add(&contribution);
+        let backend = backend_acc(service, record.backend);
+        backend.counts.add(&contribution);
+        if record.backend_pod.is_some() {
+            backend.pod.clone_from(&record.backend_pod);
+        }
         if open {
             self.open.insert(id, contribution);
         } else {
@@ -253,6 +288,11 @@ impl Aggregator {
                 let lifetime_ms = backend.and_then(|b| lifetime_percentiles(&b.lifetimes, exact));
                 BackendStats {
                     backend: addr,
+                    // From its connections, else from the rules' line for it.
+                    pod: backend.and_then(|b| b.pod.clone()).or_else(|| {
+                        rule.and_then(|r| r.endpoints.iter().find(|e| e.addr == addr))
+                            .and_then(|e| e.pod.clone())
+                    }),
                     connections: b.connections,
                     active: b.active,
                     requests: b.requests,
@@ -281,6 +321,7 @@ impl Aggregator {
             active: counts.active,
             requests: counts.requests,
             stale_pins: counts.stale_pins,
+            doors: counts.doors(),
             backends,
             skew: None,
         };
@@ -311,6 +352,7 @@ fn backend_acc(service: &mut ServiceAcc, backend: SocketAddr) -> &mut BackendAcc
         .entry(backend)
         .or_insert_with(|| BackendAcc {
             counts: Counts::default(),
+            pod: None,
             lifetimes: Lifetimes::new(backend),
         })
 }

@@ -1,16 +1,19 @@
 //! What the aggregator reports: per-Service and per-backend totals, and skew.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
 use serde::Serialize;
 
 use super::Percentiles;
-use crate::model::record::{Frontend, Proto};
+use crate::model::record::{Frontend, FrontendKind, Proto};
 
 /// One backend (pod IP:targetPort) of a Service.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct BackendStats {
     pub backend: SocketAddr,
+    /// `namespace/pod` from the latest record that named it; `None` when none did.
+    pub pod: Option<String>,
     /// Connections pinned to it, in total.
     pub connections: u64,
     /// Connections still open (`close == Open`).
@@ -50,6 +53,9 @@ pub struct ServiceStats {
     pub active: u64,
     pub requests: u64,
     pub stale_pins: u64,
+    /// Connections per door they came through (the frontend kind their rule matched);
+    /// connections without a known door are not counted here.
+    pub doors: BTreeMap<FrontendKind, u64>,
     /// Every endpoint of the latest `ServiceRecord` (even with no connections) and every
     /// backend seen, sorted by address.
     pub backends: Vec<BackendStats>,

@@ -128,11 +128,11 @@ fn apply_batch(app: &mut App, first: Option<Update>, updates: &mut Receiver<Upda
         update(app, Msg::UpdatesClosed);
         return false;
     };
-    update(app, Msg::Live(first));
+    update(app, Msg::Live(Box::new(first)));
     for _ in 1..BATCH {
         match updates.try_recv() {
             Ok(next) => {
-                update(app, Msg::Live(next));
+                update(app, Msg::Live(Box::new(next)));
             }
             Err(TryRecvError::Empty) => break,
             Err(TryRecvError::Disconnected) => {

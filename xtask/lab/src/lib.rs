@@ -41,6 +41,8 @@
 //! - [`Lab::up`], [`Lab::node_ns`], [`Lab::client_ns`], [`Lab::services`], [`Lab::pods`],
 //!   [`Lab::run_in`], [`Lab::remove_endpoint`], [`Lab::rules_dump`]; dropping a [`Lab`]
 //!   tears it down.
+//! - Pods by name: [`Lab::runtime_root`] holds containerd-style sandbox bundles for every
+//!   pod (see [`runtime`]), [`Lab::pod_names`] the `namespace/pod` each address must get.
 //! - [`ConntrackWatch`]: `conntrack -E -e NEW` in a namespace, parsed into [`CtEvent`]s.
 //! - [`Lab::install_dnat_counters`], [`Lab::dnat_decisions`]: the rules' own count of
 //!   DNAT decisions.
@@ -64,6 +66,7 @@ mod topology;
 pub mod cli;
 pub mod iptables;
 pub mod nftables;
+pub mod runtime;
 pub mod spec;
 
 use std::net::Ipv4Addr;

@@ -5,7 +5,7 @@ use std::process::Command;
 
 use anyhow::{Context, bail};
 
-use crate::spec::{self, CLIENT_IP, NODE_IP, Pod};
+use crate::spec::{NODE_IP, Pod};
 use crate::sys::{in_netns, run, run_with_input};
 use crate::{Lab, Topology};
 
@@ -17,13 +17,7 @@ fn veth_name(pod: &str) -> String {
 impl Lab {
     pub(crate) fn build_topology(&mut self) -> anyhow::Result<()> {
         let bridged = self.config.topology == Topology::Bridged;
-        let client = Pod {
-            name: "client".into(),
-            ns: self.client_ns.clone(),
-            ip: CLIENT_IP,
-            http_port: spec::HTTP_PORT,
-            udp_port: spec::UDP_PORT,
-        };
+        let client = self.client_pod();
         let members: Vec<Pod> = self
             .pods
             .iter()
@@ -45,6 +39,7 @@ impl Lab {
             node_cmds.extend(node_side(pod, bridged));
         }
         self.ip_batch(&node, &node_cmds)?;
+        crate::runtime::write(&self.state_dir, &self.config.prefix, &members)?;
         for pod in &members {
             self.ip_batch(&pod.ns, &pod_side(pod, bridged))?;
         }

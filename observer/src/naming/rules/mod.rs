@@ -83,7 +83,7 @@ fn append_new(into: &mut Vec<EndpointShare>, from: Vec<EndpointShare>) {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ServiceMap {
     services: BTreeMap<(Proto, String), ServicePort>,
-    by_addr: HashMap<(Proto, SocketAddr), (Proto, String)>,
+    by_addr: HashMap<(Proto, SocketAddr), ((Proto, String), FrontendKind)>,
     by_node_port: HashMap<(Proto, u16), (Proto, String)>,
 }
 
@@ -126,7 +126,8 @@ impl ServiceMap {
                 match frontend.ip {
                     Some(ip) => {
                         let addr = SocketAddr::new(ip, frontend.port);
-                        self.by_addr.insert((port.proto, addr), key.clone());
+                        self.by_addr
+                            .insert((port.proto, addr), (key.clone(), frontend.kind));
                     }
                     None => {
                         self.by_node_port
@@ -164,12 +165,29 @@ impl ServiceMap {
         original_dst: SocketAddr,
         backend: SocketAddr,
     ) -> Option<(&ServicePort, bool)> {
-        let key = self
-            .by_addr
-            .get(&(proto, original_dst))
-            .or_else(|| self.by_node_port.get(&(proto, original_dst.port())))?;
+        let (key, _) = self.frontend(proto, original_dst)?;
         let port = self.services.get(key)?;
         Some((port, port.has_endpoint(backend)))
+    }
+
+    /// Which kind of frontend a connection entered through, by the same match as
+    /// [`ServiceMap::lookup`]: an exact address first, then a NodePort by port.
+    pub fn frontend_kind(&self, proto: Proto, original_dst: SocketAddr) -> Option<FrontendKind> {
+        self.frontend(proto, original_dst).map(|(_, kind)| kind)
+    }
+
+    fn frontend(
+        &self,
+        proto: Proto,
+        original_dst: SocketAddr,
+    ) -> Option<(&(Proto, String), FrontendKind)> {
+        match self.by_addr.get(&(proto, original_dst)) {
+            Some((key, kind)) => Some((key, *kind)),
+            None => self
+                .by_node_port
+                .get(&(proto, original_dst.port()))
+                .map(|key| (key, FrontendKind::NodePort)),
+        }
     }
 
     /// One record per Service port, for the connection log.

@@ -23,9 +23,12 @@ pub(crate) fn conn(
     ConnRecord {
         proto: Proto::Tcp,
         client: addr("10.244.1.9:45364"),
+        client_pod: None,
         original_dst: addr("10.96.35.226:80"),
         backend: addr(backend),
+        backend_pod: None,
         service: service.map(str::to_owned),
+        frontend: None,
         endpoint_in_rules: service.map(|_| true),
         netns: 4026532301,
         start: Utc.with_ymd_and_hms(2026, 8, 6, 13, 46, 36).unwrap(),
@@ -54,6 +57,7 @@ pub(crate) fn rules(service: &str, endpoints: &[(&str, f64)]) -> ServiceRecord {
             .map(|(a, share)| EndpointShare {
                 addr: addr(a),
                 expected_share: *share,
+                pod: None,
             })
             .collect(),
         time: Utc.with_ymd_and_hms(2026, 8, 6, 13, 46, 30).unwrap(),
@@ -364,4 +368,5 @@ fn from_recording_uses_line_order_ids() {
     assert_eq!(s.skew, Some(3.0));
 }
 
+mod doors;
 mod window;

@@ -35,6 +35,9 @@ pub(super) fn bucket(duration_ms: f64) -> usize {
 pub struct ConnRow {
     pub client: SocketAddr,
     pub backend: SocketAddr,
+    /// `namespace/pod` of each side where known.
+    pub client_pod: Option<String>,
+    pub backend_pod: Option<String>,
     /// Open: time since the first packet; closed: how long it stayed pinned.
     pub age_ms: f64,
     pub requests: u64,
@@ -49,6 +52,8 @@ impl ConnRow {
         ConnRow {
             client: record.client,
             backend: record.backend,
+            client_pod: record.client_pod.clone(),
+            backend_pod: record.backend_pod.clone(),
             age_ms,
             requests: record.requests,
             idle_ms: Some((age_ms - record.duration_ms).max(0.0)),
@@ -60,6 +65,8 @@ impl ConnRow {
         ConnRow {
             client: record.client,
             backend: record.backend,
+            client_pod: record.client_pod.clone(),
+            backend_pod: record.backend_pod.clone(),
             age_ms: record.duration_ms,
             requests: record.requests,
             idle_ms: None,

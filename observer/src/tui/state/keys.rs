@@ -90,6 +90,17 @@ impl App {
                 self.refresh(true);
             }
             KeyCode::Char('e') => return Some(self.export()),
+            KeyCode::Char('n') => {
+                self.pod_names = !self.pod_names;
+                self.message = Some(
+                    if self.pod_names {
+                        "showing pod names where known"
+                    } else {
+                        "showing IP addresses"
+                    }
+                    .to_owned(),
+                );
+            }
             _ => {}
         }
         None

@@ -61,7 +61,8 @@ pub enum Msg {
     Key(KeyEvent),
     /// Time to refresh what is shown; `now` is injected so tests are deterministic.
     Tick(DateTime<Utc>),
-    Live(Update),
+    /// Boxed: a connection record is large next to a key or a tick.
+    Live(Box<Update>),
     /// The capture side stopped sending (capture ended, or a replay was fully loaded).
     UpdatesClosed,
     /// `run` finished writing an export.
@@ -136,6 +137,8 @@ pub struct App {
     pub(crate) sort: SortKey,
     pub(crate) paused: bool,
     pub(crate) help: bool,
+    /// Addresses shown as `namespace/pod` where the pod is known (`n` toggles).
+    pub(crate) pod_names: bool,
     pub(crate) ended: bool,
     /// A one-line notice (export written, counters reset...).
     pub(crate) message: Option<String>,
@@ -168,6 +171,7 @@ impl App {
             sort: SortKey::Name,
             paused: false,
             help: false,
+            pod_names: false,
             ended: false,
             message: None,
         }
@@ -312,7 +316,7 @@ pub fn update(app: &mut App, msg: Msg) -> Option<Effect> {
                 app.refresh(false);
             }
         }
-        Msg::Live(update) => app.apply(update),
+        Msg::Live(update) => app.apply(*update),
         Msg::UpdatesClosed => app.ended = true,
         Msg::Exported { path, result } => {
             app.message = Some(match result {

@@ -55,6 +55,7 @@ fn service(name: &str, cluster_ip: &str, pods: &[&str]) -> ServiceRecord {
             .map(|pod| EndpointShare {
                 addr: addr(pod),
                 expected_share: 1.0 / pods.len() as f64,
+                pod: None,
             })
             .collect(),
         time: t0(),
@@ -74,9 +75,12 @@ fn conn(
     ConnRecord {
         proto: Proto::Tcp,
         client: addr(client),
+        client_pod: None,
         original_dst: addr("10.96.35.226:80"),
         backend: addr(pod),
+        backend_pod: None,
         service: Some(name.to_owned()),
+        frontend: None,
         endpoint_in_rules: Some(true),
         netns: 4026532301,
         start: at(start_ms),
@@ -112,7 +116,7 @@ fn id(n: u64) -> ConnId {
 }
 
 fn live(app: &mut App, update_: Update) {
-    assert_eq!(update(app, Msg::Live(update_)), None);
+    assert_eq!(update(app, Msg::Live(Box::new(update_))), None);
 }
 
 /// Feeds connection `n`'s latest record.

@@ -207,3 +207,52 @@ fn snapshot_endpoint_left_with_a_pin() {
     assert!(text.contains("! 10.244.4.2 joined 5 s ago, first connection 250.0ms after"));
     assert_snapshot("endpoint_left_with_a_pin", &text);
 }
+
+/// A pod client pinned through the ClusterIP and an outside client through the NodePort,
+/// with the pods the runtime named; `n` switches between addresses and pod names.
+#[test]
+fn snapshot_pod_names_toggle() {
+    let mut app = new_app();
+    live(
+        &mut app,
+        Update::Service(service(CHECKOUT, "10.96.35.226:80", &PODS)),
+    );
+    let mut inside = keep_alive(4087.655, 30, Close::Open);
+    inside.client_pod = Some("shop/frontend-7d4b9c-x2x4k".to_owned());
+    inside.backend_pod = Some("shop/checkout-5f6d8-abcde".to_owned());
+    inside.frontend = Some(FrontendKind::ClusterIp);
+    live_conn(&mut app, 1, inside);
+    let mut outside = conn(
+        CHECKOUT,
+        "172.18.0.1:51000",
+        PODS[1],
+        1500,
+        120.0,
+        1,
+        Close::Fin,
+    );
+    outside.original_dst = addr("172.18.0.2:30080");
+    outside.backend_pod = Some("shop/checkout-5f6d8-fghij".to_owned());
+    outside.frontend = Some(FrontendKind::NodePort);
+    live_conn(&mut app, 2, outside);
+    live(&mut app, Update::Stats(stats()));
+    tick(&mut app, 5000);
+    assert_eq!(key(&mut app, KeyCode::Enter), None);
+    let by_ip = screen(&app, 80, 24);
+    assert_snapshot("pods_ip_service", &by_ip);
+    keys(&mut app, "n");
+    assert_snapshot("pods_named_service", &screen(&app, 80, 24));
+    keys(&mut app, "n");
+    let back = screen(&app, 80, 24);
+    // Only the notice in the header differs.
+    assert_eq!(
+        back.lines().skip(1).collect::<Vec<_>>(),
+        by_ip.lines().skip(1).collect::<Vec<_>>()
+    );
+    assert!(
+        back.lines()
+            .next()
+            .unwrap()
+            .ends_with("showing IP addresses")
+    );
+}

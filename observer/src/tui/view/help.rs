@@ -5,7 +5,7 @@ use ratatui::layout::Rect;
 use ratatui::text::Line;
 use ratatui::widgets::{Block, Borders, Clear, Paragraph};
 
-const HELP: [&str; 12] = [
+const HELP: [&str; 13] = [
     "↑/↓ j/k   move",
     "g/G       first / last",
     "Enter     open the Service",
@@ -15,6 +15,7 @@ const HELP: [&str; 12] = [
     "p         pause / resume",
     "r         reset counters",
     "e         export screen (JSON Lines)",
+    "n         IP addresses / pod names",
     "?         this help",
     "q Ctrl-C  quit",
     "any key closes this help",

@@ -1,14 +1,17 @@
 //! The Service screen: its backends and their shares, the longest-pinned connection,
 //! the lifetime histogram, then its connections.
 
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+
 use ratatui::layout::Rect;
 use ratatui::style::{Color, Style};
 use ratatui::text::Line;
 
 use super::widgets::{Align, count, histogram_text, row, scroll, share_bar, truncate};
 use super::{BOLD, DIM, SELECTED};
-use crate::model::record::Close;
-use crate::sinks::text::{Digits, duration};
+use crate::model::record::{Close, FrontendKind};
+use crate::sinks::text::{Digits, door_text, duration};
 use crate::stats::{BackendStats, Percentiles};
 use crate::tui::labels::close_text;
 use crate::tui::state::{App, ConnRow, Detail};
@@ -27,8 +30,9 @@ pub(super) fn service_screen(
     let backend_rows = backends
         .len()
         .min(((height.saturating_sub(fixed_lines)) / 2).max(1));
-    let mut lines = backend_lines(backends, backend_rows, width, compact);
-    lines.push(Line::raw(truncate(&longest_text(detail), width)));
+    let names = app.pod_names;
+    let mut lines = backend_lines(backends, backend_rows, width, compact, names);
+    lines.push(Line::raw(truncate(&longest_text(detail, names), width)));
     // Endpoint changes, only when there were any: the rest moves down.
     let yellow = Style::default().fg(Color::Yellow);
     for change in &detail.changes {
@@ -44,19 +48,57 @@ pub(super) fn service_screen(
         )));
     }
     let conn_lines = height.saturating_sub(lines.len() + 2);
+    let doors = app
+        .shown_service()
+        .map(|row| doors_text(&row.stats.doors))
+        .unwrap_or_default();
     lines.extend(connection_lines(
         detail,
-        app.conn_selected,
-        conn_lines,
-        width,
-        compact,
+        ConnView {
+            selected: app.conn_selected,
+            rows: conn_lines,
+            width,
+            compact,
+            names,
+            doors,
+        },
     ));
     lines
+}
+
+/// " │ doors ClusterIP 6 NodePort 4", or nothing when no connection's door is known.
+fn doors_text(doors: &BTreeMap<FrontendKind, u64>) -> String {
+    if doors.is_empty() {
+        return String::new();
+    }
+    let counts: Vec<String> = doors
+        .iter()
+        .map(|(door, n)| format!("{} {n}", door_text(*door)))
+        .collect();
+    format!(" │ doors {}", counts.join(" "))
+}
+
+/// An address as the current mode shows it: the pod where known (`n`), else the IP. A
+/// pod name too long for `width` loses its start, not the suffix that tells replicas apart.
+fn shown_addr(addr: SocketAddr, pod: Option<&String>, names: bool, width: usize) -> String {
+    match pod {
+        Some(pod) if names => {
+            let chars = pod.chars().count();
+            if chars <= width || width == 0 {
+                pod.clone()
+            } else {
+                let tail: String = pod.chars().skip(chars - (width - 1)).collect();
+                format!("…{tail}")
+            }
+        }
+        _ => addr.to_string(),
+    }
 }
 
 /// How wide the backend table's columns are.
 struct BackendColumns {
     compact: bool,
+    names: bool,
     addr: usize,
     bar: usize,
     /// The bar, a space and the percentage.
@@ -64,7 +106,7 @@ struct BackendColumns {
 }
 
 impl BackendColumns {
-    fn new(width: usize, compact: bool) -> BackendColumns {
+    fn new(width: usize, compact: bool, names: bool) -> BackendColumns {
         let pct_width = 4;
         let (addr, bar) = if compact {
             let bar = 10;
@@ -82,6 +124,7 @@ impl BackendColumns {
         };
         BackendColumns {
             compact,
+            names,
             addr,
             bar,
             share: bar + 1 + pct_width,
@@ -94,9 +137,10 @@ impl BackendColumns {
         } else {
             "SHARE"
         };
+        let title = if self.names { "BACKEND POD" } else { "BACKEND" };
         if self.compact {
             row(&[
-                ("BACKEND", self.addr, Align::Left),
+                (title, self.addr, Align::Left),
                 ("ACTIVE", 6, Align::Right),
                 ("REQS", 6, Align::Right),
                 (share_title, self.share, Align::Left),
@@ -104,7 +148,7 @@ impl BackendColumns {
             ])
         } else {
             row(&[
-                ("BACKEND", self.addr, Align::Left),
+                (title, self.addr, Align::Left),
                 ("ACTIVE", 6, Align::Right),
                 ("CONNS", 6, Align::Right),
                 ("REQS", 6, Align::Right),
@@ -128,7 +172,7 @@ impl BackendColumns {
                 .as_ref()
                 .map_or("-".to_owned(), |p| duration(pick(p), Digits::Compact))
         };
-        let mut addr = backend.backend.to_string();
+        let mut addr = shown_addr(backend.backend, backend.pod.as_ref(), self.names, self.addr);
         if !backend.in_rules {
             addr.push_str(" gone");
         }
@@ -162,8 +206,9 @@ fn backend_lines(
     rows: usize,
     width: usize,
     compact: bool,
+    names: bool,
 ) -> Vec<Line<'static>> {
-    let columns = BackendColumns::new(width, compact);
+    let columns = BackendColumns::new(width, compact, names);
     let mut lines = vec![Line::styled(columns.header(), BOLD)];
     for backend in backends.iter().take(rows) {
         let style = if backend.in_rules {
@@ -184,12 +229,12 @@ fn backend_lines(
     lines
 }
 
-fn longest_text(detail: &Detail) -> String {
+fn longest_text(detail: &Detail, names: bool) -> String {
     match &detail.longest {
         Some(conn) => format!(
             "longest pinned: {} → {}  {}  requests {}  {}",
-            conn.client,
-            conn.backend,
+            shown_addr(conn.client, conn.client_pod.as_ref(), names, usize::MAX),
+            shown_addr(conn.backend, conn.backend_pod.as_ref(), names, usize::MAX),
             duration(conn.age_ms, Digits::Compact),
             conn.requests,
             close_text(conn.close)
@@ -198,17 +243,36 @@ fn longest_text(detail: &Detail) -> String {
     }
 }
 
-/// The connections' title and header, then up to `rows` connections scrolled so that
-/// `selected` shows.
-fn connection_lines(
-    detail: &Detail,
+/// How the connection list is laid out.
+struct ConnView {
     selected: usize,
     rows: usize,
     width: usize,
     compact: bool,
-) -> Vec<Line<'static>> {
+    names: bool,
+    /// Appended to the title: connections per door.
+    doors: String,
+}
+
+/// The connections' title and header, then up to `rows` connections scrolled so that
+/// `selected` shows.
+fn connection_lines(detail: &Detail, view: ConnView) -> Vec<Line<'static>> {
+    let ConnView {
+        selected,
+        rows,
+        width,
+        compact,
+        names,
+        doors,
+    } = view;
+    // With doors to show, the order goes unsaid: the rows show it.
+    let order = if doors.is_empty() {
+        "; open oldest first"
+    } else {
+        ""
+    };
     let title = format!(
-        "CONNECTIONS {} open, {} closed kept; open oldest first",
+        "CONNECTIONS {} open, {} closed kept{order}{doors}",
         detail.open, detail.closed
     );
     let addr = if compact {
@@ -235,14 +299,18 @@ fn connection_lines(
         Line::styled(
             format!(
                 "  {}",
-                cells(["CLIENT", "BACKEND", "AGE", "REQS", "IDLE", "STATE"])
+                if names {
+                    cells(["CLIENT POD", "BACKEND POD", "AGE", "REQS", "IDLE", "STATE"])
+                } else {
+                    cells(["CLIENT", "BACKEND", "AGE", "REQS", "IDLE", "STATE"])
+                }
             ),
             BOLD,
         ),
     ];
     let first = scroll(selected, rows);
     for (index, conn) in detail.conns.iter().enumerate().skip(first).take(rows) {
-        let texts = conn_texts(conn);
+        let texts = conn_texts(conn, names, addr);
         let text = cells(texts.each_ref().map(String::as_str));
         let marker = if index == selected { "> " } else { "  " };
         let style = if index == selected {
@@ -257,10 +325,10 @@ fn connection_lines(
     lines
 }
 
-fn conn_texts(conn: &ConnRow) -> [String; 6] {
+fn conn_texts(conn: &ConnRow, names: bool, width: usize) -> [String; 6] {
     [
-        conn.client.to_string(),
-        conn.backend.to_string(),
+        shown_addr(conn.client, conn.client_pod.as_ref(), names, width),
+        shown_addr(conn.backend, conn.backend_pod.as_ref(), names, width),
         duration(conn.age_ms, Digits::Compact),
         count(conn.requests),
         conn.idle_ms

@@ -55,6 +55,7 @@ pub(super) fn waterfall(nat: &Table, chain: &str) -> Result<Option<Waterfall>, R
             None => result.endpoints.push(EndpointShare {
                 addr,
                 expected_share: share,
+                pod: None,
             }),
         }
     }

@@ -79,6 +79,7 @@ fn add_vmap_shares(
             None => endpoints.push(EndpointShare {
                 addr,
                 expected_share: share,
+                pod: None,
             }),
         }
     }

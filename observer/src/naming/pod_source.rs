@@ -1,0 +1,335 @@
+//! The edge of pod naming: finds sandbox bundles under the runtime state roots (on this
+//! host and, for kind, inside every node container's root), and reads each pod's
+//! addresses from inside its network namespace (`setns` + `getifaddrs` on a thread of
+//! its own, no external tool). [`PodNamer`] keeps the result and refreshes it on a
+//! background thread, so naming a connection is a map lookup and never waits.
+
+use std::collections::{HashMap, HashSet};
+use std::net::IpAddr;
+use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{self, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::pods::{PodScan, parse_bundle};
+
+/// Where containerd (kind's runtime) and CRI-O keep their sandbox bundles.
+pub const DEFAULT_RUNTIME_ROOTS: [&str; 2] = [
+    "/run/containerd/io.containerd.runtime.v2.task/k8s.io",
+    "/run/containers/storage/overlay-containers",
+];
+
+/// Something that can list the node's pods; tests inject fixed scans.
+pub trait PodSource: Send + 'static {
+    fn scan(&mut self) -> PodScan;
+}
+
+/// Reads the runtime state under `roots` (each a directory of `<id>/config.json` or
+/// `<id>/userdata/config.json` bundles), on this host and through `/proc/<pid>/root` of
+/// one process per other mount namespace (the nodes of kind).
+pub struct RuntimeSource {
+    roots: Vec<PathBuf>,
+}
+
+impl RuntimeSource {
+    pub fn new(roots: Vec<PathBuf>) -> RuntimeSource {
+        RuntimeSource { roots }
+    }
+}
+
+impl PodSource for RuntimeSource {
+    fn scan(&mut self) -> PodScan {
+        let mut scan = PodScan::default();
+        let mut seen_dirs = HashSet::new();
+        for node_root in node_roots() {
+            for root in &self.roots {
+                let dir = node_root.join(root.strip_prefix("/").unwrap_or(root));
+                // The same directory reached through another process's root: read once.
+                let Ok(meta) = std::fs::metadata(&dir) else {
+                    continue;
+                };
+                if meta.is_dir() && seen_dirs.insert((meta.dev(), meta.ino())) {
+                    scan_dir(&node_root, &dir, &mut scan);
+                }
+            }
+        }
+        scan
+    }
+}
+
+/// `/` and, per mount namespace other than ours, `/proc/<pid>/root` of one process in it.
+fn node_roots() -> Vec<PathBuf> {
+    let mut roots = vec![PathBuf::from("/")];
+    let ours = std::fs::read_link("/proc/self/ns/mnt").ok();
+    let mut seen = HashSet::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return roots;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        if !name.to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let Ok(mnt) = std::fs::read_link(entry.path().join("ns/mnt")) else {
+            continue;
+        };
+        if Some(&mnt) != ours.as_ref() && seen.insert(mnt) {
+            roots.push(entry.path().join("root"));
+        }
+    }
+    roots
+}
+
+fn scan_dir(node_root: &Path, dir: &Path, scan: &mut PodScan) {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(err) => {
+            scan.skipped.push(format!("{}: {err}", dir.display()));
+            return;
+        }
+    };
+    for entry in entries.flatten() {
+        let bundle = entry.path();
+        let Some(config) = ["config.json", "userdata/config.json"]
+            .iter()
+            .map(|name| bundle.join(name))
+            .find(|path| path.exists())
+        else {
+            continue;
+        };
+        let sandbox =
+            read_bundle(&config).and_then(|text| parse_bundle(&text).map_err(|e| e.to_string()));
+        match sandbox {
+            Ok(Some(sandbox)) => {
+                let Some(netns) = &sandbox.netns else {
+                    continue;
+                };
+                let path = within(node_root, netns);
+                match netns_addresses(&path) {
+                    Ok(addresses) => scan.add(&sandbox, &addresses),
+                    Err(err) => scan.skipped.push(format!("{}: {err}", path.display())),
+                }
+            }
+            Ok(None) => {}
+            Err(err) => scan.skipped.push(format!("{}: {err}", config.display())),
+        }
+    }
+}
+
+/// A runtime spec is a few KiB; anything far larger is not one (and is not read).
+const MAX_BUNDLE_BYTES: u64 = 4 << 20;
+
+fn read_bundle(path: &Path) -> Result<String, String> {
+    let size = std::fs::metadata(path).map_err(|e| e.to_string())?.len();
+    if size > MAX_BUNDLE_BYTES {
+        return Err(format!("{size} bytes: too large for a runtime spec"));
+    }
+    std::fs::read_to_string(path).map_err(|e| e.to_string())
+}
+
+/// `path` as seen from `node_root`: absolute symlinks on the way (a node's `/var/run` is
+/// usually a link to `/run`) resolve inside the node's root, not ours.
+fn within(node_root: &Path, path: &Path) -> PathBuf {
+    // Components still to walk, last first; `..` stays a component.
+    fn parts(path: &Path) -> impl Iterator<Item = std::ffi::OsString> + '_ {
+        path.components().rev().filter_map(|c| match c {
+            std::path::Component::Normal(name) => Some(name.to_owned()),
+            std::path::Component::ParentDir => Some("..".into()),
+            _ => None,
+        })
+    }
+    let mut resolved = node_root.to_path_buf();
+    let mut pending: Vec<std::ffi::OsString> = parts(path).collect();
+    let mut hops = 0;
+    while let Some(name) = pending.pop() {
+        if name == ".." {
+            if resolved != node_root {
+                resolved.pop();
+            }
+            continue;
+        }
+        let next = resolved.join(&name);
+        match std::fs::read_link(&next) {
+            // A loop ends as an unresolved path, which then fails to open.
+            Ok(target) if hops < 40 => {
+                hops += 1;
+                if target.is_absolute() {
+                    resolved = node_root.to_path_buf();
+                }
+                pending.extend(parts(&target));
+            }
+            _ => resolved = next,
+        }
+    }
+    resolved
+}
+
+/// The addresses of the interfaces in the network namespace at `path`, read on a thread
+/// that enters it (entering changes only the calling thread's namespace).
+fn netns_addresses(path: &Path) -> Result<Vec<IpAddr>, String> {
+    // Non-blocking: a path that names a FIFO must not stall the scan.
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| format!("cannot open: {e}"))?;
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
+                    .map_err(|e| format!("cannot enter the network namespace: {e}"))?;
+                let addresses = nix::ifaddrs::getifaddrs()
+                    .map_err(|e| format!("cannot list addresses: {e}"))?;
+                Ok(addresses
+                    .filter_map(|a| a.address)
+                    .filter_map(|a| {
+                        a.as_sockaddr_in()
+                            .map(|v4| IpAddr::V4(v4.ip()))
+                            .or_else(|| a.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip())))
+                    })
+                    .collect())
+            })
+            .join()
+            .unwrap_or_else(|_| Err("the address reader panicked".to_owned()))
+    })
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PodNamerConfig {
+    /// A scan older than this is refreshed on the next lookup (pods come and go).
+    pub max_age: Duration,
+    /// An unknown address asks for a refresh at most this often.
+    pub min_interval: Duration,
+}
+
+impl Default for PodNamerConfig {
+    fn default() -> Self {
+        PodNamerConfig {
+            max_age: Duration::from_secs(30),
+            min_interval: Duration::from_secs(2),
+        }
+    }
+}
+
+#[derive(Default)]
+struct Shared {
+    pods: HashMap<IpAddr, String>,
+    /// Every cause seen, for warnings; `warned` marks how many were reported.
+    skipped: Vec<String>,
+    scans: u64,
+}
+
+/// Names addresses by pod. The first scan runs in `start`; later ones on a background
+/// thread, asked for when the last one is older than `max_age` or an address is unknown
+/// (at most every `min_interval`).
+pub struct PodNamer {
+    config: PodNamerConfig,
+    shared: Arc<Mutex<Shared>>,
+    refresh: SyncSender<()>,
+    asked_at: Instant,
+    warned: HashSet<String>,
+    skipped_total: u64,
+    /// Scans whose causes were looked at already.
+    scans_warned: u64,
+}
+
+impl PodNamer {
+    pub fn start(config: PodNamerConfig, mut source: Box<dyn PodSource>) -> PodNamer {
+        let shared = Arc::new(Mutex::new(Shared::default()));
+        let first = source.scan();
+        store(&shared, first);
+        let (refresh, wanted) = mpsc::sync_channel::<()>(1);
+        let background = Arc::clone(&shared);
+        // Ends when the namer (the only sender) is dropped.
+        let spawned = std::thread::Builder::new()
+            .name("observer-pods".to_owned())
+            .spawn(move || {
+                while wanted.recv().is_ok() {
+                    let scan = source.scan();
+                    store(&background, scan);
+                }
+            });
+        if let Err(err) = spawned {
+            shared
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .skipped
+                .push(format!(
+                    "cannot start the pod-name thread ({err}): names stay as first read"
+                ));
+        }
+        PodNamer {
+            config,
+            shared,
+            refresh,
+            asked_at: Instant::now(),
+            warned: HashSet::new(),
+            skipped_total: 0,
+            scans_warned: 0,
+        }
+    }
+
+    /// `namespace/name` of the pod that owns `ip`, as of the latest scan.
+    pub fn name(&mut self, ip: IpAddr, now: Instant) -> Option<String> {
+        let name = self
+            .shared
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pods
+            .get(&ip)
+            .cloned();
+        let since = now.saturating_duration_since(self.asked_at);
+        if since >= self.config.max_age || (name.is_none() && since >= self.config.min_interval) {
+            self.ask_refresh(now);
+        }
+        name
+    }
+
+    fn ask_refresh(&mut self, now: Instant) {
+        match self.refresh.try_send(()) {
+            // Full: a refresh is already waiting, which is as good.
+            Ok(()) | Err(TrySendError::Full(())) => self.asked_at = now,
+            Err(TrySendError::Disconnected(())) => {}
+        }
+    }
+
+    /// Scans done so far (the first one included).
+    pub fn scans(&self) -> u64 {
+        self.shared.lock().unwrap_or_else(|e| e.into_inner()).scans
+    }
+
+    /// One warning per bundle or namespace that could not be read, with the count so far.
+    pub fn take_warnings(&mut self) -> Vec<String> {
+        let skipped = {
+            let shared = self.shared.lock().unwrap_or_else(|e| e.into_inner());
+            // Called per connection: only a new scan can bring new causes.
+            if shared.scans == self.scans_warned {
+                return Vec::new();
+            }
+            self.scans_warned = shared.scans;
+            shared.skipped.clone()
+        };
+        let mut warnings = Vec::new();
+        for cause in skipped {
+            if self.warned.insert(cause.clone()) {
+                self.skipped_total += 1;
+                warnings.push(format!(
+                    "pod names: skipped {cause} ({} skipped so far; its addresses stay unnamed)",
+                    self.skipped_total
+                ));
+            }
+        }
+        warnings
+    }
+}
+
+fn store(shared: &Mutex<Shared>, scan: PodScan) {
+    let mut shared = shared.lock().unwrap_or_else(|e| e.into_inner());
+    shared.pods = scan.pods;
+    shared.skipped = scan.skipped;
+    shared.scans += 1;
+}
+
+#[cfg(test)]
+mod tests;

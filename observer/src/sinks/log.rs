@@ -20,6 +20,8 @@ pub struct LogWriter {
     /// Where the log goes, for messages: a path or `-` for stdout.
     pub name: String,
     connections: u64,
+    /// One line, serialized here first: one write per line instead of one per token.
+    line: Vec<u8>,
 }
 
 /// Where the connection log will go, checked but not yet opened: an existing file is
@@ -106,6 +108,7 @@ impl LogWriter {
             out,
             name: name.to_owned(),
             connections: 0,
+            line: Vec::with_capacity(512),
         }
     }
 
@@ -133,8 +136,10 @@ impl LogWriter {
     }
 
     fn line(&mut self, line: &LineRef<'_>) -> std::io::Result<()> {
-        serde_json::to_writer(&mut self.out, line)?;
-        self.out.write_all(b"\n")
+        self.line.clear();
+        serde_json::to_writer(&mut self.line, line)?;
+        self.line.push(b'\n');
+        self.out.write_all(&self.line)
     }
 }
 

@@ -283,12 +283,12 @@ pub fn format_time(time: &DateTime<Utc>) -> String {
 }
 
 /// `2026-08-06T13:46:36.412345Z`
-const TIME_LEN: usize = 27;
+pub(crate) const TIME_LEN: usize = 27;
 
 /// [`format_time`] without chrono's formatting machinery or an allocation (two per
 /// connection line): `None` for what only chrono writes right (years outside
 /// 0..=9999, leap seconds).
-fn write_time<'a>(time: &DateTime<Utc>, out: &'a mut [u8; TIME_LEN]) -> Option<&'a str> {
+pub(crate) fn write_time<'a>(time: &DateTime<Utc>, out: &'a mut [u8; TIME_LEN]) -> Option<&'a str> {
     use chrono::{Datelike as _, Timelike as _};
     let year = u32::try_from(time.year())
         .ok()

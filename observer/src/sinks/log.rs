@@ -5,6 +5,7 @@ use std::io::Write;
 use serde::Serialize;
 
 use crate::model::record::{ConnRecord, ServiceRecord, SummaryRecord};
+use crate::sinks::conn_line::ConnLine;
 
 /// A borrowed log line: serializes exactly like `record::LogLine` without cloning.
 #[derive(Serialize)]
@@ -22,6 +23,7 @@ pub struct LogWriter {
     connections: u64,
     /// One line, serialized here first: one write per line instead of one per token.
     line: Vec<u8>,
+    conn_line: ConnLine,
 }
 
 /// Where the connection log will go, checked but not yet opened: an existing file is
@@ -109,6 +111,7 @@ impl LogWriter {
             name: name.to_owned(),
             connections: 0,
             line: Vec::with_capacity(512),
+            conn_line: ConnLine::default(),
         }
     }
 
@@ -118,7 +121,10 @@ impl LogWriter {
 
     pub fn conn(&mut self, record: &ConnRecord) -> std::io::Result<()> {
         self.connections += 1;
-        self.line(&LineRef::Conn(record))
+        self.line.clear();
+        self.conn_line.write(&mut self.line, record)?;
+        self.line.push(b'\n');
+        self.out.write_all(&self.line)
     }
 
     pub fn service(&mut self, record: &ServiceRecord) -> std::io::Result<()> {

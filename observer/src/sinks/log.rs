@@ -7,11 +7,11 @@ use serde::Serialize;
 use crate::model::record::{ConnRecord, ServiceRecord, SummaryRecord};
 use crate::sinks::conn_line::ConnLine;
 
-/// A borrowed log line: serializes exactly like `record::LogLine` without cloning.
+/// A borrowed log line: serializes exactly like `record::LogLine` without cloning
+/// (connection lines are written by `ConnLine`).
 #[derive(Serialize)]
 #[serde(tag = "type", rename_all = "lowercase")]
 enum LineRef<'a> {
-    Conn(&'a ConnRecord),
     Service(&'a ServiceRecord),
     Summary(&'a SummaryRecord),
 }

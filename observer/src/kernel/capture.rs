@@ -11,6 +11,8 @@ use observer_common::{
     counters,
 };
 
+use std::os::fd::AsFd as _;
+
 use crate::kernel::host::{Caps, kernel_release, raise_memlock, too_old};
 use crate::kernel::{btf::Btf, decode};
 
@@ -78,6 +80,8 @@ pub struct Capture {
     ebpf: Option<Ebpf>,
     events: tokio::io::unix::AsyncFd<RingBuf<MapData>>,
     conns: HashMap<MapData, u64, ConnState>,
+    /// `conns`' descriptor again, for batch reads (aya 0.14 has none).
+    conns_fd: std::os::fd::OwnedFd,
     dialed: HashMap<MapData, DialedKey, u64>,
     counters: PerCpuArray<MapData, u64>,
     lost_by_netns: HashMap<MapData, u32, u64>,
@@ -197,8 +201,14 @@ impl Capture {
         };
         let events = RingBuf::try_from(map(&mut ebpf, "EVENTS")?)
             .map_err(|err| CaptureError::Load(error_chain(&err)))?;
-        let conns = HashMap::try_from(map(&mut ebpf, "CONNS")?)
-            .map_err(|err| CaptureError::Load(error_chain(&err)))?;
+        let conns = map(&mut ebpf, "CONNS")?;
+        let conns_fd = match &conns {
+            aya::maps::Map::HashMap(data) => data.fd().as_fd().try_clone_to_owned(),
+            _ => Err(std::io::Error::other("CONNS is not a hash map")),
+        }
+        .map_err(|err| CaptureError::Load(format!("cannot read map CONNS: {err}")))?;
+        let conns =
+            HashMap::try_from(conns).map_err(|err| CaptureError::Load(error_chain(&err)))?;
         let dialed = HashMap::try_from(map(&mut ebpf, "DIALED")?)
             .map_err(|err| CaptureError::Load(error_chain(&err)))?;
         let counters = PerCpuArray::try_from(map(&mut ebpf, "COUNTERS")?)
@@ -220,6 +230,7 @@ impl Capture {
             ebpf: Some(ebpf),
             events,
             conns,
+            conns_fd,
             dialed,
             counters,
             lost_by_netns,
@@ -261,9 +272,13 @@ impl Capture {
         malformed
     }
 
-    /// The kernel's connection table as it is now.
+    /// The kernel's connection table as it is now: read in batches, or entry by entry
+    /// where the kernel cannot batch.
     pub fn connections(&self) -> Vec<(u64, ConnState)> {
-        self.conns.iter().filter_map(Result::ok).collect()
+        match crate::kernel::batch::lookup_all(self.conns_fd.as_fd()) {
+            Ok(entries) => entries,
+            Err(_) => self.conns.iter().filter_map(Result::ok).collect(),
+        }
     }
 
     /// One connection of the kernel's table, if it is there.

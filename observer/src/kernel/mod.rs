@@ -2,6 +2,7 @@
 //! attached (`capture`), and their ring-buffer events decoded; `host` says what this
 //! process may do on this kernel (capabilities, kernel release).
 
+pub mod batch;
 pub mod btf;
 pub mod capture;
 pub mod decode;

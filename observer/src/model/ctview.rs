@@ -3,7 +3,7 @@
 //! timeout) while the kernel programs saw no FIN or RST. Both are matched to the kernel
 //! programs' connections by network namespace and original tuple.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::net::SocketAddr;
 
 use chrono::{DateTime, Utc};

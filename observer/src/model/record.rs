@@ -325,7 +325,63 @@ impl Recording {
 
 /// Formats a time the way the log writes it: RFC 3339, microseconds, `Z`.
 pub fn format_time(time: &DateTime<Utc>) -> String {
-    time.to_rfc3339_opts(SecondsFormat::Micros, true)
+    let mut buffer = [0; TIME_LEN];
+    match write_time(time, &mut buffer) {
+        Some(text) => text.to_owned(),
+        None => time.to_rfc3339_opts(SecondsFormat::Micros, true),
+    }
+}
+
+/// `2026-08-06T13:46:36.412345Z`
+pub(crate) const TIME_LEN: usize = 27;
+
+/// [`format_time`] without chrono's formatting machinery or an allocation (two per
+/// connection line): `None` for what only chrono writes right (years outside
+/// 0..=9999, leap seconds).
+pub(crate) fn write_time<'a>(time: &DateTime<Utc>, out: &'a mut [u8; TIME_LEN]) -> Option<&'a str> {
+    use chrono::{Datelike as _, Timelike as _};
+    let year = u32::try_from(time.year())
+        .ok()
+        .filter(|year| *year <= 9999)?;
+    let nanos = time.nanosecond();
+    if nanos >= 1_000_000_000 {
+        return None;
+    }
+    let mut put = |at: usize, value: u32, digits: usize| {
+        let mut value = value;
+        for i in (at..at + digits).rev() {
+            out[i] = b'0' + (value % 10) as u8;
+            value /= 10;
+        }
+    };
+    put(0, year, 4);
+    put(5, time.month(), 2);
+    put(8, time.day(), 2);
+    put(11, time.hour(), 2);
+    put(14, time.minute(), 2);
+    put(17, time.second(), 2);
+    put(20, nanos / 1000, 6);
+    for (at, separator) in [
+        (4, b'-'),
+        (7, b'-'),
+        (10, b'T'),
+        (13, b':'),
+        (16, b':'),
+        (19, b'.'),
+    ] {
+        out[at] = separator;
+    }
+    out[26] = b'Z';
+    std::str::from_utf8(out).ok()
+}
+
+/// Serializes a time as [`format_time`] writes it.
+fn serialize_time<S: serde::Serializer>(time: &DateTime<Utc>, s: S) -> Result<S::Ok, S::Error> {
+    let mut buffer = [0; TIME_LEN];
+    match write_time(time, &mut buffer) {
+        Some(text) => s.serialize_str(text),
+        None => s.serialize_str(&time.to_rfc3339_opts(SecondsFormat::Micros, true)),
+    }
 }
 
 mod micros {
@@ -333,7 +389,7 @@ mod micros {
     use serde::{Deserialize, Deserializer, Serializer};
 
     pub fn serialize<S: Serializer>(time: &DateTime<Utc>, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&super::format_time(time))
+        super::serialize_time(time, s)
     }
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<DateTime<Utc>, D::Error> {
@@ -350,7 +406,7 @@ mod micros_opt {
 
     pub fn serialize<S: Serializer>(time: &Option<DateTime<Utc>>, s: S) -> Result<S::Ok, S::Error> {
         match time {
-            Some(time) => s.serialize_str(&super::format_time(time)),
+            Some(time) => super::serialize_time(time, s),
             None => s.serialize_none(),
         }
     }
@@ -455,6 +511,43 @@ mod tests {
         assert_eq!(
             (summary.lost_connections, summary.lost_by_netns.len()),
             (0, 0)
+        );
+    }
+
+    /// The log's own time formatting writes what chrono's RFC 3339 does.
+    #[test]
+    fn times_are_written_as_chrono_writes_them() {
+        let times = [
+            "2026-08-06T13:46:36.412345Z",
+            "1970-01-01T00:00:00Z",
+            "0001-02-03T04:05:06.000007891Z",
+            "9999-12-31T23:59:59.999999999Z",
+            "+10000-01-01T00:00:00Z",
+            "-0001-01-01T00:00:00Z",
+        ];
+        for text in times {
+            let time: DateTime<Utc> = text.parse().unwrap();
+            let chrono = time.to_rfc3339_opts(SecondsFormat::Micros, true);
+            assert_eq!(format_time(&time), chrono);
+            let line = serde_json::to_string(&SummaryRecord {
+                started: time,
+                ended: time,
+                ..Default::default()
+            })
+            .unwrap();
+            assert!(
+                line.ends_with(&format!(r#""started":"{chrono}","ended":"{chrono}"}}"#)),
+                "{line}"
+            );
+        }
+        let leap = chrono::NaiveDate::from_ymd_opt(2016, 12, 31)
+            .unwrap()
+            .and_hms_nano_opt(23, 59, 59, 1_500_000_000)
+            .unwrap()
+            .and_utc();
+        assert_eq!(
+            format_time(&leap),
+            leap.to_rfc3339_opts(SecondsFormat::Micros, true)
         );
     }
 

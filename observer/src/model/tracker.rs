@@ -2,13 +2,13 @@
 //! DNATed connection exactly once, closed by FIN/RST or found gone (kernel), by idle
 //! timeout (here), or still open when the recording ends.
 
-use std::collections::HashMap;
-
 use chrono::{DateTime, Utc};
 use observer_common::conn::{
     CLOSE_EXPIRED, CLOSE_FIN, CLOSE_NONE, CLOSE_RST, ConnEvent, ConnState, EVENT_OPEN, PROTO_UDP,
     REPLY,
 };
+
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::kernel::decode::{self, DecodeError};
 use crate::model::record::{Close, ConnRecord};
@@ -53,7 +53,7 @@ pub struct Tracker {
     clock: Clock,
     idle_timeout_ns: u64,
     /// Open connections and the `last_ns` reported for each.
-    open: HashMap<ConnId, u64>,
+    open: FxHashMap<ConnId, u64>,
 }
 
 impl Tracker {
@@ -61,7 +61,7 @@ impl Tracker {
         Tracker {
             clock,
             idle_timeout_ns: idle_timeout.as_nanos() as u64,
-            open: HashMap::new(),
+            open: FxHashMap::default(),
         }
     }
 
@@ -112,7 +112,7 @@ impl Tracker {
         }
         // A connection no longer in the kernel table whose close event is still in the
         // ring buffer, or was lost (counted by the kernel), stops counting as open.
-        let present: std::collections::HashSet<ConnId> = entries
+        let present: FxHashSet<ConnId> = entries
             .iter()
             .map(|(conntrack, state)| ConnId {
                 conntrack: *conntrack,

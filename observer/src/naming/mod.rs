@@ -18,10 +18,12 @@
 //! says which snapshot its name depends on ([`Lookup::wait_for`]), so that a finished
 //! connection can be held back briefly ([`hold`]) instead of being written unnamed.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
+
+use rustc_hash::FxHashMap;
 
 use crate::model::record::{EndpointsRecord, FrontendKind, Proto, ServiceRecord};
 use reader::{Request, RuleReader};
@@ -170,6 +172,13 @@ enum Reads {
     Worker(reader::Worker),
 }
 
+/// What a name depends on: namespace, protocol, original destination, backend.
+type NameKey = (u32, Proto, SocketAddr, SocketAddr);
+
+/// Names remembered at most (then forgotten all at once): a bound on memory when
+/// backends churn.
+const NAMES_MAX: usize = 65_536;
+
 /// The generation a name waits for when its namespace's rules were never read.
 pub const FIRST_READ: u64 = 1;
 
@@ -186,7 +195,10 @@ pub struct Lookup {
 pub struct Namer {
     config: NamerConfig,
     reads: Reads,
-    spaces: HashMap<u32, Space>,
+    spaces: FxHashMap<u32, Space>,
+    /// Names already looked up in the rules taken in last: a lookup is then one hash
+    /// of plain data. A namespace's are forgotten when its rules are taken in again.
+    names: FxHashMap<NameKey, Naming>,
     /// Namespaces whose re-read the worker has not answered yet.
     in_flight: HashSet<u32>,
     updates: Vec<ServiceRecord>,
@@ -214,7 +226,8 @@ impl Namer {
         Namer {
             config,
             reads,
-            spaces: HashMap::new(),
+            spaces: FxHashMap::default(),
+            names: FxHashMap::default(),
             in_flight: HashSet::new(),
             updates: Vec::new(),
             changes: Vec::new(),
@@ -250,7 +263,8 @@ impl Namer {
         if wants {
             self.request(netns, now);
         }
-        let mut naming = self.cached(netns, proto, original_dst, backend);
+        let key = (netns, proto, original_dst, backend);
+        let mut naming = self.remembered(key);
         let missed = naming.endpoint_in_rules != Some(true);
         // A change was seen since the rules were read: its re-read is on the way.
         if missed && self.changed_since_read(netns) {
@@ -260,7 +274,7 @@ impl Namer {
         if missed && self.outdated(netns, true, now) {
             wants = true;
             self.request(netns, now);
-            naming = self.cached(netns, proto, original_dst, backend);
+            naming = self.remembered(key);
         }
         let wait_for =
             (wants && self.in_flight.contains(&netns)).then(|| self.generation(netns) + 1);
@@ -310,6 +324,20 @@ impl Namer {
                 .via(map.and_then(|map| map.frontend_kind(proto, original_dst))),
             None => Naming::default(),
         }
+    }
+
+    /// [`Namer::cached`], remembered until the namespace's rules are taken in again.
+    fn remembered(&mut self, key: NameKey) -> Naming {
+        if let Some(naming) = self.names.get(&key) {
+            return naming.clone();
+        }
+        let (netns, proto, original_dst, backend) = key;
+        let naming = self.cached(netns, proto, original_dst, backend);
+        if self.names.len() >= NAMES_MAX {
+            self.names.clear();
+        }
+        self.names.insert(key, naming.clone());
+        naming
     }
 
     /// How many snapshots of `netns` were taken in (0: its rules were never read).
@@ -370,6 +398,7 @@ impl Namer {
     fn absorb(&mut self, snapshot: reader::Snapshot) {
         let netns = snapshot.netns;
         self.in_flight.remove(&netns);
+        self.names.retain(|key, _| key.0 != netns);
         let previous = self.spaces.remove(&netns);
         let generation = previous.as_ref().map_or(0, |space| space.generation) + 1;
         // A failed read keeps what was known: a transient failure should not un-name.

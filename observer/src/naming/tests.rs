@@ -1,5 +1,6 @@
 //! The namer against injected dumps, and the namespace listing.
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 

@@ -5,12 +5,13 @@ use std::io::Write;
 use serde::Serialize;
 
 use crate::model::record::{ConnRecord, EndpointsRecord, ServiceRecord, SummaryRecord};
+use crate::sinks::conn_line::ConnLine;
 
-/// A borrowed log line: serializes exactly like `record::LogLine` without cloning.
+/// A borrowed log line: serializes exactly like `record::LogLine` without cloning
+/// (connection lines are written by `ConnLine`).
 #[derive(Serialize)]
 #[serde(tag = "type", rename_all = "lowercase")]
 enum LineRef<'a> {
-    Conn(&'a ConnRecord),
     Service(&'a ServiceRecord),
     Endpoints(&'a EndpointsRecord),
     Summary(&'a SummaryRecord),
@@ -21,6 +22,9 @@ pub struct LogWriter {
     /// Where the log goes, for messages: a path or `-` for stdout.
     pub name: String,
     connections: u64,
+    /// One line, serialized here first: one write per line instead of one per token.
+    line: Vec<u8>,
+    conn_line: ConnLine,
 }
 
 /// Where the connection log will go, checked but not yet opened: an existing file is
@@ -107,6 +111,8 @@ impl LogWriter {
             out,
             name: name.to_owned(),
             connections: 0,
+            line: Vec::with_capacity(512),
+            conn_line: ConnLine::default(),
         }
     }
 
@@ -116,7 +122,10 @@ impl LogWriter {
 
     pub fn conn(&mut self, record: &ConnRecord) -> std::io::Result<()> {
         self.connections += 1;
-        self.line(&LineRef::Conn(record))
+        self.line.clear();
+        self.conn_line.write(&mut self.line, record)?;
+        self.line.push(b'\n');
+        self.out.write_all(&self.line)
     }
 
     pub fn service(&mut self, record: &ServiceRecord) -> std::io::Result<()> {
@@ -138,8 +147,10 @@ impl LogWriter {
     }
 
     fn line(&mut self, line: &LineRef<'_>) -> std::io::Result<()> {
-        serde_json::to_writer(&mut self.out, line)?;
-        self.out.write_all(b"\n")
+        self.line.clear();
+        serde_json::to_writer(&mut self.line, line)?;
+        self.line.push(b'\n');
+        self.out.write_all(&self.line)
     }
 }
 

@@ -3,6 +3,7 @@
 //! (`rules_table`).
 
 pub mod check;
+pub mod conn_line;
 pub mod coverage;
 pub mod log;
 pub mod metrics;

@@ -1,0 +1,232 @@
+//! The connection line written directly into a buffer, byte for byte what serde_json
+//! writes for `record::LogLine::Conn` (tested against it): serde_json escapes every key
+//! and formats addresses and times through `fmt`, which was most of a connection's CPU.
+//! Strings that may need escaping (service and pod names), the door and numbers still
+//! go through serde_json.
+
+use std::io::Write as _;
+use std::net::SocketAddr;
+
+use chrono::{DateTime, Utc};
+
+use crate::model::record::{Close, ConnRecord, Proto, TIME_LEN, format_time, write_time};
+
+/// Writes connection lines, remembering the last second's date and time text.
+#[derive(Default)]
+pub struct ConnLine {
+    /// The Unix second and its `2026-08-06T13:46:36.` prefix.
+    second: Option<(i64, [u8; SECOND_PREFIX])>,
+}
+
+/// `2026-08-06T13:46:36.`
+const SECOND_PREFIX: usize = 20;
+
+impl ConnLine {
+    /// Appends `record`'s line, without the newline, to `out`.
+    pub fn write(&mut self, out: &mut Vec<u8>, record: &ConnRecord) -> serde_json::Result<()> {
+        out.extend_from_slice(br#"{"type":"conn","proto":""#);
+        out.extend_from_slice(match record.proto {
+            Proto::Tcp => b"tcp",
+            Proto::Udp => b"udp",
+        });
+        out.extend_from_slice(br#"","client":"#);
+        write_addr(out, &record.client)?;
+        out.extend_from_slice(br#","client_pod":"#);
+        serde_json::to_writer(&mut *out, &record.client_pod)?;
+        out.extend_from_slice(br#","original_dst":"#);
+        write_addr(out, &record.original_dst)?;
+        out.extend_from_slice(br#","backend":"#);
+        write_addr(out, &record.backend)?;
+        out.extend_from_slice(br#","backend_pod":"#);
+        serde_json::to_writer(&mut *out, &record.backend_pod)?;
+        out.extend_from_slice(br#","service":"#);
+        serde_json::to_writer(&mut *out, &record.service)?;
+        out.extend_from_slice(br#","frontend":"#);
+        serde_json::to_writer(&mut *out, &record.frontend)?;
+        out.extend_from_slice(br#","endpoint_in_rules":"#);
+        out.extend_from_slice(match record.endpoint_in_rules {
+            None => b"null",
+            Some(true) => b"true",
+            Some(false) => b"false",
+        });
+        out.extend_from_slice(br#","netns":"#);
+        put_decimal(out, record.netns.into());
+        out.extend_from_slice(br#","start":"#);
+        self.write_time(out, &record.start);
+        out.extend_from_slice(br#","end":"#);
+        match &record.end {
+            Some(end) => self.write_time(out, end),
+            None => out.extend_from_slice(b"null"),
+        }
+        out.extend_from_slice(br#","duration_ms":"#);
+        serde_json::to_writer(&mut *out, &record.duration_ms)?;
+        out.extend_from_slice(br#","requests":"#);
+        put_decimal(out, record.requests);
+        out.extend_from_slice(br#","bytes_to_backend":"#);
+        put_decimal(out, record.bytes_to_backend);
+        out.extend_from_slice(br#","bytes_from_backend":"#);
+        put_decimal(out, record.bytes_from_backend);
+        out.extend_from_slice(br#","close":""#);
+        out.extend_from_slice(match record.close {
+            Close::Fin => b"fin",
+            Close::Rst => b"rst",
+            Close::Timeout => b"timeout",
+            Close::Expired => b"expired",
+            Close::Open => b"open",
+        });
+        out.extend_from_slice(br#"","start_seen":"#);
+        out.extend_from_slice(if record.start_seen { b"true" } else { b"false" });
+        out.push(b'}');
+        Ok(())
+    }
+
+    /// A time as `record::format_time` writes it, quoted.
+    fn write_time(&mut self, out: &mut Vec<u8>, time: &DateTime<Utc>) {
+        let second = time.timestamp();
+        let prefix = match self.second {
+            Some((cached, prefix)) if cached == second => Some(prefix),
+            _ => {
+                let mut text = [0; TIME_LEN];
+                let written = write_time(time, &mut text).is_some();
+                let prefix = written.then(|| {
+                    let mut prefix = [0; SECOND_PREFIX];
+                    prefix.copy_from_slice(&text[..SECOND_PREFIX]);
+                    prefix
+                });
+                self.second = prefix.map(|prefix| (second, prefix));
+                prefix
+            }
+        };
+        // Leap seconds and years chrono writes differently have no cached prefix.
+        let micros = time.timestamp_subsec_nanos() / 1000;
+        match prefix {
+            Some(prefix) if micros < 1_000_000 => {
+                out.push(b'"');
+                out.extend_from_slice(&prefix);
+                let mut digits = [b'0'; 6];
+                let mut value = micros;
+                for digit in digits.iter_mut().rev() {
+                    *digit = b'0' + (value % 10) as u8;
+                    value /= 10;
+                }
+                out.extend_from_slice(&digits);
+                out.extend_from_slice(b"Z\"");
+            }
+            _ => {
+                let _ = write!(out, "\"{}\"", format_time(time));
+            }
+        }
+    }
+}
+
+/// A socket address as serde writes it (`"10.244.1.9:45364"`, `"[fd00::1]:80"`).
+fn write_addr(out: &mut Vec<u8>, addr: &SocketAddr) -> serde_json::Result<()> {
+    let SocketAddr::V4(v4) = addr else {
+        return serde_json::to_writer(out, addr);
+    };
+    out.push(b'"');
+    for (index, octet) in v4.ip().octets().into_iter().enumerate() {
+        if index > 0 {
+            out.push(b'.');
+        }
+        put_decimal(out, octet.into());
+    }
+    out.push(b':');
+    put_decimal(out, v4.port().into());
+    out.push(b'"');
+    Ok(())
+}
+
+/// Appends `value` in decimal.
+fn put_decimal(out: &mut Vec<u8>, value: u64) {
+    let mut digits = [0; 20];
+    let (mut n, mut value) = (digits.len(), value);
+    loop {
+        n -= 1;
+        digits[n] = b'0' + (value % 10) as u8;
+        value /= 10;
+        if value == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[n..]);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::record::{LogLine, Recording};
+
+    fn serde_line(record: &ConnRecord) -> String {
+        serde_json::to_string(&LogLine::Conn(record.clone())).unwrap()
+    }
+
+    fn line(writer: &mut ConnLine, record: &ConnRecord) -> String {
+        let mut out = Vec::new();
+        writer.write(&mut out, record).unwrap();
+        String::from_utf8(out).unwrap()
+    }
+
+    /// Every field's forms, written as serde_json writes them.
+    #[test]
+    fn writes_what_serde_json_writes() {
+        let text = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/data/logs/mixed.jsonl"
+        ))
+        .unwrap();
+        let conns = Recording::parse("mixed.jsonl", &text).unwrap().conns;
+        let mut record = conns[0].clone();
+        let mut writer = ConnLine::default();
+        for conn in &conns {
+            assert_eq!(line(&mut writer, conn), serde_line(conn));
+        }
+        let addrs = [
+            "0.0.0.0:0",
+            "255.255.255.255:65535",
+            "10.96.0.10:53",
+            "[fd00::1]:80",
+        ];
+        let times = [
+            "2026-08-06T13:46:36.412345Z",
+            "2026-08-06T13:46:36.000000999Z",
+            "2026-08-06T13:46:37Z",
+            "1970-01-01T00:00:00Z",
+            "+10000-01-01T00:00:00Z",
+        ];
+        let services = [None, Some("shop/a \"quoted\" \\ name\u{1}:é".to_owned())];
+        let floats = [0.0, 4087.655, 1e-7, 1e21, f64::NAN];
+        for (index, addr) in addrs.iter().enumerate() {
+            record.client = addr.parse().unwrap();
+            record.backend = addrs[addrs.len() - 1 - index].parse().unwrap();
+            record.service = services[index % 2].clone();
+            record.endpoint_in_rules = [None, Some(true), Some(false)][index % 3];
+            record.proto = [Proto::Tcp, Proto::Udp][index % 2];
+            record.start_seen = index % 2 == 0;
+            record.requests = u64::MAX >> index;
+            record.bytes_to_backend = index as u64;
+            for (at, time) in times.iter().enumerate() {
+                record.start = time.parse().unwrap();
+                record.end = (at % 2 == 0).then(|| times[(at + 1) % times.len()].parse().unwrap());
+                record.duration_ms = floats[at];
+                for close in [
+                    Close::Fin,
+                    Close::Rst,
+                    Close::Timeout,
+                    Close::Expired,
+                    Close::Open,
+                ] {
+                    record.close = close;
+                    assert_eq!(line(&mut writer, &record), serde_line(&record));
+                }
+            }
+        }
+        let leap = chrono::NaiveDate::from_ymd_opt(2016, 12, 31)
+            .unwrap()
+            .and_hms_nano_opt(23, 59, 59, 1_500_000_000)
+            .unwrap()
+            .and_utc();
+        record.start = leap;
+        assert_eq!(line(&mut writer, &record), serde_line(&record));
+    }
+}

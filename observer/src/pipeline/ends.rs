@@ -1,0 +1,147 @@
+//! The session's side of conntrack's own view: connections found at start, destroy
+//! events that end connections (`expired`), and entries a newer one superseded.
+
+use chrono::Utc;
+use observer_common::conn::ConnState;
+
+use super::{Session, follow, monotonic_ns};
+use crate::conntrack::listener::Note;
+use crate::model::ctview::{CtKey, Destroyed, destroyed_close};
+use crate::model::record::{Close, ConnRecord};
+use crate::model::update::ConnId;
+
+/// conntrack followed from before a session starts: its destroy events are subscribed
+/// to and its DNATed entries read.
+pub struct ConntrackStart {
+    follower: follow::Follower,
+    found: Vec<(ConnId, ConnRecord)>,
+}
+
+/// Subscribes to conntrack's destroy events and reads its DNATed entries in every
+/// namespace: call it before saying that recording has started.
+pub fn follow_conntrack() -> ConntrackStart {
+    let (follower, found) = follow::Follower::start(Utc::now());
+    ConntrackStart { follower, found }
+}
+
+impl Session {
+    /// Connections that began before observer, and conntrack's destroy events from now on.
+    pub(super) fn start_following(&mut self, start: ConntrackStart) {
+        let ConntrackStart {
+            mut follower,
+            found,
+        } = start;
+        for warning in follower.take_warnings() {
+            (self.warn)(warning);
+        }
+        self.follower = Some(follower);
+        for (id, record) in found {
+            self.progress(id, record);
+        }
+    }
+
+    /// conntrack's notes: the first and any already waiting, after the ring buffer (an
+    /// open event still in it must be known before a destroy is matched).
+    pub(super) fn on_conntrack(&mut self, first: Note) -> anyhow::Result<()> {
+        let mut notes = vec![first];
+        if let Some(follower) = self.follower.as_mut() {
+            notes.extend(follower.ready());
+        }
+        self.drain()?;
+        for note in notes {
+            self.conntrack_note(note)?;
+        }
+        Ok(())
+    }
+
+    /// Ends kernel connections a newer entry with the same tuple replaced (their close
+    /// was missed): `expired` at their last packet.
+    pub(super) fn end_superseded(&mut self) -> anyhow::Result<()> {
+        let Some(follower) = self.follower.as_mut() else {
+            return Ok(());
+        };
+        for (conntrack, key) in follower.view.take_superseded() {
+            self.end_kernel(conntrack, &key, |state| (Close::Expired, state.last_ns))?;
+        }
+        Ok(())
+    }
+
+    /// Removes the kernel connection at `conntrack` if it still is `key`'s, and records
+    /// it with the close and end `how` gives; nothing when the kernel ended it first.
+    pub(super) fn end_kernel(
+        &mut self,
+        conntrack: u64,
+        key: &CtKey,
+        how: impl FnOnce(&ConnState) -> (Close, u64),
+    ) -> anyhow::Result<()> {
+        if let Some(state) = self.capture.connection(conntrack)
+            && CtKey::of_state(&state) == *key
+            && self.capture.remove(conntrack, &state)
+        {
+            let (close, until) = how(&state);
+            match self.tracker.ended(conntrack, &state, close, until) {
+                Ok((id, record)) => self.finished(id, record)?,
+                Err(_) => self.malformed += 1,
+            }
+        }
+        Ok(())
+    }
+
+    /// After destroy events were lost: ends the kernel connections of `netns` whose
+    /// conntrack entry is gone, as if their destroy event had come now.
+    pub(super) fn revalidate(&mut self, netns: u32) -> anyhow::Result<()> {
+        let Some(follower) = self.follower.as_mut() else {
+            return Ok(());
+        };
+        let gone: Vec<(u64, CtKey)> = follower
+            .view
+            .kernel_connections(netns)
+            .into_iter()
+            .filter(|(_, key)| !follower.still_there(key))
+            .collect();
+        let (now, idle) = (monotonic_ns(), self.idle_timeout_ns);
+        for (conntrack, key) in gone {
+            self.end_kernel(conntrack, &key, |state| destroyed_close(state, now, idle))?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn conntrack_note(&mut self, note: Note) -> anyhow::Result<()> {
+        let Some(follower) = self.follower.as_mut() else {
+            return Ok(());
+        };
+        let key = match &note {
+            Note::Overrun { netns } => {
+                follower.overruns += 1;
+                let overruns = follower.overruns;
+                (self.warn)(format!(
+                    "conntrack's destroy events in netns {netns} overflowed observer's buffer ({overruns} time(s) so far): asking conntrack about each connection there instead"
+                ));
+                let netns = *netns;
+                return self.revalidate(netns);
+            }
+            Note::Failed { netns, error } => {
+                let warning = format!("stopped following conntrack in netns {netns}: {error}");
+                (self.warn)(warning);
+                return Ok(());
+            }
+            _ => match follow::destroyed_key(&note) {
+                Some(key) => key,
+                None => return Ok(()),
+            },
+        };
+        if !follower.view.follows(&key) || follower.still_there(&key) {
+            return Ok(());
+        }
+        match follower.view.destroyed(&key, Utc::now()) {
+            Destroyed::Found(id, record) => self.finished(id, *record)?,
+            Destroyed::Kernel(conntrack) => {
+                // Unless the kernel programs ended it first (FIN/RST wins).
+                let (now, idle) = (monotonic_ns(), self.idle_timeout_ns);
+                self.end_kernel(conntrack, &key, |state| destroyed_close(state, now, idle))?;
+            }
+            Destroyed::Unknown => {}
+        }
+        Ok(())
+    }
+}

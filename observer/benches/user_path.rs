@@ -155,8 +155,7 @@ fn user_path(c: &mut Criterion) {
                     record.backend,
                     Instant::now(),
                 );
-                record.service = lookup.naming.service;
-                record.endpoint_in_rules = lookup.naming.endpoint_in_rules;
+                lookup.naming.apply_to(&mut record);
                 assert_eq!(record.endpoint_in_rules, Some(true));
                 log.conn(&record).unwrap();
             }

@@ -379,9 +379,7 @@ impl Session {
             record.backend,
             Instant::now(),
         );
-        record.service = lookup.naming.service;
-        record.endpoint_in_rules = lookup.naming.endpoint_in_rules;
-        record.frontend = lookup.naming.frontend;
+        lookup.naming.apply_to(record);
         self.publish_naming()?;
         Ok(lookup.wait_for)
     }

@@ -110,15 +110,14 @@ impl<T> Hold<T> {
     fn renamed(mut held: Held<T>, namer: &Namer) -> (T, ConnRecord) {
         if held.wait_for.is_some() {
             let record = &mut held.record;
-            let naming = namer.cached(
-                record.netns,
-                record.proto,
-                record.original_dst,
-                record.backend,
-            );
-            record.service = naming.service;
-            record.endpoint_in_rules = naming.endpoint_in_rules;
-            record.frontend = naming.frontend;
+            namer
+                .cached(
+                    record.netns,
+                    record.proto,
+                    record.original_dst,
+                    record.backend,
+                )
+                .apply_to(record);
         }
         (held.item, held.record)
     }

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use rustc_hash::FxHashMap;
 
-use crate::model::record::{EndpointsRecord, FrontendKind, Proto, ServiceRecord};
+use crate::model::record::{ConnRecord, EndpointsRecord, FrontendKind, Proto, ServiceRecord};
 use reader::{Request, RuleReader};
 use rules::ServiceMap;
 
@@ -52,6 +52,13 @@ pub struct Naming {
 }
 
 impl Naming {
+    /// Writes this naming into a connection record's name fields.
+    pub fn apply_to(self, record: &mut ConnRecord) {
+        record.service = self.service;
+        record.endpoint_in_rules = self.endpoint_in_rules;
+        record.frontend = self.frontend;
+    }
+
     /// A connection named `service`; `endpoint_in_rules` says whether its backend is
     /// still an endpoint there.
     pub fn named(service: impl Into<String>, endpoint_in_rules: bool) -> Naming {

@@ -20,6 +20,7 @@ pub fn test(extra: &[String], kernels: bool) -> anyhow::Result<()> {
             "the test suite includes root tests (eBPF programs, network namespaces); run it as root: sudo -E cargo xtask test"
         );
     }
+    enough_disk(&crate::workspace_root().join("target"))?;
     let dist_dir = dist()?;
     aarch64_under_qemu(&dist_dir)?;
     // One test binary at a time, one test at a time: root tests each build a lab of
@@ -45,6 +46,27 @@ pub fn test(extra: &[String], kernels: bool) -> anyhow::Result<()> {
         (Err(e), Ok(())) | (Ok(()), Err(e)) => Err(e),
         (Err(tests), Err(kernels)) => bail!("{tests:#}; and {kernels:#}"),
     }
+}
+
+/// The whole run writes about 6 GB (release builds for two targets, ~30 test binaries,
+/// Debian's kernels); asking first turns a disk that fills half way into one sentence.
+const DISK_NEEDED: u64 = 8 << 30;
+
+fn enough_disk(target: &std::path::Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(target)
+        .with_context(|| format!("cannot create {}", target.display()))?;
+    let stat = nix::sys::statvfs::statvfs(target)
+        .with_context(|| format!("cannot read the free space of {}", target.display()))?;
+    let free = stat.blocks_available() as u64 * stat.fragment_size() as u64;
+    if free < DISK_NEEDED {
+        bail!(
+            "{} has {:.1} GB free; the test run needs about {} GB (builds, test binaries, Debian kernels)",
+            target.display(),
+            free as f64 / 1e9,
+            DISK_NEEDED >> 30
+        );
+    }
+    Ok(())
 }
 
 /// The aarch64 build's unit tests and the aarch64 binary's `--help`, run by

@@ -23,6 +23,9 @@ deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian
 /// Package lists younger than this are reused (reruns need no network).
 const LISTS_MAX_AGE: Duration = Duration::from_secs(24 * 3600);
 
+/// Longest one apt command may take (a kernel package is ~70 MB).
+const APT_DEADLINE_SECONDS: &str = "600";
+
 /// apt with its own sources, lists and cache in `dir`.
 pub struct Apt {
     dir: PathBuf,
@@ -52,10 +55,15 @@ impl Apt {
         Ok(apt)
     }
 
+    /// `program` with this private state, bounded: a mirror that stalls fails the stage
+    /// within minutes instead of holding a CI run until its deadline.
     fn command(&self, program: &str) -> Command {
         let d = self.dir.display();
-        let mut command = Command::new(program);
+        let mut command = Command::new("timeout");
+        command.args(["--kill-after=10", APT_DEADLINE_SECONDS, program]);
         for option in [
+            "Acquire::http::Timeout=30".to_owned(),
+            "Acquire::Retries=3".to_owned(),
             format!("Dir::Etc::SourceList={d}/sources.list"),
             "Dir::Etc::SourceParts=/nonexistent".to_owned(),
             format!("Dir::State::Lists={d}/lists"),

@@ -199,6 +199,7 @@ impl Session {
         let sweep = self.tracker.sweep(&entries, monotonic_ns());
         let checked = self.follower.as_mut().map(|follower| {
             follower.view.on_sweep(&entries);
+            follower.rescan();
             (follower.check(Utc::now()), follower.take_warnings())
         });
         let (checked, warnings) = checked.unwrap_or_default();
@@ -208,6 +209,7 @@ impl Session {
         for (id, record) in checked {
             self.finished(id, record)?;
         }
+        self.end_unreported(&entries)?;
         self.end_superseded()?;
         for (id, record) in sweep.progress {
             self.progress(id, record);

@@ -64,6 +64,15 @@ fn churn(rules: RuleMode, tag: &str) {
         churn.failed, 0,
         "the churn client's connections all got answers"
     );
+    // Anything but one whole client connection, shown before the count is asserted.
+    let unusual: Vec<&ConnRecord> = recording
+        .conns
+        .iter()
+        .filter(|c| {
+            !(c.requests == 1 && matches!(c.close, Close::Fin | Close::Rst) && c.start_seen)
+        })
+        .collect();
+    eprintln!("records other than one whole request: {unusual:#?}");
     assert_eq!(
         recording.conns.len() as u64,
         decisions,

@@ -119,13 +119,11 @@ fn by_port(conns: &[ConnRecord], port: u16) -> Vec<&ConnRecord> {
 }
 
 #[test]
-#[ignore = "known bug: with two keep-alive clients, one deleted (conntrack -D) and then the table flushed, the flushed connection sometimes stays open instead of ending expired (about half the runs on the final tree); run with --ignored. tests/flush.rs covers a flushed entry ending expired"]
 fn flushed_and_deleted_connections_end_expired_iptables_bridged() {
     flushed_and_deleted(&lab("ctx"));
 }
 
 #[test]
-#[ignore = "known bug: with two keep-alive clients, one deleted (conntrack -D) and then the table flushed, the flushed connection sometimes stays open instead of ending expired (about half the runs on the final tree); run with --ignored. tests/flush.rs covers a flushed entry ending expired"]
 fn flushed_and_deleted_connections_end_expired_nftables_routed() {
     flushed_and_deleted(&lab_of("ctn", Topology::Routed, RuleMode::Nftables));
 }
@@ -202,7 +200,8 @@ fn connections_older_than_observer_are_recorded() {
         .unwrap();
     assert!(out.status.success(), "{out:?}");
     let dir = tempfile::tempdir().unwrap();
-    let (mut idle, mut closing, mut active) = (
+    let (mut idle, mut closing, mut active, mut deleted) = (
+        Client::start(&lab),
         Client::start(&lab),
         Client::start(&lab),
         Client::start(&lab),
@@ -211,12 +210,19 @@ fn connections_older_than_observer_are_recorded() {
     let idle_port = idle.send("req 5");
     let closing_port = closing.send("req 5");
     let active_port = active.send("req 5");
+    let deleted_port = deleted.send("req 5");
     std::thread::sleep(Duration::from_secs(1));
     let recorder = Recorder::start(dir.path(), &["--idle-timeout", "30"]);
     let started = chrono::Utc::now();
     std::thread::sleep(Duration::from_millis(500));
     closing.send("close");
     active.send("req 2");
+    // Followed by the kernel programs from here, then its entry deleted: an entry
+    // created before anyone listened has no destroy event (nf_conntrack_events=2), so
+    // observer must find out by asking.
+    deleted.send("req 1");
+    let port = deleted_port.to_string();
+    conntrack(&lab, &["-D", "-p", "tcp", "--orig-port-src", &port]);
     std::thread::sleep(Duration::from_secs(3));
     let mut recording = recorder.stop();
     only_node(&mut recording, lab.node_ns());
@@ -260,6 +266,12 @@ fn connections_older_than_observer_are_recorded() {
         "{active:?}"
     );
     assert!(active.duration_ms > 4000.0, "{active:?}");
+    let deleted = one(deleted_port);
+    assert_eq!(
+        (deleted.close, deleted.start_seen, deleted.requests),
+        (Close::Expired, false, 1),
+        "{deleted:?}"
+    );
 }
 
 /// Runs `observer verify` on the lab's node while `load` drives traffic (stopping the

@@ -48,9 +48,9 @@ pub fn test(extra: &[String], kernels: bool) -> anyhow::Result<()> {
     }
 }
 
-/// The whole run writes about 6 GB (release builds for two targets, ~30 test binaries,
+/// The whole run writes about 3.5 GB (release builds for two targets, ~30 test binaries,
 /// Debian's kernels); asking first turns a disk that fills half way into one sentence.
-const DISK_NEEDED: u64 = 8 << 30;
+const DISK_NEEDED: u64 = 5 << 30;
 
 fn enough_disk(target: &std::path::Path) -> anyhow::Result<()> {
     std::fs::create_dir_all(target)

@@ -15,6 +15,10 @@ use super::{CtEntry, CtKind, CtMessage};
 
 /// How long the thread waits for events before looking for new namespaces or a stop.
 const POLL_MS: i32 = 50;
+/// After reading, the thread lets events gather this long: under churn it (and the
+/// session loop it hands them to) wakes about 20 times a second, not once per
+/// connection. The sockets' buffers (`socket::EVENT_BUFFER`) hold far more.
+const GATHER: Duration = Duration::from_millis(50);
 
 /// What the listener reports.
 #[derive(Debug)]
@@ -165,7 +169,9 @@ fn listen(
             std::thread::sleep(Duration::from_millis(POLL_MS as u64));
         }
         // After a stop, one more pass reads everything already queued.
+        let mut read = false;
         for pollfd in fds.iter().filter(|p| stopping || p.revents != 0) {
+            read = true;
             let Some((netns, socket)) = sockets.get_mut(&pollfd.fd) else {
                 continue;
             };
@@ -179,6 +185,9 @@ fn listen(
         }
         if stopping {
             return;
+        }
+        if read {
+            std::thread::sleep(GATHER);
         }
     }
 }

@@ -196,7 +196,7 @@ fn open_socket(groups: &[u32], buffer: i32) -> io::Result<OwnedFd> {
         return Err(io::Error::last_os_error());
     }
     let timeout = libc::timeval {
-        tv_sec: REQUEST_TIMEOUT.as_secs() as libc::time_t,
+        tv_sec: REQUEST_TIMEOUT.as_secs() as _,
         tv_usec: 0,
     };
     set_option(raw, libc::SOL_SOCKET, libc::SO_RCVTIMEO, &timeout)?;

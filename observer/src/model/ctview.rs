@@ -103,10 +103,7 @@ impl ConntrackView {
     ) -> Vec<(ConnId, ConnRecord)> {
         let mut out = Vec::new();
         for entry in entries {
-            let closed = matches!(
-                entry.tcp_state,
-                Some(tcp_state::TIME_WAIT | tcp_state::CLOSE)
-            );
+            let closed = closed_tcp(&entry);
             let Ok(proto) = decode::proto(entry.original.protocol) else {
                 continue;
             };
@@ -209,16 +206,27 @@ impl ConntrackView {
             .collect()
     }
 
-    /// Whether `key` is a connection observer follows (a destroy event for it matters).
-    pub fn follows(&self, key: &CtKey) -> bool {
-        self.found.contains_key(key) || self.kernel.contains_key(key)
+    /// Whether the destroy event of `entry` (key `key`) can end something observer
+    /// follows (see `destroyed`).
+    pub fn matters(&self, key: &CtKey, entry: &CtEntry) -> bool {
+        self.found.contains_key(key) || (self.kernel.contains_key(key) && !closed_tcp(entry))
     }
 
-    /// conntrack destroyed the entry `key` at `now`.
-    pub fn destroyed(&mut self, key: &CtKey, now: DateTime<Utc>) -> Destroyed {
+    /// conntrack destroyed `entry` (of namespace `key.netns`) at `now`.
+    ///
+    /// A TCP entry destroyed after its close (TIME_WAIT, CLOSE) never ends a kernel
+    /// connection: the kernel programs saw that close, and conntrack kills such an
+    /// entry when a new SYN reuses its tuple, so the kernel connection under the key
+    /// may be that newer one, even at the same `nf_conn` address (conntrack's slab
+    /// hands a freed entry's memory straight to the next). A close they missed is
+    /// ended by the new connection's first packet (`reused`/`supersede` in the kernel).
+    pub fn destroyed(&mut self, key: &CtKey, entry: &CtEntry, now: DateTime<Utc>) -> Destroyed {
         if let Some(found) = self.found.remove(key) {
             let record = record(key.netns, &found, Close::Expired, now);
             return Destroyed::Found(found.id, Box::new(record));
+        }
+        if closed_tcp(entry) {
+            return Destroyed::Unknown;
         }
         match self.kernel.remove(key) {
             Some(conntrack) => Destroyed::Kernel(conntrack),
@@ -288,6 +296,14 @@ impl ConntrackView {
             .map(|(key, found)| (found.id, record(key.netns, &found, Close::Open, now)))
             .collect()
     }
+}
+
+/// A TCP entry whose connection closed (FIN: TIME_WAIT; RST: CLOSE) as conntrack saw it.
+fn closed_tcp(entry: &CtEntry) -> bool {
+    matches!(
+        entry.tcp_state,
+        Some(tcp_state::TIME_WAIT | tcp_state::CLOSE)
+    )
 }
 
 /// How a connection the kernel programs follow ends when conntrack destroys its entry at

@@ -87,6 +87,20 @@ impl Session {
         Ok(())
     }
 
+    /// Ends the kernel connections of the table `entries` whose conntrack entry is gone
+    /// with no destroy event to say so (see `Follower::unreported_gone`).
+    pub(super) fn end_unreported(&mut self, entries: &[(u64, ConnState)]) -> anyhow::Result<()> {
+        let Some(follower) = self.follower.as_mut() else {
+            return Ok(());
+        };
+        let gone = follower.unreported_gone(entries);
+        let (now, idle) = (monotonic_ns(), self.idle_timeout_ns);
+        for (conntrack, key) in gone {
+            self.end_kernel(conntrack, &key, |state| destroyed_close(state, now, idle))?;
+        }
+        Ok(())
+    }
+
     /// After destroy events were lost: ends the kernel connections of `netns` whose
     /// conntrack entry is gone, as if their destroy event had come now.
     pub(super) fn revalidate(&mut self, netns: u32) -> anyhow::Result<()> {
@@ -110,7 +124,7 @@ impl Session {
         let Some(follower) = self.follower.as_mut() else {
             return Ok(());
         };
-        let key = match &note {
+        let (key, entry) = match &note {
             Note::Overrun { netns } => {
                 follower.overruns += 1;
                 let overruns = follower.overruns;
@@ -125,15 +139,15 @@ impl Session {
                 (self.warn)(warning);
                 return Ok(());
             }
-            _ => match follow::destroyed_key(&note) {
-                Some(key) => key,
+            _ => match follow::destroyed(&note) {
+                Some(destroyed) => destroyed,
                 None => return Ok(()),
             },
         };
-        if !follower.view.follows(&key) || follower.still_there(&key) {
+        if !follower.view.matters(&key, entry) || follower.still_there(&key) {
             return Ok(());
         }
-        match follower.view.destroyed(&key, Utc::now()) {
+        match follower.view.destroyed(&key, entry, Utc::now()) {
             Destroyed::Found(id, record) => self.finished(id, *record)?,
             Destroyed::Kernel(conntrack) => {
                 // Unless the kernel programs ended it first (FIN/RST wins).

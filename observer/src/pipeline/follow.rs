@@ -8,8 +8,11 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 
+use crate::conntrack::CtEntry;
 use crate::conntrack::listener::{Listener, Note};
 use crate::conntrack::socket::{CtSocket, EVENT_BUFFER, GROUP_DESTROY};
+use observer_common::conn::ConnState;
+
 use crate::model::ctview::{ConntrackView, CtKey};
 use crate::model::record::ConnRecord;
 use crate::model::update::ConnId;
@@ -17,9 +20,9 @@ use crate::naming::source::list_namespaces;
 
 /// Entries found at start asked about per sweep (each question is one netlink round trip).
 const CHECKS_PER_SWEEP: usize = 256;
-/// Namespaces are listed again (for one seen in a kernel event that was not there at the
-/// last listing) at most this often.
-const RESCAN: Duration = Duration::from_secs(1);
+/// Namespaces are listed again (to follow new ones and let go of deleted ones) at most
+/// this often.
+const RESCAN: Duration = Duration::from_secs(5);
 
 pub struct Follower {
     listener: Listener,
@@ -34,11 +37,20 @@ pub struct Follower {
     warnings: Vec<String>,
     /// Times the kernel dropped destroy events for lack of buffer (`ENOBUFS`).
     pub overruns: u64,
+    /// When the destroy events of each namespace were subscribed to (monotonic ns).
+    subscribed_at: HashMap<u32, u64>,
+    /// Kernel connections without destroy events, by how often they were asked about.
+    unreported: HashMap<CtKey, u64>,
 }
 
 impl Follower {
-    /// Subscribes to destroy events in every namespace that has DNATed entries now, and
-    /// returns those entries as open records (connections that began before observer).
+    /// Subscribes to destroy events in every namespace now, and returns their DNATed
+    /// entries as open records (connections that began before observer).
+    ///
+    /// Every namespace, not only those with DNATed entries yet: with conntrack's default
+    /// `nf_conntrack_events=2`, the kernel keeps events only for entries created while
+    /// someone listens in their namespace, so a subscription made after a connection
+    /// began would never hear of its end.
     pub fn start(now: DateTime<Utc>) -> (Follower, Vec<(ConnId, ConnRecord)>) {
         let mut follower = Follower {
             listener: Listener::start(&[GROUP_DESTROY], EVENT_BUFFER),
@@ -49,6 +61,8 @@ impl Follower {
             failed: Default::default(),
             warnings: Vec::new(),
             overruns: 0,
+            subscribed_at: HashMap::new(),
+            unreported: HashMap::new(),
         };
         let mut found = Vec::new();
         for netns in list_namespaces() {
@@ -58,27 +72,53 @@ impl Follower {
         (follower, found)
     }
 
-    /// Follows `netns` (inode), seen in a kernel event, from now on.
+    /// Follows `netns` (inode), seen in a kernel event, from now on (when it was created
+    /// after the last listing).
     pub fn watch(&mut self, netns: u32) {
         if self.listener.watches(netns) || self.failed.contains(&netns) {
             return;
         }
-        if !self.paths.contains_key(&netns) && self.last_scan.elapsed() >= RESCAN {
-            self.last_scan = Instant::now();
-            self.paths = list_namespaces()
-                .into_iter()
-                .map(|info| (info.inode, info.path))
-                .collect();
+        if !self.paths.contains_key(&netns) {
+            self.rescan();
         }
-        if let Some(path) = self.paths.get(&netns).cloned() {
-            // Followed only from now on: its entries are the kernel programs' to report.
+    }
+
+    /// Lists the namespaces again, at most every `RESCAN`: follows new ones from now on
+    /// (their entries are the kernel programs' to report) and lets go of deleted ones (a
+    /// socket would keep a deleted namespace alive).
+    pub fn rescan(&mut self) {
+        if self.last_scan.elapsed() < RESCAN {
+            return;
+        }
+        self.last_scan = Instant::now();
+        self.paths = list_namespaces()
+            .into_iter()
+            .map(|info| (info.inode, info.path))
+            .collect();
+        let gone: Vec<u32> = self
+            .requests
+            .keys()
+            .filter(|netns| !self.paths.contains_key(netns))
+            .copied()
+            .collect();
+        for netns in gone {
+            self.requests.remove(&netns);
+            self.subscribed_at.remove(&netns);
+            self.listener.unwatch(netns);
+        }
+        self.failed.retain(|netns| self.paths.contains_key(netns));
+        let new: Vec<(u32, PathBuf)> = self
+            .paths
+            .iter()
+            .filter(|(netns, _)| !self.listener.watches(**netns) && !self.failed.contains(netns))
+            .map(|(netns, path)| (*netns, path.clone()))
+            .collect();
+        for (netns, path) in new {
             self.follow(netns, &path, None);
         }
     }
 
-    /// Subscribes to destroy events in `netns`; with `found_at`, also reads its entries
-    /// (then a namespace without DNATed entries is not followed: a socket would keep a
-    /// deleted namespace alive).
+    /// Subscribes to destroy events in `netns`; with `found_at`, also reads its entries.
     fn follow(
         &mut self,
         netns: u32,
@@ -101,12 +141,17 @@ impl Follower {
             }
         };
         // Subscribed before the dump: an entry destroyed in between is reported.
-        if let Err(err) = self.listener.watch(netns, path) {
-            self.failed.insert(netns);
-            let path = path.display();
-            self.warnings.push(format!(
-                "cannot follow conntrack's destroy events in {path}: {err}"
-            ));
+        match self.listener.watch(netns, path) {
+            Ok(()) => {
+                self.subscribed_at.insert(netns, super::monotonic_ns());
+            }
+            Err(err) => {
+                self.failed.insert(netns);
+                let path = path.display();
+                self.warnings.push(format!(
+                    "cannot follow conntrack's destroy events in {path}: {err}"
+                ));
+            }
         }
         let Some(now) = found_at else {
             self.requests.insert(netns, socket);
@@ -121,10 +166,6 @@ impl Follower {
                 Vec::new()
             }
         };
-        if !entries.iter().any(|entry| entry.dnat()) {
-            self.listener.unwatch(netns);
-            return Vec::new();
-        }
         self.requests.insert(netns, socket);
         self.view.found_at_start(netns, entries, now)
     }
@@ -156,6 +197,49 @@ impl Follower {
         ended
     }
 
+    /// Kernel connections (of the table `entries`) whose conntrack entry is gone though
+    /// no destroy event can say so: conntrack keeps events only for entries created
+    /// while someone listened in their namespace (`nf_conntrack_events=2`), so those
+    /// that began before observer (adopted, `start_seen: false`) or before their
+    /// namespace was followed are asked about, at most `CHECKS_PER_SWEEP` per sweep, the
+    /// least recently asked first. A question that fails asks again at the next sweep.
+    pub fn unreported_gone(&mut self, entries: &[(u64, ConnState)]) -> Vec<(u64, CtKey)> {
+        let mut candidates: Vec<(u64, CtKey, u64)> = entries
+            .iter()
+            .filter(|(_, state)| {
+                state.start_seen == 0
+                    || self
+                        .subscribed_at
+                        .get(&state.netns)
+                        .is_none_or(|since| state.start_ns < *since)
+            })
+            .map(|(conntrack, state)| {
+                let key = CtKey::of_state(state);
+                (
+                    self.unreported.get(&key).copied().unwrap_or(0),
+                    key,
+                    *conntrack,
+                )
+            })
+            .collect();
+        let live: std::collections::HashSet<CtKey> =
+            candidates.iter().map(|(_, key, _)| *key).collect();
+        self.unreported.retain(|key, _| live.contains(key));
+        candidates.sort_by_key(|(asked, key, _)| (*asked, key.netns, key.client, key.dialed));
+        candidates.truncate(CHECKS_PER_SWEEP);
+        let mut gone = Vec::new();
+        for (asked, key, conntrack) in candidates {
+            self.unreported.insert(key, asked + 1);
+            let Some(socket) = self.requests.get_mut(&key.netns) else {
+                continue;
+            };
+            if let Ok(None) = socket.get(&key.tuple()) {
+                gone.push((conntrack, key));
+            }
+        }
+        gone
+    }
+
     /// Whether conntrack has an entry for `key` now: a destroy event for that tuple was
     /// about an older entry (TCP reuses a port in TIME_WAIT). Unknown counts as gone.
     pub fn still_there(&mut self, key: &CtKey) -> bool {
@@ -170,14 +254,14 @@ impl Follower {
     }
 }
 
-/// The key of a destroyed entry in a note, if it is one.
-pub fn destroyed_key(note: &Note) -> Option<CtKey> {
+/// The key and entry of a destroyed entry in a note, if it is one.
+pub fn destroyed(note: &Note) -> Option<(CtKey, &CtEntry)> {
     match note {
         Note::Event {
             netns,
             kind: crate::conntrack::CtKind::Destroy,
             entry,
-        } => Some(CtKey::of_entry(*netns, entry)),
+        } => Some((CtKey::of_entry(*netns, entry), entry)),
         _ => None,
     }
 }

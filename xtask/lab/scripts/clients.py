@@ -4,7 +4,7 @@ which local port each request or query used and which pod answered.
   http-fresh HOST PORT COUNT      a new TCP connection per request
   http-keepalive HOST PORT COUNT [PAUSE]  one connection (http.client), COUNT sequential
                                   requests, PAUSE seconds apart (default 0)
-  udp HOST PORT COUNT             each query from a new socket
+  udp HOST PORT COUNT             each query from a new socket and a client port not used before
   http-churn HOST PORT SECONDS THREADS  fresh `Connection: close` requests from THREADS
                                   threads for SECONDS: {"connections": N, "failed": N}
   probe PROTO:HOST:PORT...        wait until every target answers (lab start-up)
@@ -48,8 +48,39 @@ def http_keepalive(host: str, port: int, count: int, pause: float = 0.0) -> list
     return out
 
 
+# UDP client ports come from a counter kept beside this script (the lab's state
+# directory), below the kernel's ephemeral range: a port the kernel picked at random could
+# repeat one whose conntrack entry is still alive, and its query would then be no new
+# DNAT decision.
+UDP_PORTS = (20000, 30000)
+
+
+def udp_socket() -> socket.socket:
+    import fcntl
+    import os
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "udp_ports")
+    with open(path, "a+") as counter:
+        fcntl.flock(counter, fcntl.LOCK_EX)
+        counter.seek(0)
+        last = int(counter.read() or UDP_PORTS[0] - 1)
+        for _ in range(UDP_PORTS[1] - UDP_PORTS[0]):
+            last = last + 1 if last + 1 < UDP_PORTS[1] else UDP_PORTS[0]
+            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            try:
+                sock.bind(("0.0.0.0", last))
+            except OSError:
+                sock.close()
+                continue
+            counter.seek(0)
+            counter.truncate()
+            counter.write(str(last))
+            return sock
+    raise OSError("no free UDP client port")
+
+
 def udp_query(host: str, port: int, tries: int = 3) -> list:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock = udp_socket()
     sock.settimeout(TIMEOUT / tries)
     try:
         for _ in range(tries):

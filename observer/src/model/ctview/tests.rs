@@ -171,10 +171,14 @@ fn destroy_events_end_found_and_kernel_connections_once() {
     view.on_kernel_event(&event(EVENT_OPEN, 0xa000, 10, flags::START_SEEN));
     view.on_kernel_event(&event(EVENT_OPEN, 0xb000, 11, flags::START_SEEN));
     view.on_kernel_event(&event(EVENT_CLOSE, 0xb000, 11, flags::START_SEEN));
-    assert!(view.follows(&key(9)) && view.follows(&key(10)));
-    assert!(!view.follows(&key(11)), "closed by FIN first");
+    let established = |port| entry(PROTO_TCP, port, Some(tcp_state::ESTABLISHED));
+    assert!(view.matters(&key(9), &established(9)) && view.matters(&key(10), &established(10)));
+    assert!(
+        !view.matters(&key(11), &established(11)),
+        "closed by FIN first"
+    );
     let later = now() + chrono::Duration::seconds(3);
-    match view.destroyed(&key(9), later) {
+    match view.destroyed(&key(9), &established(9), later) {
         Destroyed::Found(_, record) => {
             assert_eq!(
                 (record.close, record.end, record.duration_ms),
@@ -183,9 +187,41 @@ fn destroy_events_end_found_and_kernel_connections_once() {
         }
         other => panic!("{other:?}"),
     }
-    assert_eq!(view.destroyed(&key(10), later), Destroyed::Kernel(0xa000));
-    assert_eq!(view.destroyed(&key(10), later), Destroyed::Unknown);
-    assert_eq!(view.destroyed(&key(11), later), Destroyed::Unknown);
+    assert_eq!(
+        view.destroyed(&key(10), &established(10), later),
+        Destroyed::Kernel(0xa000)
+    );
+    assert_eq!(
+        view.destroyed(&key(10), &established(10), later),
+        Destroyed::Unknown
+    );
+    assert_eq!(
+        view.destroyed(&key(11), &established(11), later),
+        Destroyed::Unknown
+    );
+}
+
+#[test]
+fn a_closed_entry_destroyed_never_ends_the_newer_connection_on_its_tuple() {
+    // A new SYN on a tuple in TIME_WAIT: conntrack kills the old entry and may place
+    // the new one at the same address. The old entry's destroy event comes after the
+    // new connection's open.
+    let mut view = ConntrackView::default();
+    view.on_kernel_event(&event(EVENT_OPEN, 0xa000, 12, flags::START_SEEN));
+    view.on_kernel_event(&event(EVENT_CLOSE, 0xa000, 12, flags::START_SEEN));
+    view.on_kernel_event(&event(EVENT_OPEN, 0xa000, 12, flags::START_SEEN));
+    for state in [tcp_state::TIME_WAIT, tcp_state::CLOSE] {
+        let old = entry(PROTO_TCP, 12, Some(state));
+        assert!(!view.matters(&key(12), &old));
+        assert_eq!(view.destroyed(&key(12), &old, now()), Destroyed::Unknown);
+    }
+    // The newer connection's own entry, flushed while established, ends it.
+    let flushed = entry(PROTO_TCP, 12, Some(tcp_state::ESTABLISHED));
+    assert!(view.matters(&key(12), &flushed));
+    assert_eq!(
+        view.destroyed(&key(12), &flushed, now()),
+        Destroyed::Kernel(0xa000)
+    );
 }
 
 #[test]
@@ -267,5 +303,9 @@ fn a_newer_entry_for_the_same_tuple_supersedes_the_followed_one() {
     new.start_ns = 9;
     view.on_sweep(&[(0xb000, new), (0xa000, old)]);
     assert_eq!(view.take_superseded(), vec![(0xa000, key(50))]);
-    assert_eq!(view.destroyed(&key(50), now()), Destroyed::Kernel(0xb000));
+    let flushed = entry(PROTO_TCP, 50, Some(tcp_state::ESTABLISHED));
+    assert_eq!(
+        view.destroyed(&key(50), &flushed, now()),
+        Destroyed::Kernel(0xb000)
+    );
 }

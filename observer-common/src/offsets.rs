@@ -101,6 +101,8 @@ pub mod ctinfo {
 
 /// `enum ip_conntrack_status` bit numbers.
 pub mod status {
+    /// `IPS_SEEN_REPLY_BIT`: the entry has seen a packet in the reply direction.
+    pub const SEEN_REPLY_BIT: u64 = 1;
     pub const DST_NAT_BIT: u64 = 5;
 }
 

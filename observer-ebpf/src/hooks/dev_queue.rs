@@ -75,7 +75,7 @@ fn handle(skb: u64) -> Result<(), ReadFailed> {
     let now = unsafe { bpf_ktime_get_ns() };
 
     if let Some(state) = CONNS.get_ptr_mut(&conntrack) {
-        if info == ctinfo::NEW && reused(conntrack, state, &packet)? {
+        if info == ctinfo::NEW && reused(conntrack, ct_status, state, &packet)? {
             // The kernel freed the entry we tracked and reused its memory for this new
             // connection: the old one ended without FIN or RST.
             end_now(conntrack, state, CLOSE_EXPIRED, now);
@@ -219,10 +219,17 @@ fn supersede(conntrack: u64, fresh: &ConnState, now: u64) {
 /// Whether a tracked entry belongs to an earlier connection whose `nf_conn` memory the
 /// kernel has reused, seen on a packet conntrack marked NEW: the original tuple
 /// differs; or, with the same tuple (a client port reused), a SYN carries another
-/// initial sequence number than the one recorded; or the entry already saw a reply
-/// (conntrack marks packets NEW only until an entry sees its first reply).
+/// initial sequence number than the one recorded; or the connection we track saw a
+/// reply while the entry (`ct_status`, read now) has seen none. conntrack marks packets
+/// NEW until an entry sees its first reply, and a NEW packet can reach this hook after
+/// a reply another CPU handled: then the entry has seen that reply and is ours.
 #[inline(always)]
-fn reused(conntrack: u64, state: *const ConnState, packet: &Packet) -> Result<bool, ReadFailed> {
+fn reused(
+    conntrack: u64,
+    ct_status: u64,
+    state: *const ConnState,
+    packet: &Packet,
+) -> Result<bool, ReadFailed> {
     let mut current = FlowTuple::default();
     read_original(conntrack, &mut current)?;
     // SAFETY: a live map value; the tuples are written once, before insertion.
@@ -234,5 +241,5 @@ fn reused(conntrack: u64, state: *const ConnState, packet: &Packet) -> Result<bo
     if syn && load!(state.syn_seen) != 0 {
         return Ok(packet.seq != load!(state.isn));
     }
-    Ok(load!(state.replied) != 0)
+    Ok(load!(state.replied) != 0 && ct_status & (1 << status::SEEN_REPLY_BIT) == 0)
 }

@@ -298,6 +298,13 @@ impl ConntrackView {
     }
 }
 
+/// Whether conntrack may remove the entry of the kernel connection `state` without a
+/// destroy event: it began before observer (adopted), or before destroy events of its
+/// namespace were subscribed to at `subscribed_at` (monotonic ns; never: `None`).
+pub fn lacks_destroy_events(state: &ConnState, subscribed_at: Option<u64>) -> bool {
+    state.start_seen == 0 || subscribed_at.is_none_or(|since| state.start_ns < since)
+}
+
 /// A TCP entry whose connection closed (FIN: TIME_WAIT; RST: CLOSE) as conntrack saw it.
 fn closed_tcp(entry: &CtEntry) -> bool {
     matches!(

@@ -13,7 +13,7 @@ use crate::conntrack::listener::{Listener, Note};
 use crate::conntrack::socket::{CtSocket, EVENT_BUFFER, GROUP_DESTROY};
 use observer_common::conn::ConnState;
 
-use crate::model::ctview::{ConntrackView, CtKey};
+use crate::model::ctview::{ConntrackView, CtKey, lacks_destroy_events};
 use crate::model::record::ConnRecord;
 use crate::model::update::ConnId;
 use crate::naming::source::list_namespaces;
@@ -207,11 +207,7 @@ impl Follower {
         let mut candidates: Vec<(u64, CtKey, u64)> = entries
             .iter()
             .filter(|(_, state)| {
-                state.start_seen == 0
-                    || self
-                        .subscribed_at
-                        .get(&state.netns)
-                        .is_none_or(|since| state.start_ns < *since)
+                lacks_destroy_events(state, self.subscribed_at.get(&state.netns).copied())
             })
             .map(|(conntrack, state)| {
                 let key = CtKey::of_state(state);

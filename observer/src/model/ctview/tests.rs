@@ -309,3 +309,14 @@ fn a_newer_entry_for_the_same_tuple_supersedes_the_followed_one() {
         Destroyed::Kernel(0xb000)
     );
 }
+
+#[test]
+fn connections_older_than_their_subscription_lack_destroy_events() {
+    let mut state = event(EVENT_OPEN, 0xa000, 13, flags::START_SEEN).state;
+    state.start_ns = 1_000;
+    assert!(!lacks_destroy_events(&state, Some(999)), "began after it");
+    assert!(lacks_destroy_events(&state, Some(1_001)), "began before it");
+    assert!(lacks_destroy_events(&state, None), "never subscribed");
+    state.start_seen = 0;
+    assert!(lacks_destroy_events(&state, Some(0)), "adopted mid-connection");
+}

@@ -9,12 +9,13 @@ use aya::{
 use observer_common::{
     conn::{ConnEvent, ConnState, DialedKey},
     counters,
+    dns::DnsEvent,
 };
 
 use std::os::fd::AsFd as _;
 
 use crate::kernel::host::{Caps, kernel_release, raise_memlock, too_old};
-use crate::kernel::{btf::Btf, decode};
+use crate::kernel::{btf::Btf, decode, decode::KernelEvent};
 
 /// The compiled kernel programs, built by `build.rs` and embedded in the binary.
 static PROGRAMS: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/observer"));
@@ -72,6 +73,10 @@ pub struct Counters {
     pub lost_table_full: u64,
     /// Tracked connections without a record (ended when neither reportable nor keepable).
     pub lost_unreported: u64,
+    /// DNS message prefixes written, and not written (ring buffer full, or the payload
+    /// not in the packet's linear part).
+    pub dns_emitted: u64,
+    pub dns_dropped: u64,
 }
 
 /// Attached programs and their maps. Dropping it detaches everything.
@@ -259,13 +264,15 @@ impl Capture {
         Ok(())
     }
 
-    /// Moves every pending ring-buffer record into `out`; malformed ones are counted.
-    pub fn drain_events(&mut self, out: &mut Vec<ConnEvent>) -> u64 {
+    /// Moves every pending ring-buffer record into `out` (connections) or `dns` (DNS
+    /// message prefixes); malformed ones are counted.
+    pub fn drain_events(&mut self, out: &mut Vec<ConnEvent>, dns: &mut Vec<DnsEvent>) -> u64 {
         let ring = self.events.get_mut();
         let mut malformed = 0;
         while let Some(item) = ring.next() {
-            match decode::conn_event(&item) {
-                Ok(event) => out.push(event),
+            match decode::kernel_event(&item) {
+                Ok(KernelEvent::Conn(event)) => out.push(event),
+                Ok(KernelEvent::Dns(event)) => dns.push(*event),
                 Err(_) => malformed += 1,
             }
         }
@@ -328,6 +335,8 @@ impl Capture {
             read_errors: sum(counters::READ_ERRORS),
             lost_table_full: sum(counters::LOST_TABLE_FULL),
             lost_unreported: sum(counters::LOST_UNREPORTED),
+            dns_emitted: sum(counters::DNS_EMITTED),
+            dns_dropped: sum(counters::DNS_DROPPED),
         }
     }
 }

@@ -56,6 +56,7 @@
 mod clients;
 mod conntrack;
 mod counting;
+mod dns;
 mod names;
 mod node_rules;
 mod observer;
@@ -82,6 +83,7 @@ pub use clients::{
     udp_queries,
 };
 pub use conntrack::{ConntrackWatch, CtEvent};
+pub use dns::{DnsLab, KUBE_DNS_IP, RESOLV_CONF, ServerQuery};
 pub use observer::Observer;
 pub use spec::{Pod, Proto, Service};
 

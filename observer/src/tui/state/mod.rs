@@ -53,6 +53,8 @@ fn millis(delta: TimeDelta) -> f64 {
 pub enum Screen {
     Services,
     Service(ServiceKey),
+    /// DNS lookups per client (`d`).
+    Dns,
 }
 
 /// Everything the view reacts to.
@@ -305,7 +307,7 @@ impl App {
     fn refresh_detail(&mut self) {
         self.shown.detail = match &self.screen {
             Screen::Service(key) => Some(self.detail(key)),
-            Screen::Services => None,
+            Screen::Services | Screen::Dns => None,
         };
         self.clamp_selection();
     }

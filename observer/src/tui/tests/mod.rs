@@ -3,6 +3,7 @@
 //! `OBSERVER_UPDATE_SNAPSHOTS=1 cargo test -p observer --lib tui` rewrites them (review
 //! the diff before committing).
 
+mod dns;
 mod export;
 mod keys;
 mod replay;

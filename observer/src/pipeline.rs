@@ -101,7 +101,7 @@ pub async fn run(
     };
     let mut session = Session {
         capture,
-        tracker: Tracker::new(clock.clone(), options.idle_timeout),
+        tracker: Tracker::new(clock, options.idle_timeout),
         log: options.log,
         updates: options.updates,
         namer: options.namer,

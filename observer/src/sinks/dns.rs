@@ -78,7 +78,10 @@ pub fn walk_line(walk: &Walk) -> String {
     let answer = walk.answer.as_deref().unwrap_or("no answer");
     let queries = |n: u64| if n == 1 { "query" } else { "queries" };
     let mut line = format!("{} -> {answer}: ", walk.base);
-    if walk.lookups > 1 && walk.queries % walk.lookups == 0 && walk.nxdomain % walk.lookups == 0 {
+    if walk.lookups > 1
+        && walk.queries.is_multiple_of(walk.lookups)
+        && walk.nxdomain.is_multiple_of(walk.lookups)
+    {
         let each = walk.queries / walk.lookups;
         let _ = write!(
             line,

@@ -11,7 +11,7 @@ use observer_common::{
 
 use crate::{
     conn::load,
-    maps::{EVENTS, count},
+    maps::{EVENTS, count, count_dns_dropped},
     packet::Packet,
 };
 
@@ -38,17 +38,17 @@ pub fn capture(
     if fresh == 0 || packet.payload == 0 {
         return;
     }
+    let netns = load!(state.netns);
     if packet.linear == 0 {
         // In page fragments only (TCP, usually): nothing to read cheaply here.
-        count(counters::DNS_DROPPED);
+        count_dns_dropped(netns);
         return;
     }
     let Some(mut entry) = EVENTS.reserve::<DnsEvent>(0) else {
-        count(counters::DNS_DROPPED);
+        count_dns_dropped(netns);
         return;
     };
     let event = entry.as_mut_ptr();
-    let netns = load!(state.netns);
     let len = if packet.linear as usize > DNS_PREFIX {
         DNS_PREFIX as u16
     } else {
@@ -77,7 +77,7 @@ pub fn capture(
     };
     if copied < 0 {
         entry.discard(0);
-        count(counters::DNS_DROPPED);
+        count_dns_dropped(netns);
         return;
     }
     entry.submit(0);

@@ -169,6 +169,7 @@ pub async fn run(
         read_errors: stats.read_errors,
         dns_queries: session.dns.written,
         dns_malformed: stats.dns_malformed,
+        dns_malformed_by_netns: session.dns_malformed_by_netns(),
         started,
         ended: Utc::now(),
     };

@@ -90,6 +90,7 @@ pub struct Capture {
     dialed: HashMap<MapData, DialedKey, u64>,
     counters: PerCpuArray<MapData, u64>,
     lost_by_netns: HashMap<MapData, u32, u64>,
+    dns_dropped_by_netns: HashMap<MapData, u32, u64>,
     hooks_attached: u32,
     /// What works less well than it could on this machine, one sentence each.
     pub warnings: Vec<String>,
@@ -220,6 +221,8 @@ impl Capture {
             .map_err(|err| CaptureError::Load(error_chain(&err)))?;
         let lost_by_netns = HashMap::try_from(map(&mut ebpf, "LOST_BY_NETNS")?)
             .map_err(|err| CaptureError::Load(error_chain(&err)))?;
+        let dns_dropped_by_netns = HashMap::try_from(map(&mut ebpf, "DNS_DROPPED_BY_NETNS")?)
+            .map_err(|err| CaptureError::Load(error_chain(&err)))?;
         // SAFETY: the ring buffer owns its descriptor and moves into the AsyncFd, which
         // deregisters it before dropping it, so the descriptor outlives the registration.
         let events = unsafe {
@@ -239,6 +242,7 @@ impl Capture {
             dialed,
             counters,
             lost_by_netns,
+            dns_dropped_by_netns,
             hooks_attached,
             warnings,
         })
@@ -319,6 +323,14 @@ impl Capture {
     /// `Counters::lost_table_full + lost_unreported`).
     pub fn lost_by_netns(&self) -> std::collections::BTreeMap<u32, u64> {
         self.lost_by_netns.iter().filter_map(Result::ok).collect()
+    }
+
+    /// DNS messages the kernel did not copy, per network namespace inode.
+    pub fn dns_dropped_by_netns(&self) -> std::collections::BTreeMap<u32, u64> {
+        self.dns_dropped_by_netns
+            .iter()
+            .filter_map(Result::ok)
+            .collect()
     }
 
     /// The programs' counters, summed over CPUs.

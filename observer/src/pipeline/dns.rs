@@ -13,6 +13,8 @@ pub(super) struct DnsSide {
     matcher: Matcher,
     /// Messages that could not be decoded (the kernel's drops are counted there).
     pub malformed: u64,
+    /// `malformed` per network namespace inode.
+    malformed_by_netns: std::collections::BTreeMap<u32, u64>,
     /// `dns` lines written.
     pub written: u64,
 }
@@ -22,6 +24,7 @@ impl DnsSide {
         DnsSide {
             matcher: Matcher::new(clock),
             malformed: 0,
+            malformed_by_netns: Default::default(),
             written: 0,
         }
     }
@@ -36,8 +39,9 @@ impl Session {
                     self.write_dns(done)?;
                 }
                 Err(err) => {
-                    log::debug!("skipped a DNS message: {err}");
+                    log::debug!("skipped a DNS message in netns {}: {err}", event.netns);
                     self.dns.malformed += 1;
+                    *self.dns.malformed_by_netns.entry(event.netns).or_default() += 1;
                 }
             }
         }
@@ -48,6 +52,18 @@ impl Session {
     pub(super) fn expire_dns(&mut self, now_ns: u64) -> anyhow::Result<()> {
         let expired = self.dns.matcher.expire(now_ns);
         self.write_dns(expired)
+    }
+
+    /// Malformed or uncopied DNS messages per network namespace inode (as strings, the
+    /// summary line's keys), the kernel's and user space's together.
+    pub(super) fn dns_malformed_by_netns(&self) -> std::collections::BTreeMap<String, u64> {
+        let mut all = self.capture.dns_dropped_by_netns();
+        for (netns, count) in &self.dns.malformed_by_netns {
+            *all.entry(*netns).or_default() += count;
+        }
+        all.into_iter()
+            .map(|(netns, count)| (netns.to_string(), count))
+            .collect()
     }
 
     /// Writes every query still waiting (the session ends).

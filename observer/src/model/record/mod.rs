@@ -148,6 +148,10 @@ pub struct SummaryRecord {
     /// Absent when there were none.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub dns_malformed: u64,
+    /// `dns_malformed` per network namespace inode (which node's DNS went unread);
+    /// absent when there were none.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub dns_malformed_by_netns: std::collections::BTreeMap<String, u64>,
     #[serde(with = "micros")]
     pub started: DateTime<Utc>,
     #[serde(with = "micros")]

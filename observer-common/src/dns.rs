@@ -6,9 +6,9 @@ use crate::conn::FlowTuple;
 /// The Service port whose payload is copied (what the client dialed, before DNAT).
 pub const DNS_PORT: u16 = 53;
 
-/// At most this many payload bytes are copied: the header, the question and the start of
-/// the answers. Query name, type, id and rcode all lie in the first 12 + 255 + 4 bytes
-/// only for very long names; a name that does not fit is reported as truncated.
+/// At most this many payload bytes are copied: the 12-byte header and the question
+/// (id, flags with rcode, name, type). A question whose name is too long to fit (over
+/// about 240 bytes) cannot be decoded and is counted as malformed.
 pub const DNS_PREFIX: usize = 256;
 
 /// `DnsEvent::kind`: distinct from the connection events' kinds (`conn::EVENT_*`), which
@@ -22,7 +22,9 @@ pub const EVENT_DNS: u32 = 3;
 pub struct DnsEvent {
     /// `EVENT_DNS`.
     pub kind: u32,
-    /// Bytes of `payload` that hold the message (at most `DNS_PREFIX`).
+    /// Bytes of `payload` that hold the message (at most `DNS_PREFIX`). The kernel reads
+    /// `DNS_PREFIX` bytes whatever the message's length (a constant size for the
+    /// verifier): the bytes past `len` are the rest of the packet's buffer, never read.
     pub len: u16,
     /// `conn::ORIGINAL` (client -> server: a query) or `conn::REPLY` (a response).
     pub dir: u8,

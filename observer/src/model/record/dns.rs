@@ -8,7 +8,8 @@ use serde::{Deserialize, Serialize};
 use super::Proto;
 
 /// One query a client sent to a port-53 Service (kube-dns), matched to its response by
-/// client address and port and message id.
+/// client address and port and message id. Written when the response arrives, or 5 s
+/// after the query without one, so lines are in completion order, not `time` order.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct DnsRecord {
     pub proto: Proto,

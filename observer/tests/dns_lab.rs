@@ -318,16 +318,29 @@ fn node_lookups_and_tcp() {
     recording.dns = udp_lines;
     assert!(!server.is_empty());
     assert_eq!(observed(&recording.dns), received(&server));
+    // Node's getaddrinfo sends what Python's does: A and AAAA per name tried.
     let clients = per_client(&recording.dns, CLUSTER_DOMAIN);
-    assert_eq!(clients[0].lookups, 3);
-    let bases: Vec<&str> = clients[0].walks.iter().map(|w| w.base.as_str()).collect();
-    assert!(
-        bases.contains(&"checkout") && bases.contains(&"nope"),
-        "{bases:?}"
-    );
-    let nope = clients[0].walks.iter().find(|w| w.base == "nope").unwrap();
+    assert_eq!(clients.len(), 1);
+    assert_eq!((clients[0].lookups, clients[0].queries), (3, 18));
+    let walks: Vec<(&str, Option<&str>, u64, u64, u64)> = clients[0]
+        .walks
+        .iter()
+        .map(|w| {
+            (
+                w.base.as_str(),
+                w.answer.as_deref(),
+                w.lookups,
+                w.queries,
+                w.nxdomain,
+            )
+        })
+        .collect();
     assert_eq!(
-        (nope.answer.as_deref(), nope.queries, nope.nxdomain),
-        (None, nope.nxdomain, nope.nxdomain)
+        walks,
+        [
+            ("nope", None, 1, 8, 8),
+            (EXTERNAL.0, Some(EXTERNAL.0), 1, 8, 6),
+            ("checkout", Some(FQDN), 1, 2, 0),
+        ]
     );
 }

@@ -43,6 +43,9 @@
 //!   tears it down.
 //! - Pods by name: [`Lab::runtime_root`] holds containerd-style sandbox bundles for every
 //!   pod (see [`runtime`]), [`Lab::pod_names`] the `namespace/pod` each address must get.
+//! - DNS: [`Lab::serve_dns`] runs a real authoritative DNS server (UDP and TCP, port 53)
+//!   in the dns pods behind kube-dns's ClusterIP and gives the client namespace kube's
+//!   resolv.conf ([`RESOLV_CONF`]); [`DnsLab::queries`] reads what the servers received.
 //! - [`ConntrackWatch`]: `conntrack -E -e NEW` in a namespace, parsed into [`CtEvent`]s.
 //! - [`Lab::install_dnat_counters`], [`Lab::dnat_decisions`]: the rules' own count of
 //!   DNAT decisions.

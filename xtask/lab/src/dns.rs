@@ -122,7 +122,7 @@ impl Lab {
             logs.push(log);
         }
         self.target_dns_port()?;
-        let netns_etc = PathBuf::from("/etc/netns").join(&self.client_ns);
+        let netns_etc = netns_etc(&self.client_ns);
         std::fs::create_dir_all(&netns_etc)
             .with_context(|| format!("could not create {}", netns_etc.display()))?;
         let dns = DnsLab { logs, netns_etc };
@@ -155,6 +155,11 @@ impl Lab {
         }
         Ok(())
     }
+}
+
+/// Where `ip netns exec` finds the files it bind-mounts over `/etc` for `netns`.
+pub(crate) fn netns_etc(netns: &str) -> PathBuf {
+    PathBuf::from("/etc/netns").join(netns)
 }
 
 fn wait_for(ready: &std::path::Path, pod: &str) -> anyhow::Result<()> {

@@ -204,6 +204,8 @@ pub fn down(prefix: &str) -> anyhow::Result<Vec<String>> {
         sys::remove_netns(&ip, &ns)?;
         removed.push(ns);
     }
+    // The client's resolv.conf (`Lab::serve_dns`), if a crashed run left it.
+    let _ = std::fs::remove_dir_all(dns::netns_etc(&format!("{prefix}-client")));
     let dir = state_dir(prefix);
     if dir.exists() {
         std::fs::remove_dir_all(&dir)

@@ -1,5 +1,6 @@
 //! Per-CPU counters the kernel programs keep (a `PerCpuArray<u64>` named `COUNTERS`).
-//! Each is touched once per connection or per failure, never per packet.
+//! Each is touched once per connection or per failure, never per packet (the DNS
+//! counters: once per port-53 message).
 
 /// Connections entered in the connection table (each yields exactly one record, or is
 /// counted in `LOST_CONNECTIONS`).
@@ -16,5 +17,10 @@ pub const LOST_TABLE_FULL: u32 = 3;
 /// Tracked connections that will have no record: they ended when they could neither
 /// be reported (ring buffer full) nor kept (their key was needed for a new connection).
 pub const LOST_UNREPORTED: u32 = 4;
+/// DNS messages (port-53 payload prefixes) written to the ring buffer.
+pub const DNS_EMITTED: u32 = 5;
+/// DNS messages not written: the ring buffer was full, or the payload was not in the
+/// packet's linear part (then there is nothing the programs can copy cheaply).
+pub const DNS_DROPPED: u32 = 6;
 /// Number of counters.
-pub const COUNT: u32 = 5;
+pub const COUNT: u32 = 7;

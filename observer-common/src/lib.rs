@@ -8,4 +8,5 @@
 
 pub mod conn;
 pub mod counters;
+pub mod dns;
 pub mod offsets;

@@ -45,9 +45,9 @@ macro_rules! store {
 pub(crate) use {load, store};
 
 /// Accounts one packet in direction `dir`; returns the `CLOSE_*` reason when the packet
-/// ends the connection.
+/// ends the connection, and the payload bytes it added (0 for a duplicate).
 #[inline(always)]
-pub fn account(state: *mut ConnState, dir: usize, packet: &Packet, now: u64) -> u32 {
+pub fn account(state: *mut ConnState, dir: usize, packet: &Packet, now: u64) -> (u32, u32) {
     let dir = dir & 1;
     store!(state.last_ns, now);
     if dir == REPLY {
@@ -70,6 +70,12 @@ pub fn account(state: *mut ConnState, dir: usize, packet: &Packet, now: u64) -> 
             store!(state.last_payload, PAYLOAD_REPLY);
         }
     }
+    (closing(state, dir, packet), fresh)
+}
+
+/// The `CLOSE_*` reason when this packet ends a TCP connection.
+#[inline(always)]
+fn closing(state: *mut ConnState, dir: usize, packet: &Packet) -> u32 {
     if packet.protocol != PROTO_TCP {
         return CLOSE_NONE;
     }

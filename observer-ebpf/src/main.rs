@@ -4,7 +4,7 @@
 //!
 //! Layout: `maps.rs` (maps, counters, the offsets global), `kernel.rs` (reads of kernel
 //! memory), `packet.rs` (header parsing), `conn.rs` (per-connection accounting),
-//! `hooks/` (one file per hook family).
+//! `dns.rs` (port-53 payload prefixes), `hooks/` (one file per hook family).
 #![no_std]
 #![no_main]
 // Atomic adds (`conn::account`): core's atomic types lack them on the BPF target.
@@ -12,6 +12,7 @@
 #![feature(core_intrinsics)]
 
 mod conn;
+mod dns;
 mod hooks;
 mod kernel;
 mod maps;

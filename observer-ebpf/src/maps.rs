@@ -104,6 +104,11 @@ pub static LOST: LruHashMap<u64, u64> = LruHashMap::with_max_entries(16384, 0);
 #[map]
 pub static LOST_BY_NETNS: HashMap<u32, u64> = HashMap::with_max_entries(4096, 0);
 
+/// DNS messages not copied (`counters::DNS_DROPPED`) per network namespace inode: which
+/// node's DNS went unread.
+#[map]
+pub static DNS_DROPPED_BY_NETNS: HashMap<u32, u64> = HashMap::with_max_entries(4096, 0);
+
 /// Open and close events for user space.
 #[map]
 pub static EVENTS: RingBuf = RingBuf::with_byte_size(4 * 1024 * 1024, 0);
@@ -121,10 +126,23 @@ pub static SCRATCH: PerCpuArray<ConnState> = PerCpuArray::with_max_entries(1, 0)
 #[inline(always)]
 pub fn count_lost(counter: u32, netns: u32) {
     count(counter);
+    count_in(&LOST_BY_NETNS, netns);
+}
+
+/// Counts a DNS message of namespace `netns` that was not copied.
+#[inline(always)]
+pub fn count_dns_dropped(netns: u32) {
+    count(counters::DNS_DROPPED);
+    count_in(&DNS_DROPPED_BY_NETNS, netns);
+}
+
+/// Adds one to `map[netns]`.
+#[inline(always)]
+fn count_in(map: &HashMap<u32, u64>, netns: u32) {
     // Whichever CPU creates the slot, every CPU then adds to it.
-    let _ = LOST_BY_NETNS.insert(&netns, &0, BPF_NOEXIST);
-    if let Some(lost) = LOST_BY_NETNS.get_ptr_mut(&netns) {
-        atomic_add(lost, 1);
+    let _ = map.insert(&netns, &0, BPF_NOEXIST);
+    if let Some(slot) = map.get_ptr_mut(&netns) {
+        atomic_add(slot, 1);
     }
 }
 

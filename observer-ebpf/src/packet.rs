@@ -1,5 +1,6 @@
 //! The parts of a packet's headers that accounting needs, read from `skb->head`: the
-//! IP header and the start of the transport header in one read.
+//! IP header and the start of the transport header in one read, and where the payload
+//! starts.
 
 use network_types::{
     ip::{Ipv4Hdr, Ipv6Hdr},
@@ -30,6 +31,11 @@ pub struct Packet {
     /// UDP: `skb->dev`, the device about to transmit it (0 for TCP and at local
     /// delivery).
     pub dev: u64,
+    /// Kernel address of the first payload byte (0 at local delivery).
+    pub payload_at: u64,
+    /// Payload bytes in the skb's linear part, readable at `payload_at` (TCP payload
+    /// usually lies in page fragments: 0 then).
+    pub linear: u32,
 }
 
 /// An IPv6 header and a TCP header: read at the IP header, it holds an IPv4 header
@@ -77,7 +83,9 @@ impl Transport {
 #[inline(always)]
 pub fn parse(skb: u64) -> Result<Option<Packet>, ReadFailed> {
     let [head, data]: [u64; 2] = read(skb, offset!(skb_head))?;
-    let len: u32 = read(skb, offset!(skb_len))?;
+    // `len` and `data_len` (bytes in page fragments) are adjacent in every kernel;
+    // user space checks that in BTF before load.
+    let [len, data_len]: [u32; 2] = read(skb, offset!(skb_len))?;
     let network_header: u16 = read(skb, offset!(skb_network_header))?;
     let ip = head + network_header as u64;
     // Bytes in front of the IP header that `skb->len` counts (the L2 header here).
@@ -122,11 +130,15 @@ pub fn parse(skb: u64) -> Result<Option<Packet>, ReadFailed> {
         0
     };
     let before_payload = l2.wrapping_add(ip_header) + transport.header;
+    let payload = len.saturating_sub(before_payload);
+    let headlen = len.saturating_sub(data_len);
     Ok(Some(Packet {
         protocol,
         tcp_flags: transport.tcp_flags,
         seq: transport.seq,
-        payload: len.saturating_sub(before_payload),
+        payload,
         dev,
+        payload_at: data.wrapping_add(before_payload as u64),
+        linear: headlen.saturating_sub(before_payload).min(payload),
     }))
 }

@@ -19,6 +19,7 @@
 
 pub mod cli;
 pub mod conntrack;
+pub mod dns;
 pub mod kernel;
 pub mod model;
 pub mod naming;

@@ -11,6 +11,7 @@ use chrono::Utc;
 use observer_common::conn::{ConnEvent, ConnState, EVENT_CLOSE};
 use tokio::sync::mpsc;
 
+mod dns;
 mod ends;
 mod follow;
 
@@ -83,6 +84,7 @@ struct Session {
     /// Final records that could not be made (an unknown protocol): lost connections.
     unrecordable: u64,
     events: u64,
+    dns: dns::DnsSide,
 }
 
 /// Runs until `stop` completes, then detaches, drains, writes connections still open
@@ -113,6 +115,7 @@ pub async fn run(
         malformed: 0,
         unrecordable: 0,
         events: 0,
+        dns: dns::DnsSide::new(clock),
     };
     // The kernel wakes user space only when a lot is waiting (see observer-ebpf's
     // `conn::submit_flags`): drain on a short timer as well.
@@ -150,6 +153,7 @@ pub async fn run(
         session.finished(id, record)?;
     }
     session.release_held_at_end()?;
+    session.finish_dns()?;
     let stats = session.stats();
     let summary = SummaryRecord {
         connections: session.log.as_ref().map_or(0, LogWriter::connections),
@@ -163,6 +167,9 @@ pub async fn run(
             .collect(),
         lost_events: stats.lost_events,
         read_errors: stats.read_errors,
+        dns_queries: session.dns.written,
+        dns_malformed: stats.dns_malformed,
+        dns_malformed_by_netns: session.dns_malformed_by_netns(),
         started,
         ended: Utc::now(),
     };
@@ -176,8 +183,10 @@ pub async fn run(
 impl Session {
     fn drain(&mut self) -> anyhow::Result<()> {
         let mut events: Vec<ConnEvent> = Vec::new();
-        self.malformed += self.capture.drain_events(&mut events);
-        self.events += events.len() as u64;
+        let mut dns = Vec::new();
+        self.malformed += self.capture.drain_events(&mut events, &mut dns);
+        self.events += (events.len() + dns.len()) as u64;
+        self.on_dns(&dns)?;
         for event in &events {
             if let Some(follower) = self.follower.as_mut() {
                 follower.view.on_kernel_event(event);
@@ -196,7 +205,9 @@ impl Session {
 
     fn sweep(&mut self) -> anyhow::Result<()> {
         let entries = self.capture.connections();
-        let sweep = self.tracker.sweep(&entries, monotonic_ns());
+        let now = monotonic_ns();
+        self.expire_dns(now)?;
+        let sweep = self.tracker.sweep(&entries, now);
         let checked = self.follower.as_mut().map(|follower| {
             follower.view.on_sweep(&entries);
             follower.rescan();
@@ -253,6 +264,7 @@ impl Session {
             lost_connections,
             lost_events: counters.events_dropped + self.malformed,
             read_errors: counters.read_errors,
+            dns_malformed: counters.dns_dropped + self.dns.malformed,
             hooks_attached: self.capture.hooks_attached(),
             netns_seen: self.netns_seen.len() as u32,
             live_connections: self.tracker.open_count() as u64,

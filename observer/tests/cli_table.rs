@@ -104,6 +104,24 @@ const TABLE: &[(&str, i32, &str)] = &[
         0,
         "! skew 3.00x",
     ),
+    // A log with dns lines reads everywhere; `--dns` shows the walks.
+    (
+        "summary --dns {logs}/dns.jsonl",
+        0,
+        "  www.example.com -> www.example.com: 8 queries, 6 NXDOMAIN\n  checkout -> checkout.shop.svc.cluster.local: 2 queries\n",
+    ),
+    (
+        "summary --dns -o json {logs}/dns.jsonl",
+        0,
+        "\"queries_per_lookup\":3.6666666666666665,",
+    ),
+    (
+        "summary --dns --service x {logs}/dns.jsonl",
+        2,
+        "cannot be used with",
+    ),
+    ("summary {logs}/dns.jsonl", 0, "kube-system/kube-dns:dns"),
+    ("check {logs}/dns.jsonl", 0, ""),
 ];
 
 #[test]

@@ -25,6 +25,7 @@ use crate::{
     conn::{
         account, close, emit, end_now, load, lost_identity, pending_close, remember_dialed, store,
     },
+    dns::{capture, is_dns},
     kernel::{ReadFailed, convert, read, read_netns, read_original, read_tuples},
     maps::{BPF_NOEXIST, CONNS, DIALED, LOST, SCRATCH, count, count_lost, offset},
     packet::{Packet, TCP_ACK, TCP_SYN, parse},
@@ -112,7 +113,11 @@ fn follow(conntrack: u64, state: *mut ConnState, dir: usize, packet: &Packet, no
     if dir == REPLY {
         store!(state.reply_forwarded, 1);
     }
-    let reason = account(state, dir, packet, now);
+    let (reason, fresh) = account(state, dir, packet, now);
+    if is_dns(state) {
+        // Before `close`, which may free the entry.
+        capture(conntrack, state, dir, packet, fresh, now);
+    }
     if reason != CLOSE_NONE {
         close(conntrack, state, reason, now);
     }
@@ -146,7 +151,7 @@ fn open(
     convert(&tuples.original, &mut init.original);
     convert(&tuples.reply, &mut init.reply);
     init.reply_forwarded = (dir == REPLY) as u8;
-    account(fresh, dir, packet, now);
+    let (_, fresh_bytes) = account(fresh, dir, packet, now);
     // SAFETY: as above.
     let fresh_ref = unsafe { &*fresh };
     if start_seen && packet.protocol == PROTO_TCP {
@@ -167,9 +172,16 @@ fn open(
             count(counters::TRACKED);
             remember_dialed(conntrack, fresh_ref);
             emit(EVENT_OPEN, CLOSE_NONE, conntrack, fresh, now);
+            if is_dns(fresh) {
+                capture(conntrack, fresh, dir, packet, fresh_bytes, now);
+            }
         }
-        // Another CPU inserted it first and reported it.
-        Err(EEXIST) => {}
+        // Another CPU inserted it first and reported it (this packet is another one).
+        Err(EEXIST) => {
+            if is_dns(fresh) {
+                capture(conntrack, fresh, dir, packet, fresh_bytes, now);
+            }
+        }
         // The table is full. Only a decision made while attached (ctinfo NEW) is a lost
         // connection, and only once: its later packets find the table full too.
         Err(_) if start_seen => {

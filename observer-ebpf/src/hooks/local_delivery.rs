@@ -133,6 +133,8 @@ fn handle(ctx: &SkBuffContext) -> Result<(), i64> {
             payload: len.saturating_sub(ip_header as u32 + data_offset),
             // Delivered packets have no device: each is seen once.
             dev: 0,
+            payload_at: 0,
+            linear: 0,
         }
     } else {
         Packet {
@@ -141,9 +143,11 @@ fn handle(ctx: &SkBuffContext) -> Result<(), i64> {
             seq: 0,
             payload: len.saturating_sub(ip_header as u32 + 8),
             dev: 0,
+            payload_at: 0,
+            linear: 0,
         }
     };
-    let reason = account(state, REPLY, &packet, now);
+    let (reason, _) = account(state, REPLY, &packet, now);
     if reason != CLOSE_NONE {
         close(conntrack, state, reason, now);
     }

@@ -22,8 +22,12 @@ pub struct SummaryArgs {
     #[command(flatten)]
     pub output: FormatArg,
     /// Only this Service (`ns/name:port`, or `IP:port` for unnamed ones).
-    #[arg(long, value_name = "NAME")]
+    #[arg(long, value_name = "NAME", conflicts_with = "dns")]
     pub service: Option<String>,
+    /// DNS instead: per client, lookups, queries per lookup, NXDOMAIN share and the
+    /// search walks (`checkout -> checkout.shop.svc.cluster.local: 2 queries`).
+    #[arg(long)]
+    pub dns: bool,
 }
 
 pub fn run(args: &SummaryArgs) -> anyhow::Result<Outcome> {
@@ -32,6 +36,9 @@ pub fn run(args: &SummaryArgs) -> anyhow::Result<Outcome> {
     // A cut log is still worth a report: say so, on stderr so that JSON stays JSON.
     if let Some(warning) = recording.cut_warning(&file) {
         eprintln!("observer: warning: {warning}");
+    }
+    if args.dns {
+        return dns(args, &file, &recording);
     }
     let mut services = Aggregator::from_recording(&recording).services();
     if let Some(name) = &args.service {
@@ -77,6 +84,29 @@ pub fn run(args: &SummaryArgs) -> anyhow::Result<Outcome> {
     Ok(Outcome::Success)
 }
 
+/// `summary --dns`.
+fn dns(args: &SummaryArgs, file: &str, recording: &Recording) -> anyhow::Result<Outcome> {
+    use crate::stats::dns::{CLUSTER_DOMAIN, per_client};
+    let clients = per_client(&recording.dns, CLUSTER_DOMAIN);
+    let queries = recording.dns.len() as u64;
+    let text = match args.output.format {
+        OutputFormat::Json => {
+            let json = crate::sinks::dns::DnsJson {
+                file,
+                queries,
+                malformed: recording.summary.as_ref().map(|s| s.dns_malformed),
+                clients: &clients,
+            };
+            serde_json::to_string(&json)? + "\n"
+        }
+        OutputFormat::Table => {
+            crate::sinks::dns::render(file, recording.summary.as_ref(), queries, &clients)
+        }
+    };
+    emit(&text)?;
+    Ok(Outcome::Success)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -91,6 +121,7 @@ mod tests {
             .into(),
             output: FormatArg::default(),
             service: Some("shop/cart:http".to_owned()),
+            dns: false,
         };
         let err = run(&args).unwrap_err().to_string();
         assert!(
@@ -109,6 +140,7 @@ mod tests {
                 file: format!("{dir}/{name}").into(),
                 output: FormatArg::default(),
                 service: None,
+                dns: false,
             };
             run(&args).unwrap_err().to_string()
         };

@@ -9,12 +9,13 @@ use aya::{
 use observer_common::{
     conn::{ConnEvent, ConnState, DialedKey},
     counters,
+    dns::DnsEvent,
 };
 
 use std::os::fd::AsFd as _;
 
 use crate::kernel::host::{Caps, kernel_release, raise_memlock, too_old};
-use crate::kernel::{btf::Btf, decode};
+use crate::kernel::{btf::Btf, decode, decode::KernelEvent};
 
 /// The compiled kernel programs, built by `build.rs` and embedded in the binary.
 static PROGRAMS: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/observer"));
@@ -72,6 +73,10 @@ pub struct Counters {
     pub lost_table_full: u64,
     /// Tracked connections without a record (ended when neither reportable nor keepable).
     pub lost_unreported: u64,
+    /// DNS message prefixes written, and not written (ring buffer full, or the payload
+    /// not in the packet's linear part).
+    pub dns_emitted: u64,
+    pub dns_dropped: u64,
 }
 
 /// Attached programs and their maps. Dropping it detaches everything.
@@ -85,6 +90,7 @@ pub struct Capture {
     dialed: HashMap<MapData, DialedKey, u64>,
     counters: PerCpuArray<MapData, u64>,
     lost_by_netns: HashMap<MapData, u32, u64>,
+    dns_dropped_by_netns: HashMap<MapData, u32, u64>,
     hooks_attached: u32,
     /// What works less well than it could on this machine, one sentence each.
     pub warnings: Vec<String>,
@@ -215,6 +221,8 @@ impl Capture {
             .map_err(|err| CaptureError::Load(error_chain(&err)))?;
         let lost_by_netns = HashMap::try_from(map(&mut ebpf, "LOST_BY_NETNS")?)
             .map_err(|err| CaptureError::Load(error_chain(&err)))?;
+        let dns_dropped_by_netns = HashMap::try_from(map(&mut ebpf, "DNS_DROPPED_BY_NETNS")?)
+            .map_err(|err| CaptureError::Load(error_chain(&err)))?;
         // SAFETY: the ring buffer owns its descriptor and moves into the AsyncFd, which
         // deregisters it before dropping it, so the descriptor outlives the registration.
         let events = unsafe {
@@ -234,6 +242,7 @@ impl Capture {
             dialed,
             counters,
             lost_by_netns,
+            dns_dropped_by_netns,
             hooks_attached,
             warnings,
         })
@@ -259,13 +268,15 @@ impl Capture {
         Ok(())
     }
 
-    /// Moves every pending ring-buffer record into `out`; malformed ones are counted.
-    pub fn drain_events(&mut self, out: &mut Vec<ConnEvent>) -> u64 {
+    /// Moves every pending ring-buffer record into `out` (connections) or `dns` (DNS
+    /// message prefixes); malformed ones are counted.
+    pub fn drain_events(&mut self, out: &mut Vec<ConnEvent>, dns: &mut Vec<DnsEvent>) -> u64 {
         let ring = self.events.get_mut();
         let mut malformed = 0;
         while let Some(item) = ring.next() {
-            match decode::conn_event(&item) {
-                Ok(event) => out.push(event),
+            match decode::kernel_event(&item) {
+                Ok(KernelEvent::Conn(event)) => out.push(event),
+                Ok(KernelEvent::Dns(event)) => dns.push(*event),
                 Err(_) => malformed += 1,
             }
         }
@@ -314,6 +325,14 @@ impl Capture {
         self.lost_by_netns.iter().filter_map(Result::ok).collect()
     }
 
+    /// DNS messages the kernel did not copy, per network namespace inode.
+    pub fn dns_dropped_by_netns(&self) -> std::collections::BTreeMap<u32, u64> {
+        self.dns_dropped_by_netns
+            .iter()
+            .filter_map(Result::ok)
+            .collect()
+    }
+
     /// The programs' counters, summed over CPUs.
     pub fn counters(&self) -> Counters {
         let sum = |index: u32| -> u64 {
@@ -328,6 +347,8 @@ impl Capture {
             read_errors: sum(counters::READ_ERRORS),
             lost_table_full: sum(counters::LOST_TABLE_FULL),
             lost_unreported: sum(counters::LOST_UNREPORTED),
+            dns_emitted: sum(counters::DNS_EMITTED),
+            dns_dropped: sum(counters::DNS_DROPPED),
         }
     }
 }

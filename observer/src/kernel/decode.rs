@@ -3,6 +3,7 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use observer_common::conn::{ConnEvent, Endpoint, FAMILY_IPV6, PROTO_TCP, PROTO_UDP};
+use observer_common::dns::{DnsEvent, EVENT_DNS};
 
 use crate::model::record::Proto;
 
@@ -14,18 +15,48 @@ pub enum DecodeError {
     Protocol(u8),
 }
 
-/// Decodes one ring-buffer record, checking its length first.
+/// One ring-buffer record: the kinds share the first field (`kind`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KernelEvent {
+    Conn(ConnEvent),
+    Dns(Box<DnsEvent>),
+}
+
+/// Decodes one ring-buffer record of either kind, checking its length first.
+pub fn kernel_event(bytes: &[u8]) -> Result<KernelEvent, DecodeError> {
+    match bytes
+        .get(..4)
+        .map(|kind| u32::from_ne_bytes([kind[0], kind[1], kind[2], kind[3]]))
+    {
+        Some(EVENT_DNS) => Ok(KernelEvent::Dns(Box::new(dns_event(bytes)?))),
+        _ => conn_event(bytes).map(KernelEvent::Conn),
+    }
+}
+
+/// Decodes one connection record, checking its length first.
 pub fn conn_event(bytes: &[u8]) -> Result<ConnEvent, DecodeError> {
-    let expected = std::mem::size_of::<ConnEvent>();
+    check_length::<ConnEvent>(bytes)?;
+    // SAFETY: the length is checked above, `ConnEvent` is `#[repr(C)]` plain data for
+    // which every bit pattern is valid, and `read_unaligned` has no alignment needs.
+    Ok(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<ConnEvent>()) })
+}
+
+/// Decodes one DNS record, checking its length first.
+pub fn dns_event(bytes: &[u8]) -> Result<DnsEvent, DecodeError> {
+    check_length::<DnsEvent>(bytes)?;
+    // SAFETY: as in `conn_event`: length checked, `DnsEvent` is `#[repr(C)]` plain data.
+    Ok(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<DnsEvent>()) })
+}
+
+fn check_length<T>(bytes: &[u8]) -> Result<(), DecodeError> {
+    let expected = std::mem::size_of::<T>();
     if bytes.len() < expected {
         return Err(DecodeError::Length {
             got: bytes.len(),
             expected,
         });
     }
-    // SAFETY: the length is checked above, `ConnEvent` is `#[repr(C)]` plain data for
-    // which every bit pattern is valid, and `read_unaligned` has no alignment needs.
-    Ok(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<ConnEvent>()) })
+    Ok(())
 }
 
 /// An endpoint as a socket address: IPv4 uses the first four address bytes.
@@ -80,6 +111,49 @@ mod tests {
                 expected: 200
             })
         );
+    }
+
+    #[test]
+    fn dispatches_on_the_kind_and_checks_each_length() {
+        let mut event = DnsEvent {
+            len: 3,
+            conntrack: 7,
+            ..Default::default()
+        };
+        event.payload[..3].copy_from_slice(b"abc");
+        // SAFETY: viewing a POD struct as bytes for the test.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(
+                (&raw const event).cast::<u8>(),
+                std::mem::size_of::<DnsEvent>(),
+            )
+        };
+        let mut unaligned = vec![0u8; bytes.len() + 1];
+        unaligned[1..].copy_from_slice(bytes);
+        assert_eq!(
+            kernel_event(&unaligned[1..]),
+            Ok(KernelEvent::Dns(Box::new(event)))
+        );
+        assert_eq!(
+            kernel_event(&bytes[..300]),
+            Err(DecodeError::Length {
+                got: 300,
+                expected: 336
+            })
+        );
+        assert!(kernel_event(&[]).is_err());
+        let conn = ConnEvent {
+            kind: EVENT_OPEN,
+            ..Default::default()
+        };
+        // SAFETY: as above.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(
+                (&raw const conn).cast::<u8>(),
+                std::mem::size_of::<ConnEvent>(),
+            )
+        };
+        assert_eq!(kernel_event(bytes), Ok(KernelEvent::Conn(conn)));
     }
 
     #[test]

@@ -103,6 +103,7 @@ fn skb_offsets(btf: &Btf) -> Result<KernelOffsets, BtfError> {
             skb_head,
             skb_data,
             skb_len,
+            skb_data_len,
             skb_dev,
             skb_network_header,
         ],
@@ -115,11 +116,16 @@ fn skb_offsets(btf: &Btf) -> Result<KernelOffsets, BtfError> {
             ("head", 8),
             ("data", 8),
             ("len", 4),
+            // Bytes in page fragments: read together with `len` (DNS capture).
+            ("data_len", 4),
             // struct net_device *: the device a datagram passes (UDP de-duplication).
             ("dev", 8),
             ("network_header", 2),
         ],
     )?;
+    if skb_data_len != skb_len + 4 {
+        return Err(BtfError::UnexpectedLayout("sk_buff.len, data_len"));
+    }
     Ok(KernelOffsets {
         skb_nfct,
         skb_head,
@@ -179,8 +185,9 @@ mod tests {
                 ("head", pointer, 64),
                 ("data", pointer, 128),
                 ("len", int, 192),
-                ("network_header", short, 224),
-                ("dev", pointer, 256),
+                ("data_len", int, 224),
+                ("network_header", short, 256),
+                ("dev", pointer, 320),
             ],
         );
         Btf::parse(&b.finish()).unwrap()

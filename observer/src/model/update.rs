@@ -1,7 +1,7 @@
 //! What the capture side hands to its consumers (the recorder and the live view) while
 //! it runs. Plain data: no aya or tokio types, so consumers are testable without root.
 
-use crate::model::record::{ConnRecord, EndpointsRecord, ServiceRecord};
+use crate::model::record::{ConnRecord, DnsRecord, EndpointsRecord, ServiceRecord};
 
 /// Identifies one connection: the kernel's `struct nf_conn` address (reused after the
 /// entry is freed) plus the time its first packet was seen.
@@ -24,6 +24,8 @@ pub struct CaptureStats {
     pub lost_events: u64,
     /// Kernel memory reads that failed.
     pub read_errors: u64,
+    /// DNS messages that could not be read (malformed, or not copied by the kernel).
+    pub dns_malformed: u64,
     /// Kernel programs attached.
     pub hooks_attached: u32,
     /// Distinct network namespaces whose conntrack entries were seen.
@@ -44,6 +46,8 @@ pub enum Update {
     Service(ServiceRecord),
     /// Endpoints that joined or left a Service's rules.
     Endpoints(EndpointsRecord),
+    /// A DNS query to a port-53 Service, with its response's rcode.
+    Dns(DnsRecord),
     /// Counters, sent about once a second.
     Stats(CaptureStats),
 }

@@ -212,7 +212,7 @@ impl ServiceFamilies {
 }
 
 /// The capture counters, one unlabelled sample each.
-fn capture_families(capture: &CaptureStats) -> [Family; 6] {
+fn capture_families(capture: &CaptureStats) -> [Family; 7] {
     let mut counters = [
         Family::new(
             "observer_dnat_events_total",
@@ -235,6 +235,11 @@ fn capture_families(capture: &CaptureStats) -> [Family; 6] {
             "Kernel memory reads that failed.",
         ),
         Family::new(
+            "observer_dns_malformed_total",
+            "counter",
+            "DNS messages to or from port-53 Services that could not be read (malformed, truncated, or not copied by the kernel).",
+        ),
+        Family::new(
             "observer_hooks_attached",
             "gauge",
             "Kernel programs attached.",
@@ -250,6 +255,7 @@ fn capture_families(capture: &CaptureStats) -> [Family; 6] {
         capture.lost_connections as f64,
         capture.lost_events as f64,
         capture.read_errors as f64,
+        capture.dns_malformed as f64,
         capture.hooks_attached as f64,
         capture.live_connections as f64,
     ];
@@ -315,6 +321,7 @@ mod tests {
             "observer_dnat_events_total 1".to_owned(),
             "observer_lost_events_total 0".to_owned(),
             "observer_lost_connections_total 0".to_owned(),
+            "observer_dns_malformed_total 0".to_owned(),
             "# TYPE observer_requests_total counter".to_owned(),
         ] {
             assert!(

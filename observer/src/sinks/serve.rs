@@ -47,8 +47,8 @@ pub async fn run(
                 Update::Conn { id, record } => state.aggregator.apply(id, &record),
                 Update::Service(service) => state.aggregator.add_service(&service),
                 Update::Stats(stats) => state.capture = stats,
-                // Metrics carry no timeline.
-                Update::Endpoints(_) => {}
+                // Metrics carry no timeline and no DNS.
+                Update::Endpoints(_) | Update::Dns(_) => {}
             }
         }
     };

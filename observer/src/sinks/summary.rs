@@ -47,6 +47,14 @@ pub fn render(file: &str, summary: Option<&SummaryRecord>, services: &[ServiceSt
                 plural(s.lost_events, "lost event"),
                 plural(s.read_errors, "read error"),
             );
+            if s.dns_queries > 0 || s.dns_malformed > 0 {
+                let _ = writeln!(
+                    out,
+                    "DNS: {} to port-53 Services (`observer summary --dns` shows the lookups), {} skipped",
+                    plural(s.dns_queries, "query").replace("querys", "queries"),
+                    plural(s.dns_malformed, "malformed message"),
+                );
+            }
             if s.lost_connections > 0 {
                 let _ = writeln!(
                     out,

@@ -32,6 +32,7 @@
 //! adding); older closed connections live on as per-backend totals and lifetime samples.
 
 mod aggregator;
+pub mod dns;
 mod lifetimes;
 mod service;
 #[cfg(test)]

@@ -6,8 +6,8 @@ use std::collections::BTreeSet;
 use crate::model::record::{Close, Recording};
 use crate::model::update::{CaptureStats, ConnId, Update};
 
-/// Services first (in file order, so a later definition wins), then endpoint changes,
-/// then every connection's final record in order of start time, then the recording's
+/// Services first (in file order, so a later definition wins), then endpoint changes
+/// and DNS queries, then every connection's final record in order of start time, then the recording's
 /// counters.
 pub fn replay_updates(recording: &Recording) -> Vec<Update> {
     let mut updates: Vec<Update> = recording
@@ -16,6 +16,7 @@ pub fn replay_updates(recording: &Recording) -> Vec<Update> {
         .cloned()
         .map(Update::Service)
         .chain(recording.endpoints.iter().cloned().map(Update::Endpoints))
+        .chain(recording.dns.iter().cloned().map(Update::Dns))
         .collect();
     let mut conns: Vec<_> = recording.conns.iter().enumerate().collect();
     conns.sort_by_key(|(index, conn)| (conn.start, *index));
@@ -48,6 +49,7 @@ pub fn replay_updates(recording: &Recording) -> Vec<Update> {
         lost_connections: summary.lost_connections,
         lost_events: summary.lost_events,
         read_errors: summary.read_errors,
+        dns_malformed: summary.dns_malformed,
         hooks_attached: 0,
         netns_seen: u32::try_from(netns.len()).unwrap_or(u32::MAX),
         live_connections: open,

@@ -90,4 +90,5 @@ pub fn only_node(recording: &mut Recording, node_ns: &str) {
     recording.conns.retain(|conn| conn.netns == inode);
     recording.services.retain(|service| service.netns == inode);
     recording.endpoints.retain(|change| change.netns == inode);
+    recording.dns.retain(|query| query.netns == inode);
 }

@@ -43,6 +43,9 @@
 //!   tears it down.
 //! - Pods by name: [`Lab::runtime_root`] holds containerd-style sandbox bundles for every
 //!   pod (see [`runtime`]), [`Lab::pod_names`] the `namespace/pod` each address must get.
+//! - DNS: [`Lab::serve_dns`] runs a real authoritative DNS server (UDP and TCP, port 53)
+//!   in the dns pods behind kube-dns's ClusterIP and gives the client namespace kube's
+//!   resolv.conf ([`RESOLV_CONF`]); [`DnsLab::queries`] reads what the servers received.
 //! - [`ConntrackWatch`]: `conntrack -E -e NEW` in a namespace, parsed into [`CtEvent`]s.
 //! - [`Lab::install_dnat_counters`], [`Lab::dnat_decisions`]: the rules' own count of
 //!   DNAT decisions.
@@ -56,6 +59,7 @@
 mod clients;
 mod conntrack;
 mod counting;
+mod dns;
 mod names;
 mod node_rules;
 mod observer;
@@ -82,6 +86,7 @@ pub use clients::{
     udp_queries,
 };
 pub use conntrack::{ConntrackWatch, CtEvent};
+pub use dns::{DnsLab, KUBE_DNS_IP, RESOLV_CONF, ServerQuery};
 pub use observer::Observer;
 pub use spec::{Pod, Proto, Service};
 
@@ -199,6 +204,8 @@ pub fn down(prefix: &str) -> anyhow::Result<Vec<String>> {
         sys::remove_netns(&ip, &ns)?;
         removed.push(ns);
     }
+    // The client's resolv.conf (`Lab::serve_dns`), if a crashed run left it.
+    let _ = std::fs::remove_dir_all(dns::netns_etc(&format!("{prefix}-client")));
     let dir = state_dir(prefix);
     if dir.exists() {
         std::fs::remove_dir_all(&dir)

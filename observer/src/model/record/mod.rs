@@ -9,6 +9,9 @@
 //!  "netns":4026532301,"start":"2026-08-06T13:46:36.412345Z","end":"2026-08-06T13:46:40.500000Z",
 //!  "duration_ms":4087.655,"requests":30,"bytes_to_backend":2790,"bytes_from_backend":5400,
 //!  "close":"fin","start_seen":true}
+//! {"type":"dns","proto":"udp","client":"10.244.1.9:40512","client_pod":"shop/client",
+//!  "server":"10.96.0.10:53","netns":4026532301,"id":4660,"name":"checkout.shop.svc.cluster.local",
+//!  "qtype":"A","rcode":"NOERROR","time":"2026-08-06T13:46:36.401000Z","latency_ms":0.412}
 //! {"type":"summary","connections":22,"dnat_events":22,"lost_connections":0,"lost_events":0,"read_errors":0,...}
 //! ```
 
@@ -16,6 +19,10 @@ use std::net::SocketAddr;
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::{Deserialize, Serialize};
+
+mod dns;
+
+pub use dns::DnsRecord;
 
 /// Transport protocol of a connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -104,6 +111,10 @@ fn yes() -> bool {
     true
 }
 
+fn is_zero(value: &u64) -> bool {
+    *value == 0
+}
+
 /// The last line of a recording.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct SummaryRecord {
@@ -129,6 +140,18 @@ pub struct SummaryRecord {
     pub lost_events: u64,
     /// Kernel memory reads that failed.
     pub read_errors: u64,
+    /// `dns` lines written. Absent when there were none (and in older logs).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub dns_queries: u64,
+    /// DNS messages on port 53 that could not be read: malformed, truncated past the
+    /// question, or not copied by the kernel (ring buffer full, payload out of reach).
+    /// Absent when there were none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub dns_malformed: u64,
+    /// `dns_malformed` per network namespace inode (which node's DNS went unread);
+    /// absent when there were none.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub dns_malformed_by_netns: std::collections::BTreeMap<String, u64>,
     #[serde(with = "micros")]
     pub started: DateTime<Utc>,
     #[serde(with = "micros")]
@@ -218,6 +241,7 @@ pub enum LogLine {
     Conn(ConnRecord),
     Service(ServiceRecord),
     Endpoints(EndpointsRecord),
+    Dns(DnsRecord),
     Summary(SummaryRecord),
 }
 
@@ -248,6 +272,8 @@ pub struct Recording {
     pub services: Vec<ServiceRecord>,
     /// Endpoint changes in file order (none in logs written before they existed).
     pub endpoints: Vec<EndpointsRecord>,
+    /// DNS queries in file order (none in logs written before they existed).
+    pub dns: Vec<DnsRecord>,
     pub summary: Option<SummaryRecord>,
     /// The line number of a last line that was cut short (observer killed, disk full):
     /// everything before it was read.
@@ -292,6 +318,7 @@ impl Recording {
                 LogLine::Conn(conn) => recording.conns.push(conn),
                 LogLine::Service(service) => recording.services.push(service),
                 LogLine::Endpoints(change) => recording.endpoints.push(change),
+                LogLine::Dns(query) => recording.dns.push(query),
                 LogLine::Summary(summary) => recording.summary = Some(summary),
             }
         }
@@ -384,7 +411,7 @@ fn serialize_time<S: serde::Serializer>(time: &DateTime<Utc>, s: S) -> Result<S:
     }
 }
 
-mod micros {
+pub(crate) mod micros {
     use chrono::{DateTime, Utc};
     use serde::{Deserialize, Deserializer, Serializer};
 

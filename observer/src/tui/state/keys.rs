@@ -46,7 +46,7 @@ impl App {
     }
 
     fn command(&mut self, code: KeyCode) -> Option<Effect> {
-        let on_service = matches!(self.screen, Screen::Service(_));
+        let on_service = matches!(self.screen, Screen::Service(_) | Screen::Dns);
         match code {
             KeyCode::Char('q') => return Some(Effect::Quit),
             KeyCode::Char('?') => self.help = true,
@@ -88,6 +88,10 @@ impl App {
             KeyCode::Char('r') => {
                 self.reset();
                 self.refresh(true);
+            }
+            KeyCode::Char('d') => {
+                self.screen = Screen::Dns;
+                self.refresh_detail();
             }
             KeyCode::Char('e') => return Some(self.export()),
             KeyCode::Char('n') => {

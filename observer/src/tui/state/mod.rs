@@ -17,7 +17,7 @@ use crossterm::event::KeyEvent;
 use self::conns::{Change, ConnTable};
 use self::detail::bucket;
 use self::rows::Sample;
-use crate::model::record::{ConnRecord, Proto, ServiceRecord};
+use crate::model::record::{ConnRecord, DnsRecord, Proto, ServiceRecord};
 use crate::model::update::{CaptureStats, Update};
 use crate::stats::Aggregator;
 use crate::stats::timeline::Timeline;
@@ -53,6 +53,8 @@ fn millis(delta: TimeDelta) -> f64 {
 pub enum Screen {
     Services,
     Service(ServiceKey),
+    /// DNS lookups per client (`d`).
+    Dns,
 }
 
 /// Everything the view reacts to.
@@ -142,7 +144,12 @@ pub struct App {
     pub(crate) ended: bool,
     /// A one-line notice (export written, counters reset...).
     pub(crate) message: Option<String>,
+    /// The latest DNS queries (at most `DNS_KEPT`), for the DNS screen.
+    pub(crate) dns: VecDeque<DnsRecord>,
 }
+
+/// DNS queries the live view keeps: enough for the walks of the last minutes.
+const DNS_KEPT: usize = 5_000;
 
 impl App {
     pub fn new(title: &str, recording: Option<String>, replay: bool, now: DateTime<Utc>) -> App {
@@ -174,6 +181,7 @@ impl App {
             pod_names: false,
             ended: false,
             message: None,
+            dns: VecDeque::new(),
         }
     }
 
@@ -242,6 +250,13 @@ impl App {
                 self.see_time(change.time);
                 self.timeline.change(&change);
             }
+            Update::Dns(record) => {
+                self.see_time(record.time);
+                if self.dns.len() == DNS_KEPT {
+                    self.dns.pop_front();
+                }
+                self.dns.push_back(record);
+            }
         }
     }
 
@@ -292,7 +307,7 @@ impl App {
     fn refresh_detail(&mut self) {
         self.shown.detail = match &self.screen {
             Screen::Service(key) => Some(self.detail(key)),
-            Screen::Services => None,
+            Screen::Services | Screen::Dns => None,
         };
         self.clamp_selection();
     }

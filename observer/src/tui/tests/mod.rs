@@ -3,6 +3,7 @@
 //! `OBSERVER_UPDATE_SNAPSHOTS=1 cargo test -p observer --lib tui` rewrites them (review
 //! the diff before committing).
 
+mod dns;
 mod export;
 mod keys;
 mod replay;
@@ -145,6 +146,7 @@ fn stats() -> CaptureStats {
         lost_connections: 0,
         lost_events: 0,
         read_errors: 0,
+        dns_malformed: 0,
         hooks_attached: 3,
         netns_seen: 2,
         live_connections: 1,

@@ -110,3 +110,19 @@ fn replay_marks_endpoint_changes() {
     // The replay's clock is the data's: the connection's end, 9.5 s after t0.
     assert_eq!(changes, &["10.244.1.13 left 7 s ago".to_owned()]);
 }
+
+/// A log with dns lines replays them to the DNS screen, with the malformed count.
+#[test]
+fn replay_shows_dns_lines() {
+    let recording = Recording::read(std::path::Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/logs/dns.jsonl"
+    )))
+    .unwrap();
+    let mut app = new_app();
+    for update_ in replay_updates(&recording) {
+        live(&mut app, update_);
+    }
+    assert_eq!(app.dns.len(), 11);
+    assert_eq!(app.capture.dns_malformed, 2);
+}

@@ -6,7 +6,7 @@ use ratatui::backend::TestBackend;
 use super::*;
 use crate::tui::view::render;
 
-fn screen(app: &App, width: u16, height: u16) -> String {
+pub(super) fn screen(app: &App, width: u16, height: u16) -> String {
     let mut terminal = Terminal::new(TestBackend::new(width, height)).unwrap();
     terminal.draw(|frame| render(app, frame)).unwrap();
     let buffer = terminal.backend().buffer();
@@ -21,7 +21,7 @@ fn screen(app: &App, width: u16, height: u16) -> String {
 }
 
 /// Compares the whole screen with `snapshots/<name>.txt`.
-fn assert_snapshot(name: &str, actual: &str) {
+pub(super) fn assert_snapshot(name: &str, actual: &str) {
     let path = format!(
         "{}/src/tui/snapshots/{name}.txt",
         env!("CARGO_MANIFEST_DIR")

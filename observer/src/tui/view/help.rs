@@ -5,7 +5,7 @@ use ratatui::layout::Rect;
 use ratatui::text::Line;
 use ratatui::widgets::{Block, Borders, Clear, Paragraph};
 
-const HELP: [&str; 13] = [
+const HELP: [&str; 14] = [
     "↑/↓ j/k   move",
     "g/G       first / last",
     "Enter     open the Service",
@@ -16,6 +16,7 @@ const HELP: [&str; 13] = [
     "r         reset counters",
     "e         export screen (JSON Lines)",
     "n         IP addresses / pod names",
+    "d         DNS lookups (Esc: back)",
     "?         this help",
     "q Ctrl-C  quit",
     "any key closes this help",

@@ -1,9 +1,10 @@
 //! Rendering from `&App` only: no I/O, no state changes. Text is laid out in fixed-width
 //! columns and truncated with an ellipsis, so long names never wrap or push columns.
 //!
-//! `services` and `service` lay out the two screens, `help` the key box, `widgets` the
+//! `services`, `service` and `dns` lay out the screens, `help` the key box, `widgets` the
 //! cells, numbers and bars they are made of.
 
+mod dns;
 mod help;
 mod service;
 mod services;
@@ -53,6 +54,7 @@ pub fn render(app: &App, frame: &mut Frame<'_>) {
     frame.render_widget(Paragraph::new(status_line(app, area.width)), status);
     let lines = match (&app.screen, &app.shown.detail) {
         (Screen::Service(_), Some(detail)) => service::service_screen(app, detail, body, compact),
+        (Screen::Dns, _) => dns::dns_screen(app, body),
         _ => services::services_screen(app, body, compact),
     };
     frame.render_widget(Paragraph::new(lines), body);
@@ -73,6 +75,9 @@ fn header_line(app: &App, width: u16) -> Line<'static> {
                     skew(row.stats.skew)
                 )));
             }
+        }
+        (Screen::Dns, _) => {
+            left.push(Span::raw(format!(" │ DNS │ {} queries", app.dns.len())));
         }
         (Screen::Services, _) => {
             left.push(Span::raw(format!(
@@ -120,6 +125,12 @@ fn status_line(app: &App, width: u16) -> Line<'static> {
         spans.push(Span::raw(format!(" │ hooks {}", capture.hooks_attached)));
     }
     spans.push(Span::raw(format!(" │ netns {}", capture.netns_seen)));
+    if capture.dns_malformed > 0 {
+        spans.push(Span::styled(
+            format!(" │ dns malformed {}", capture.dns_malformed),
+            ALERT,
+        ));
+    }
     if let Some(file) = capture.recording.as_ref().or(app.recording.as_ref()) {
         let verb = if app.replay { "file" } else { "rec" };
         spans.push(Span::raw(format!(" │ {verb} {file}")));

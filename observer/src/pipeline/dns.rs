@@ -1,0 +1,89 @@
+//! The session's DNS side: decodes the port-53 message prefixes the kernel copies,
+//! matches queries to responses, names the client pod and writes `dns` lines.
+
+use anyhow::Context as _;
+use observer_common::dns::DnsEvent;
+
+use super::Session;
+use crate::dns::{Matcher, from_event};
+use crate::model::record::DnsRecord;
+use crate::model::update::Update;
+
+pub(super) struct DnsSide {
+    matcher: Matcher,
+    /// Messages that could not be decoded (the kernel's drops are counted there).
+    pub malformed: u64,
+    /// `malformed` per network namespace inode.
+    malformed_by_netns: std::collections::BTreeMap<u32, u64>,
+    /// `dns` lines written.
+    pub written: u64,
+}
+
+impl DnsSide {
+    pub fn new(clock: crate::model::tracker::Clock) -> DnsSide {
+        DnsSide {
+            matcher: Matcher::new(clock),
+            malformed: 0,
+            malformed_by_netns: Default::default(),
+            written: 0,
+        }
+    }
+}
+
+impl Session {
+    pub(super) fn on_dns(&mut self, events: &[DnsEvent]) -> anyhow::Result<()> {
+        for event in events {
+            match from_event(event) {
+                Ok(seen) => {
+                    let done = self.dns.matcher.on_message(seen);
+                    self.write_dns(done)?;
+                }
+                Err(err) => {
+                    log::debug!("skipped a DNS message in netns {}: {err}", event.netns);
+                    self.dns.malformed += 1;
+                    *self.dns.malformed_by_netns.entry(event.netns).or_default() += 1;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the queries whose responses did not come in time.
+    pub(super) fn expire_dns(&mut self, now_ns: u64) -> anyhow::Result<()> {
+        let expired = self.dns.matcher.expire(now_ns);
+        self.write_dns(expired)
+    }
+
+    /// Malformed or uncopied DNS messages per network namespace inode (as strings, the
+    /// summary line's keys), the kernel's and user space's together.
+    pub(super) fn dns_malformed_by_netns(&self) -> std::collections::BTreeMap<String, u64> {
+        let mut all = self.capture.dns_dropped_by_netns();
+        for (netns, count) in &self.dns.malformed_by_netns {
+            *all.entry(*netns).or_default() += count;
+        }
+        all.into_iter()
+            .map(|(netns, count)| (netns.to_string(), count))
+            .collect()
+    }
+
+    /// Writes every query still waiting (the session ends).
+    pub(super) fn finish_dns(&mut self) -> anyhow::Result<()> {
+        let rest = self.dns.matcher.finish();
+        self.write_dns(rest)
+    }
+
+    fn write_dns(&mut self, records: Vec<DnsRecord>) -> anyhow::Result<()> {
+        for mut record in records {
+            if let Some(pods) = self.pods.as_mut() {
+                record.client_pod = pods.name(record.client.ip(), std::time::Instant::now());
+            }
+            self.dns.written += 1;
+            if let Some(log) = self.log.as_mut() {
+                log.dns(&record)
+                    .with_context(|| format!("cannot write the connection log to {}", log.name))?;
+            }
+            self.send(Update::Dns(record));
+        }
+        Ok(())
+    }
+}

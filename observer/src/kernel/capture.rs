@@ -114,6 +114,112 @@ fn cgroup2_mount() -> Option<std::path::PathBuf> {
     })
 }
 
+/// conntrack's structure offsets from the kernel's BTF at `btf_path`.
+fn read_offsets(
+    btf_path: &std::path::Path,
+) -> Result<observer_common::offsets::KernelOffsets, CaptureError> {
+    let path = btf_path.display().to_string();
+    let file = std::fs::File::open(btf_path).map_err(|error| CaptureError::NoBtf {
+        path: path.clone(),
+        error,
+    })?;
+    let bad = |error| CaptureError::BadBtf {
+        path: path.clone(),
+        error,
+    };
+    let btf = Btf::read(file).map_err(bad)?;
+    let offsets = crate::kernel::offsets::kernel_offsets(&btf).map_err(bad)?;
+    log::debug!(
+        "kernel offsets from BTF: {}",
+        crate::kernel::offsets::describe(&offsets)
+    );
+    Ok(offsets)
+}
+
+/// Loads the embedded object with the offsets and table sizes filled in.
+fn load(
+    options: &CaptureOptions,
+    offsets: &observer_common::offsets::KernelOffsets,
+) -> Result<Ebpf, CaptureError> {
+    let mut loader = EbpfLoader::new();
+    loader
+        .override_global("OFFSETS", offsets, true)
+        .map_max_entries("CONNS", options.max_connections)
+        .map_max_entries("DIALED", options.max_connections);
+    if let Some(bytes) = options.ring_buffer_bytes {
+        loader.map_max_entries("EVENTS", bytes);
+    }
+    loader
+        .load(PROGRAMS)
+        .map_err(|err| CaptureError::Load(error_chain(&err)))
+}
+
+/// Attaches the raw tracepoint programs (`HOOKS`); returns how many.
+fn attach_tracepoints(ebpf: &mut Ebpf) -> Result<u32, CaptureError> {
+    for (program, hook) in HOOKS {
+        let mut attach = || -> Result<(), String> {
+            let program: &mut RawTracePoint = ebpf
+                .program_mut(program)
+                .ok_or("program missing from the object")?
+                .try_into()
+                .map_err(|err| error_chain(&err))?;
+            program.load().map_err(|err| error_chain(&err))?;
+            program.attach(hook).map_err(|err| error_chain(&err))?;
+            Ok(())
+        };
+        attach().map_err(|reason| CaptureError::Attach { hook, reason })?;
+    }
+    Ok(HOOKS.len() as u32)
+}
+
+/// Attaches `local_delivery` to the cgroup v2 root `root` (ingress of every local socket).
+fn attach_local_delivery(ebpf: &mut Ebpf, root: &std::path::Path) -> Result<(), CaptureError> {
+    let hook = "cgroup_skb/ingress";
+    let mut attach = || -> Result<(), String> {
+        let cgroup = std::fs::File::open(root)
+            .map_err(|err| format!("cannot open {}: {err}", root.display()))?;
+        let program: &mut CgroupSkb = ebpf
+            .program_mut("local_delivery")
+            .ok_or("program missing from the object")?
+            .try_into()
+            .map_err(|err| error_chain(&err))?;
+        program.load().map_err(|err| error_chain(&err))?;
+        // A BPF link (kernel 5.7+) takes no flags and never displaces programs others
+        // attached to the same cgroup.
+        program
+            .attach(
+                cgroup,
+                CgroupSkbAttachType::Ingress,
+                CgroupAttachMode::Single,
+            )
+            .map_err(|err| error_chain(&err))?;
+        Ok(())
+    };
+    attach().map_err(|reason| CaptureError::Attach { hook, reason })
+}
+
+fn take_map(ebpf: &mut Ebpf, name: &str) -> Result<aya::maps::Map, CaptureError> {
+    ebpf.take_map(name)
+        .ok_or_else(|| CaptureError::Load(format!("map {name} missing from the object")))
+}
+
+/// Registers the ring buffer with tokio, to wait for it to become readable.
+fn poll_ring_buffer(
+    events: RingBuf<MapData>,
+) -> Result<tokio::io::unix::AsyncFd<RingBuf<MapData>>, CaptureError> {
+    // SAFETY: the ring buffer owns its descriptor and moves into the AsyncFd, which
+    // deregisters it before dropping it, so the descriptor outlives the registration.
+    unsafe {
+        tokio::io::unix::AsyncFd::register_with_interest(events, tokio::io::Interest::READABLE)
+    }
+    .map_err(|err| {
+        CaptureError::Load(format!(
+            "cannot poll the ring buffer: {}",
+            err.into_parts().1
+        ))
+    })
+}
+
 /// Fails unless the kernel is new enough and the process may load and attach the
 /// programs; checked before anything else so that a run that cannot work changes nothing.
 pub fn check_host() -> Result<(), CaptureError> {
@@ -131,69 +237,13 @@ impl Capture {
     pub fn start(options: &CaptureOptions) -> Result<Capture, CaptureError> {
         check_host()?;
         raise_memlock();
-        let path = options.btf_path.display().to_string();
-        let file = std::fs::File::open(&options.btf_path).map_err(|error| CaptureError::NoBtf {
-            path: path.clone(),
-            error,
-        })?;
-        let bad = |error| CaptureError::BadBtf {
-            path: path.clone(),
-            error,
-        };
-        let btf = Btf::read(file).map_err(bad)?;
-        let offsets = crate::kernel::offsets::kernel_offsets(&btf).map_err(bad)?;
-        log::debug!(
-            "kernel offsets from BTF: {}",
-            crate::kernel::offsets::describe(&offsets)
-        );
-
-        let mut loader = EbpfLoader::new();
-        loader
-            .override_global("OFFSETS", &offsets, true)
-            .map_max_entries("CONNS", options.max_connections)
-            .map_max_entries("DIALED", options.max_connections);
-        if let Some(bytes) = options.ring_buffer_bytes {
-            loader.map_max_entries("EVENTS", bytes);
-        }
-        let mut ebpf = loader
-            .load(PROGRAMS)
-            .map_err(|err| CaptureError::Load(error_chain(&err)))?;
-        let mut hooks_attached = 0;
-        for (program, hook) in HOOKS {
-            let attach = |ebpf: &mut Ebpf| -> Result<(), String> {
-                let program: &mut RawTracePoint = ebpf
-                    .program_mut(program)
-                    .ok_or("program missing from the object")?
-                    .try_into()
-                    .map_err(|err| error_chain(&err))?;
-                program.load().map_err(|err| error_chain(&err))?;
-                program.attach(hook).map_err(|err| error_chain(&err))?;
-                Ok(())
-            };
-            attach(&mut ebpf).map_err(|reason| CaptureError::Attach { hook, reason })?;
-            hooks_attached += 1;
-        }
+        let offsets = read_offsets(&options.btf_path)?;
+        let mut ebpf = load(options, &offsets)?;
+        let mut hooks_attached = attach_tracepoints(&mut ebpf)?;
         let mut warnings = Vec::new();
         match cgroup2_mount() {
             Some(root) => {
-                let hook = "cgroup_skb/ingress";
-                let attach = |ebpf: &mut Ebpf| -> Result<(), String> {
-                    let cgroup = std::fs::File::open(&root)
-                        .map_err(|err| format!("cannot open {}: {err}", root.display()))?;
-                    let program: &mut CgroupSkb = ebpf
-                        .program_mut("local_delivery")
-                        .ok_or("program missing from the object")?
-                        .try_into()
-                        .map_err(|err| error_chain(&err))?;
-                    program.load().map_err(|err| error_chain(&err))?;
-                    // A BPF link (kernel 5.7+) takes no flags and never displaces programs
-                        // others attached to the same cgroup.
-                    program
-                        .attach(cgroup, CgroupSkbAttachType::Ingress, CgroupAttachMode::Single)
-                        .map_err(|err| error_chain(&err))?;
-                    Ok(())
-                };
-                attach(&mut ebpf).map_err(|reason| CaptureError::Attach { hook, reason })?;
+                attach_local_delivery(&mut ebpf, &root)?;
                 hooks_attached += 1;
             }
             None => warnings.push(
@@ -201,48 +251,26 @@ impl Capture {
                     .to_owned(),
             ),
         }
-        let map = |ebpf: &mut Ebpf, name: &str| {
-            ebpf.take_map(name)
-                .ok_or_else(|| CaptureError::Load(format!("map {name} missing from the object")))
-        };
-        let events = RingBuf::try_from(map(&mut ebpf, "EVENTS")?)
-            .map_err(|err| CaptureError::Load(error_chain(&err)))?;
-        let conns = map(&mut ebpf, "CONNS")?;
+        let load_error = |err: aya::maps::MapError| CaptureError::Load(error_chain(&err));
+        let events = RingBuf::try_from(take_map(&mut ebpf, "EVENTS")?).map_err(load_error)?;
+        let conns = take_map(&mut ebpf, "CONNS")?;
         let conns_fd = match &conns {
             aya::maps::Map::HashMap(data) => data.fd().as_fd().try_clone_to_owned(),
             _ => Err(std::io::Error::other("CONNS is not a hash map")),
         }
         .map_err(|err| CaptureError::Load(format!("cannot read map CONNS: {err}")))?;
-        let conns =
-            HashMap::try_from(conns).map_err(|err| CaptureError::Load(error_chain(&err)))?;
-        let dialed = HashMap::try_from(map(&mut ebpf, "DIALED")?)
-            .map_err(|err| CaptureError::Load(error_chain(&err)))?;
-        let counters = PerCpuArray::try_from(map(&mut ebpf, "COUNTERS")?)
-            .map_err(|err| CaptureError::Load(error_chain(&err)))?;
-        let lost_by_netns = HashMap::try_from(map(&mut ebpf, "LOST_BY_NETNS")?)
-            .map_err(|err| CaptureError::Load(error_chain(&err)))?;
-        let dns_dropped_by_netns = HashMap::try_from(map(&mut ebpf, "DNS_DROPPED_BY_NETNS")?)
-            .map_err(|err| CaptureError::Load(error_chain(&err)))?;
-        // SAFETY: the ring buffer owns its descriptor and moves into the AsyncFd, which
-        // deregisters it before dropping it, so the descriptor outlives the registration.
-        let events = unsafe {
-            tokio::io::unix::AsyncFd::register_with_interest(events, tokio::io::Interest::READABLE)
-        }
-        .map_err(|err| {
-            CaptureError::Load(format!(
-                "cannot poll the ring buffer: {}",
-                err.into_parts().1
-            ))
-        })?;
         Ok(Capture {
-            ebpf: Some(ebpf),
-            events,
-            conns,
+            events: poll_ring_buffer(events)?,
+            conns: HashMap::try_from(conns).map_err(load_error)?,
             conns_fd,
-            dialed,
-            counters,
-            lost_by_netns,
-            dns_dropped_by_netns,
+            dialed: HashMap::try_from(take_map(&mut ebpf, "DIALED")?).map_err(load_error)?,
+            counters: PerCpuArray::try_from(take_map(&mut ebpf, "COUNTERS")?)
+                .map_err(load_error)?,
+            lost_by_netns: HashMap::try_from(take_map(&mut ebpf, "LOST_BY_NETNS")?)
+                .map_err(load_error)?,
+            dns_dropped_by_netns: HashMap::try_from(take_map(&mut ebpf, "DNS_DROPPED_BY_NETNS")?)
+                .map_err(load_error)?,
+            ebpf: Some(ebpf),
             hooks_attached,
             warnings,
         })

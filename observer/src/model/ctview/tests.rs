@@ -318,5 +318,8 @@ fn connections_older_than_their_subscription_lack_destroy_events() {
     assert!(lacks_destroy_events(&state, Some(1_001)), "began before it");
     assert!(lacks_destroy_events(&state, None), "never subscribed");
     state.start_seen = 0;
-    assert!(lacks_destroy_events(&state, Some(0)), "adopted mid-connection");
+    assert!(
+        lacks_destroy_events(&state, Some(0)),
+        "adopted mid-connection"
+    );
 }

@@ -231,8 +231,9 @@ fn supersede(conntrack: u64, fresh: &ConnState, now: u64) {
 /// Whether a tracked entry belongs to an earlier connection whose `nf_conn` memory the
 /// kernel has reused, seen on a packet conntrack marked NEW: the original tuple
 /// differs; or, with the same tuple (a client port reused), a SYN carries another
-/// initial sequence number than the one recorded; or the connection we track saw a
-/// reply while the entry (`ct_status`, read now) has seen none. conntrack marks packets
+/// initial sequence number than the one recorded; or the connection we track was
+/// answered (saw a reply, or was adopted ESTABLISHED) while the entry (`ct_status`, read
+/// now) has seen no reply. conntrack marks packets
 /// NEW until an entry sees its first reply, and a NEW packet can reach this hook after
 /// a reply another CPU handled: then the entry has seen that reply and is ours.
 #[inline(always)]
@@ -253,5 +254,9 @@ fn reused(
     if syn && load!(state.syn_seen) != 0 {
         return Ok(packet.seq != load!(state.isn));
     }
-    Ok(load!(state.replied) != 0 && ct_status & (1 << status::SEEN_REPLY_BIT) == 0)
+    // A TCP connection adopted mid-stream (`start_seen` 0) was ESTABLISHED, so its entry
+    // had seen a reply, though we may not have: an entry without one is another.
+    let answered =
+        load!(state.replied) != 0 || (packet.protocol == PROTO_TCP && load!(state.start_seen) == 0);
+    Ok(answered && ct_status & (1 << status::SEEN_REPLY_BIT) == 0)
 }

@@ -168,6 +168,12 @@ fn open(
             // cannot miss it. Not a connection to adopt.
             let _ = CONNS.remove(&conntrack);
         }
+        Ok(()) if start_seen && counted_lost(conntrack, fresh_ref, packet) => {
+            // An earlier pass of this packet (bridge, then bridge port) or of its SYN
+            // found the table full and counted the connection lost: it stays lost, not
+            // also recorded (its later packets may adopt it, `start_seen: false`).
+            let _ = CONNS.remove(&conntrack);
+        }
         Ok(()) => {
             count(counters::TRACKED);
             remember_dialed(conntrack, fresh_ref);
@@ -185,19 +191,25 @@ fn open(
         // The table is full. Only a decision made while attached (ctinfo NEW) is a lost
         // connection, and only once: its later packets find the table full too.
         Err(_) if start_seen => {
-            let identity = lost_identity(fresh_ref, packet);
-            let counted = LOST.get_ptr(&conntrack).is_some_and(|known| {
-                // SAFETY: a live map value.
-                unsafe { *known == identity }
-            });
-            if !counted {
-                let _ = LOST.insert(&conntrack, &identity, 0);
+            if !counted_lost(conntrack, fresh_ref, packet) {
+                let _ = LOST.insert(&conntrack, &lost_identity(fresh_ref, packet), 0);
                 count_lost(counters::LOST_TABLE_FULL, fresh_ref.netns);
             }
         }
         Err(_) => {}
     }
     Ok(())
+}
+
+/// Whether the connection `fresh` (at `conntrack`) was already counted lost for a full
+/// table, on an earlier pass of `packet` or an earlier copy of its SYN.
+#[inline(always)]
+fn counted_lost(conntrack: u64, fresh: &ConnState, packet: &Packet) -> bool {
+    let identity = lost_identity(fresh, packet);
+    LOST.get_ptr(&conntrack).is_some_and(|known| {
+        // SAFETY: a live map value.
+        unsafe { *known == identity }
+    })
 }
 
 /// Whether conntrack's TCP state of the entry is ESTABLISHED now.

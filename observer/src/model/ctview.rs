@@ -66,9 +66,9 @@ struct Found {
 /// What a destroy event ends.
 #[derive(Debug, PartialEq)]
 pub enum Destroyed {
-    /// A connection the kernel programs follow, at this `nf_conn` address: remove it
-    /// from their table and end it as expired (unless they ended it first).
-    Kernel(u64),
+    /// A connection the kernel programs follow: remove it from their table and end it
+    /// as expired (unless they ended it first).
+    Kernel(ConnId),
     /// An entry found at start that never carried a packet since: its final record
     /// (boxed: a record is large next to the other variants).
     Found(ConnId, Box<ConnRecord>),
@@ -78,13 +78,14 @@ pub enum Destroyed {
 
 #[derive(Default)]
 pub struct ConntrackView {
-    /// The kernel programs' connections, by key: `nf_conn` address.
-    kernel: HashMap<CtKey, u64>,
+    /// The kernel programs' connections, by key: `nf_conn` address and start. The start
+    /// tells a connection from a newer one the kernel placed at the same address.
+    kernel: HashMap<CtKey, ConnId>,
     /// Entries found at start, not (yet) followed by the kernel programs.
     found: HashMap<CtKey, Found>,
     /// Kernel connections that continue an entry found at start: its id and start.
     adopted: HashMap<ConnId, (ConnId, DateTime<Utc>)>,
-    superseded: Vec<(u64, CtKey)>,
+    superseded: Vec<(ConnId, CtKey)>,
     next_id: u64,
 }
 
@@ -137,20 +138,20 @@ impl ConntrackView {
     /// Every kernel event, before the tracker turns it into a record.
     pub fn on_kernel_event(&mut self, event: &ConnEvent) {
         let key = CtKey::of_state(&event.state);
+        let id = ConnId {
+            conntrack: event.conntrack,
+            start_ns: event.state.start_ns,
+        };
         if event.kind != EVENT_OPEN {
-            if self.kernel.get(&key) == Some(&event.conntrack) {
+            if self.kernel.get(&key) == Some(&id) {
                 self.kernel.remove(&key);
             }
             return;
         }
-        self.kernel_follows(key, event.conntrack);
+        self.kernel_follows(key, id);
         if let Some(found) = self.found.remove(&key)
             && event.state.start_seen == 0
         {
-            let id = ConnId {
-                conntrack: event.conntrack,
-                start_ns: event.state.start_ns,
-            };
             self.adopted.insert(id, (found.id, found.start));
         }
         // With START_SEEN the dump listed a connection that began after attach: the
@@ -163,8 +164,11 @@ impl ConntrackView {
         newest_last.sort_by_key(|(_, state)| state.start_ns);
         self.kernel.clear();
         for (conntrack, state) in newest_last {
-            let key = CtKey::of_state(state);
-            self.kernel_follows(key, *conntrack);
+            let id = ConnId {
+                conntrack: *conntrack,
+                start_ns: state.start_ns,
+            };
+            self.kernel_follows(CtKey::of_state(state), id);
         }
         for (conntrack, state) in entries {
             // An open event lost in the ring buffer: adopt from the table.
@@ -182,7 +186,7 @@ impl ConntrackView {
 
     /// The kernel programs follow `key` at `current`. conntrack holds one entry per
     /// original tuple (in zone 0): the one they followed before is gone, its end unseen.
-    fn kernel_follows(&mut self, key: CtKey, current: u64) {
+    fn kernel_follows(&mut self, key: CtKey, current: ConnId) {
         if let Some(previous) = self.kernel.insert(key, current)
             && previous != current
         {
@@ -190,19 +194,19 @@ impl ConntrackView {
         }
     }
 
-    /// Kernel connections (`nf_conn` address, key) that a newer entry with the same
-    /// tuple replaced: remove each from the kernel table if it is still that connection,
-    /// and end it as expired at its last packet.
-    pub fn take_superseded(&mut self) -> Vec<(u64, CtKey)> {
+    /// Kernel connections that a newer entry with the same tuple replaced: remove each
+    /// from the kernel table if it is still that connection, and end it as expired at
+    /// its last packet.
+    pub fn take_superseded(&mut self) -> Vec<(ConnId, CtKey)> {
         std::mem::take(&mut self.superseded)
     }
 
-    /// The kernel programs' connections in `netns`: (`nf_conn` address, key).
-    pub fn kernel_connections(&self, netns: u32) -> Vec<(u64, CtKey)> {
+    /// The kernel programs' connections in `netns`.
+    pub fn kernel_connections(&self, netns: u32) -> Vec<(ConnId, CtKey)> {
         self.kernel
             .iter()
             .filter(|(key, _)| key.netns == netns)
-            .map(|(key, conntrack)| (*conntrack, *key))
+            .map(|(key, id)| (*id, *key))
             .collect()
     }
 
@@ -229,7 +233,7 @@ impl ConntrackView {
             return Destroyed::Unknown;
         }
         match self.kernel.remove(key) {
-            Some(conntrack) => Destroyed::Kernel(conntrack),
+            Some(id) => Destroyed::Kernel(id),
             None => Destroyed::Unknown,
         }
     }

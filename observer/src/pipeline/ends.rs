@@ -60,21 +60,24 @@ impl Session {
         let Some(follower) = self.follower.as_mut() else {
             return Ok(());
         };
-        for (conntrack, key) in follower.view.take_superseded() {
-            self.end_kernel(conntrack, &key, |state| (Close::Expired, state.last_ns))?;
+        for (id, key) in follower.view.take_superseded() {
+            self.end_kernel(id, &key, |state| (Close::Expired, state.last_ns))?;
         }
         Ok(())
     }
 
-    /// Removes the kernel connection at `conntrack` if it still is `key`'s, and records
-    /// it with the close and end `how` gives; nothing when the kernel ended it first.
+    /// Removes the kernel connection `id` if it is still in the kernel's table (and
+    /// `key`'s), and records it with the close and end `how` gives; nothing when the
+    /// kernel ended it first, even if a newer connection now has its address.
     pub(super) fn end_kernel(
         &mut self,
-        conntrack: u64,
+        id: ConnId,
         key: &CtKey,
         how: impl FnOnce(&ConnState) -> (Close, u64),
     ) -> anyhow::Result<()> {
+        let conntrack = id.conntrack;
         if let Some(state) = self.capture.connection(conntrack)
+            && state.start_ns == id.start_ns
             && CtKey::of_state(&state) == *key
             && self.capture.remove(conntrack, &state)
         {
@@ -95,8 +98,8 @@ impl Session {
         };
         let gone = follower.unreported_gone(entries);
         let (now, idle) = (monotonic_ns(), self.idle_timeout_ns);
-        for (conntrack, key) in gone {
-            self.end_kernel(conntrack, &key, |state| destroyed_close(state, now, idle))?;
+        for (id, key) in gone {
+            self.end_kernel(id, &key, |state| destroyed_close(state, now, idle))?;
         }
         Ok(())
     }
@@ -107,15 +110,15 @@ impl Session {
         let Some(follower) = self.follower.as_mut() else {
             return Ok(());
         };
-        let gone: Vec<(u64, CtKey)> = follower
+        let gone: Vec<(ConnId, CtKey)> = follower
             .view
             .kernel_connections(netns)
             .into_iter()
             .filter(|(_, key)| !follower.still_there(key))
             .collect();
         let (now, idle) = (monotonic_ns(), self.idle_timeout_ns);
-        for (conntrack, key) in gone {
-            self.end_kernel(conntrack, &key, |state| destroyed_close(state, now, idle))?;
+        for (id, key) in gone {
+            self.end_kernel(id, &key, |state| destroyed_close(state, now, idle))?;
         }
         Ok(())
     }
@@ -149,10 +152,10 @@ impl Session {
         }
         match follower.view.destroyed(&key, entry, Utc::now()) {
             Destroyed::Found(id, record) => self.finished(id, *record)?,
-            Destroyed::Kernel(conntrack) => {
+            Destroyed::Kernel(id) => {
                 // Unless the kernel programs ended it first (FIN/RST wins).
                 let (now, idle) = (monotonic_ns(), self.idle_timeout_ns);
-                self.end_kernel(conntrack, &key, |state| destroyed_close(state, now, idle))?;
+                self.end_kernel(id, &key, |state| destroyed_close(state, now, idle))?;
             }
             Destroyed::Unknown => {}
         }

@@ -203,19 +203,19 @@ impl Follower {
     /// that began before observer (adopted, `start_seen: false`) or before their
     /// namespace was followed are asked about, at most `CHECKS_PER_SWEEP` per sweep, the
     /// least recently asked first. A question that fails asks again at the next sweep.
-    pub fn unreported_gone(&mut self, entries: &[(u64, ConnState)]) -> Vec<(u64, CtKey)> {
-        let mut candidates: Vec<(u64, CtKey, u64)> = entries
+    pub fn unreported_gone(&mut self, entries: &[(u64, ConnState)]) -> Vec<(ConnId, CtKey)> {
+        let mut candidates: Vec<(u64, CtKey, ConnId)> = entries
             .iter()
             .filter(|(_, state)| {
                 lacks_destroy_events(state, self.subscribed_at.get(&state.netns).copied())
             })
             .map(|(conntrack, state)| {
                 let key = CtKey::of_state(state);
-                (
-                    self.unreported.get(&key).copied().unwrap_or(0),
-                    key,
-                    *conntrack,
-                )
+                let id = ConnId {
+                    conntrack: *conntrack,
+                    start_ns: state.start_ns,
+                };
+                (self.unreported.get(&key).copied().unwrap_or(0), key, id)
             })
             .collect();
         let live: std::collections::HashSet<CtKey> =
@@ -224,13 +224,13 @@ impl Follower {
         candidates.sort_by_key(|(asked, key, _)| (*asked, key.netns, key.client, key.dialed));
         candidates.truncate(CHECKS_PER_SWEEP);
         let mut gone = Vec::new();
-        for (asked, key, conntrack) in candidates {
+        for (asked, key, id) in candidates {
             self.unreported.insert(key, asked + 1);
             let Some(socket) = self.requests.get_mut(&key.netns) else {
                 continue;
             };
             if let Ok(None) = socket.get(&key.tuple()) {
-                gone.push((conntrack, key));
+                gone.push((id, key));
             }
         }
         gone

@@ -76,6 +76,14 @@ fn event(kind: u32, conntrack: u64, client_port: u16, flags: u32) -> ConnEvent {
     }
 }
 
+/// The id of `event(_, conntrack, ..)`'s connection (start 5), or with another start.
+fn id(conntrack: u64, start_ns: u64) -> ConnId {
+    ConnId {
+        conntrack,
+        start_ns,
+    }
+}
+
 fn key(client_port: u16) -> CtKey {
     CtKey::of_entry(NETNS, &entry(PROTO_TCP, client_port, None))
 }
@@ -189,7 +197,7 @@ fn destroy_events_end_found_and_kernel_connections_once() {
     }
     assert_eq!(
         view.destroyed(&key(10), &established(10), later),
-        Destroyed::Kernel(0xa000)
+        Destroyed::Kernel(id(0xa000, 5))
     );
     assert_eq!(
         view.destroyed(&key(10), &established(10), later),
@@ -220,7 +228,7 @@ fn a_closed_entry_destroyed_never_ends_the_newer_connection_on_its_tuple() {
     assert!(view.matters(&key(12), &flushed));
     assert_eq!(
         view.destroyed(&key(12), &flushed, now()),
-        Destroyed::Kernel(0xa000)
+        Destroyed::Kernel(id(0xa000, 5))
     );
 }
 
@@ -294,7 +302,7 @@ fn a_newer_entry_for_the_same_tuple_supersedes_the_followed_one() {
     assert!(view.take_superseded().is_empty(), "the same entry again");
     // Its close was missed; the client's port is reused for a new entry.
     view.on_kernel_event(&event(EVENT_OPEN, 0xb000, 50, flags::START_SEEN));
-    assert_eq!(view.take_superseded(), vec![(0xa000, key(50))]);
+    assert_eq!(view.take_superseded(), vec![(id(0xa000, 5), key(50))]);
     assert!(view.take_superseded().is_empty());
     // A sweep that finds both in the table keeps the newer.
     let mut old = event(EVENT_OPEN, 0xa000, 50, 0).state;
@@ -302,11 +310,20 @@ fn a_newer_entry_for_the_same_tuple_supersedes_the_followed_one() {
     let mut new = old;
     new.start_ns = 9;
     view.on_sweep(&[(0xb000, new), (0xa000, old)]);
-    assert_eq!(view.take_superseded(), vec![(0xa000, key(50))]);
+    assert_eq!(
+        view.take_superseded(),
+        vec![(
+            ConnId {
+                conntrack: 0xa000,
+                start_ns: 1
+            },
+            key(50)
+        )]
+    );
     let flushed = entry(PROTO_TCP, 50, Some(tcp_state::ESTABLISHED));
     assert_eq!(
         view.destroyed(&key(50), &flushed, now()),
-        Destroyed::Kernel(0xb000)
+        Destroyed::Kernel(id(0xb000, 9))
     );
 }
 

@@ -150,6 +150,15 @@ impl PodScan {
             self.pods.insert(ip, sandbox.pod());
         }
     }
+
+    /// Adds the addresses of a netns that no bundle names, by the hostname of its pod.
+    /// Never replaces a name already there ([`PodScan::add`] replaces this one), so a
+    /// bundle's `namespace/name` wins whichever is added first.
+    pub fn add_by_hostname(&mut self, hostname: &str, addresses: &[IpAddr]) {
+        for ip in addresses.iter().copied().filter(|ip| is_pod_address(*ip)) {
+            self.pods.entry(ip).or_insert_with(|| hostname.to_owned());
+        }
+    }
 }
 
 /// The pod name that the hostnames of the processes in one netns give (`candidates`, one
@@ -176,17 +185,6 @@ pub fn pod_from_hostnames(
                 .collect::<Vec<_>>()
                 .join(", ")
         )),
-    }
-}
-
-impl PodScan {
-    /// Adds the addresses of a netns that no bundle names, by the hostname of its pod.
-    /// Never replaces a name already there ([`PodScan::add`] replaces this one), so a
-    /// bundle's `namespace/name` wins whichever is added first.
-    pub fn add_by_hostname(&mut self, hostname: &str, addresses: &[IpAddr]) {
-        for ip in addresses.iter().copied().filter(|ip| is_pod_address(*ip)) {
-            self.pods.entry(ip).or_insert_with(|| hostname.to_owned());
-        }
     }
 }
 

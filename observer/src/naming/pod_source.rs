@@ -1,7 +1,8 @@
 //! The edge of pod naming: finds sandbox bundles under the runtime state roots (on this
 //! host and, for kind, inside every node container's root), and reads each pod's
 //! addresses from inside its network namespace (`setns` + `getifaddrs` on a thread of
-//! its own, no external tool). [`PodNamer`] keeps the result and refreshes it on a
+//! its own, no external tool). Netns that no bundle names are named by the hostname of
+//! a process in them (`hostnames`). [`PodNamer`] keeps the result and refreshes it on a
 //! background thread, so naming a connection is a map lookup and never waits.
 
 use std::collections::{HashMap, HashSet};
@@ -13,6 +14,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::pods::{PodScan, parse_bundle};
+
+mod hostnames;
 
 /// Where containerd (kind's runtime) and CRI-O keep their sandbox bundles.
 pub const DEFAULT_RUNTIME_ROOTS: [&str; 2] = [
@@ -30,11 +33,22 @@ pub trait PodSource: Send + 'static {
 /// one process per other mount namespace (the nodes of kind).
 pub struct RuntimeSource {
     roots: Vec<PathBuf>,
+    /// Also name netns no bundle names by their processes' hostnames.
+    hostnames: bool,
 }
 
 impl RuntimeSource {
     pub fn new(roots: Vec<PathBuf>) -> RuntimeSource {
-        RuntimeSource { roots }
+        RuntimeSource {
+            roots,
+            hostnames: true,
+        }
+    }
+
+    /// Only what the bundles say (the hostname fallback reads every process on the host).
+    pub fn bundles_only(mut self) -> RuntimeSource {
+        self.hostnames = false;
+        self
     }
 }
 
@@ -42,7 +56,10 @@ impl PodSource for RuntimeSource {
     fn scan(&mut self) -> PodScan {
         let mut scan = PodScan::default();
         let mut seen_dirs = HashSet::new();
-        for node_root in node_roots() {
+        // Netns that bundles named, and processes of kind nodes whose state was read.
+        let mut named = HashSet::new();
+        let mut node_procs = Vec::new();
+        for (node_root, proc) in node_roots() {
             for root in &self.roots {
                 let dir = node_root.join(root.strip_prefix("/").unwrap_or(root));
                 // The same directory reached through another process's root: read once.
@@ -50,17 +67,22 @@ impl PodSource for RuntimeSource {
                     continue;
                 };
                 if meta.is_dir() && seen_dirs.insert((meta.dev(), meta.ino())) {
-                    scan_dir(&node_root, &dir, &mut scan);
+                    scan_dir(&node_root, &dir, &mut scan, &mut named);
+                    node_procs.extend(proc.clone());
                 }
             }
+        }
+        if self.hostnames {
+            hostnames::scan(&named, &node_procs, &mut scan);
         }
         scan
     }
 }
 
-/// `/` and, per mount namespace other than ours, `/proc/<pid>/root` of one process in it.
-fn node_roots() -> Vec<PathBuf> {
-    let mut roots = vec![PathBuf::from("/")];
+/// `/` and, per mount namespace other than ours, `/proc/<pid>/root` of one process in it
+/// (with that `/proc/<pid>`).
+fn node_roots() -> Vec<(PathBuf, Option<PathBuf>)> {
+    let mut roots = vec![(PathBuf::from("/"), None)];
     let ours = std::fs::read_link("/proc/self/ns/mnt").ok();
     let mut seen = HashSet::new();
     let Ok(entries) = std::fs::read_dir("/proc") else {
@@ -75,13 +97,18 @@ fn node_roots() -> Vec<PathBuf> {
             continue;
         };
         if Some(&mnt) != ours.as_ref() && seen.insert(mnt) {
-            roots.push(entry.path().join("root"));
+            roots.push((entry.path().join("root"), Some(entry.path())));
         }
     }
     roots
 }
 
-fn scan_dir(node_root: &Path, dir: &Path, scan: &mut PodScan) {
+fn scan_dir(
+    node_root: &Path,
+    dir: &Path,
+    scan: &mut PodScan,
+    named: &mut HashSet<hostnames::NsId>,
+) {
     let entries = match std::fs::read_dir(dir) {
         Ok(entries) => entries,
         Err(err) => {
@@ -107,7 +134,10 @@ fn scan_dir(node_root: &Path, dir: &Path, scan: &mut PodScan) {
                 };
                 let path = within(node_root, netns);
                 match netns_addresses(&path) {
-                    Ok(addresses) => scan.add(&sandbox, &addresses),
+                    Ok(addresses) => {
+                        scan.add(&sandbox, &addresses);
+                        named.extend(hostnames::ns_id(&path).ok());
+                    }
                     Err(err) => scan.skipped.push(format!("{}: {err}", path.display())),
                 }
             }

@@ -17,8 +17,14 @@
 //! Containers other than sandboxes carry the same pod annotations but share the
 //! sandbox's netns, so only sandboxes are read. A sandbox without a netns path
 //! (hostNetwork pods) has the node's addresses and is not named.
+//!
+//! Fallback where no bundle names a netns: the UTS hostname of a process in it. Kubelet
+//! gives every pod sandbox a UTS namespace whose hostname is the pod's name, but the
+//! hostname does not say the pod's Kubernetes namespace, so such a pod is named by the
+//! hostname alone (`checkout-a`). A bundle's `namespace/name` wins over a hostname for
+//! the same address. The node's own hostname (host-network processes) names no pod.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 use std::path::PathBuf;
 
@@ -143,6 +149,42 @@ impl PodScan {
         for ip in addresses.iter().copied().filter(|ip| is_pod_address(*ip)) {
             self.pods.insert(ip, sandbox.pod());
         }
+    }
+
+    /// Adds the addresses of a netns that no bundle names, by the hostname of its pod.
+    /// Never replaces a name already there ([`PodScan::add`] replaces this one), so a
+    /// bundle's `namespace/name` wins whichever is added first.
+    pub fn add_by_hostname(&mut self, hostname: &str, addresses: &[IpAddr]) {
+        for ip in addresses.iter().copied().filter(|ip| is_pod_address(*ip)) {
+            self.pods.entry(ip).or_insert_with(|| hostname.to_owned());
+        }
+    }
+}
+
+/// The pod name that the hostnames of the processes in one netns give (`candidates`, one
+/// per UTS namespace seen there): the one hostname that is neither empty nor one of the
+/// node's own. `Ok(None)` when there is none; an error when several differ (no guess).
+pub fn pod_from_hostnames(
+    candidates: &[String],
+    node_hostnames: &HashSet<String>,
+) -> Result<Option<String>, String> {
+    let mut names: Vec<&String> = candidates
+        .iter()
+        .filter(|name| !name.is_empty() && !node_hostnames.contains(*name))
+        .collect();
+    names.sort();
+    names.dedup();
+    match names.as_slice() {
+        [] => Ok(None),
+        [one] => Ok(Some((*one).clone())),
+        several => Err(format!(
+            "processes with different hostnames ({}) share it: not named",
+            several
+                .iter()
+                .map(|s| s.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
     }
 }
 
@@ -299,5 +341,56 @@ mod tests {
         kept.sort();
         assert_eq!(kept, ["10.244.1.12", "fd00:10:244:1::c"]);
         assert!(scan.pods.values().all(|pod| pod == "shop/checkout-a"));
+    }
+
+    fn set(names: &[&str]) -> HashSet<String> {
+        names.iter().map(|s| s.to_string()).collect()
+    }
+
+    fn strings(names: &[&str]) -> Vec<String> {
+        names.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn the_one_hostname_that_is_not_the_nodes_names_the_pod() {
+        let node = set(&["kind-worker", "build-host"]);
+        let pick = |c: &[&str]| pod_from_hostnames(&strings(c), &node);
+        assert_eq!(pick(&["checkout-a"]), Ok(Some("checkout-a".into())));
+        // The pod's server runs in the node's UTS namespace beside the pod's pause.
+        assert_eq!(
+            pick(&["build-host", "checkout-a", "checkout-a"]),
+            Ok(Some("checkout-a".into()))
+        );
+        assert_eq!(pick(&[]), Ok(None));
+        assert_eq!(pick(&["build-host"]), Ok(None));
+        assert_eq!(pick(&["kind-worker", ""]), Ok(None));
+        assert_eq!(
+            pick(&["dns-a", "build-host", "checkout-a"]),
+            Err(
+                "processes with different hostnames (checkout-a, dns-a) share it: not named".into()
+            )
+        );
+    }
+
+    #[test]
+    fn a_bundles_name_wins_over_a_hostname_in_either_order() {
+        let sandbox = Sandbox {
+            namespace: "shop".into(),
+            name: "checkout-a".into(),
+            netns: None,
+        };
+        let pod: IpAddr = "10.244.1.12".parse().unwrap();
+        let other: IpAddr = "10.244.1.13".parse().unwrap();
+        let mut hostname_first = PodScan::default();
+        hostname_first.add_by_hostname("checkout-a", &[pod, other, "127.0.0.1".parse().unwrap()]);
+        hostname_first.add(&sandbox, &[pod]);
+        let mut bundle_first = PodScan::default();
+        bundle_first.add(&sandbox, &[pod]);
+        bundle_first.add_by_hostname("checkout-a", &[pod, other, "127.0.0.1".parse().unwrap()]);
+        for scan in [hostname_first, bundle_first] {
+            assert_eq!(scan.pods.len(), 2, "{scan:?}");
+            assert_eq!(scan.pods[&pod], "shop/checkout-a");
+            assert_eq!(scan.pods[&other], "checkout-a");
+        }
     }
 }

@@ -43,6 +43,9 @@
 //!   tears it down.
 //! - Pods by name: [`Lab::runtime_root`] holds containerd-style sandbox bundles for every
 //!   pod (see [`runtime`]), [`Lab::pod_names`] the `namespace/pod` each address must get.
+//!   Every pod (the client too) also runs a pause process in a UTS namespace of its own
+//!   whose hostname is the pod's name, as kubelet sets it; [`Lab::up_without_runtime_bundles`]
+//!   leaves the hostnames as the only source.
 //! - DNS: [`Lab::serve_dns`] runs a real authoritative DNS server (UDP and TCP, port 53)
 //!   in the dns pods behind kube-dns's ClusterIP and gives the client namespace kube's
 //!   resolv.conf ([`RESOLV_CONF`]); [`DnsLab::queries`] reads what the servers received.
@@ -164,6 +167,8 @@ pub struct Lab {
     stale_nft_chains: Vec<(String, Instant)>,
     /// Set by `cargo xtask lab up`: the lab outlives this process.
     detached: bool,
+    /// Whether the lab writes containerd-style bundles under [`Lab::runtime_root`].
+    runtime_bundles: bool,
 }
 
 fn check_prefix(prefix: &str) -> anyhow::Result<()> {
@@ -219,6 +224,10 @@ impl Lab {
     /// Builds the lab and returns once every server answers, directly and through its
     /// Service. Fails if a lab with the same prefix exists.
     pub fn up(config: LabConfig) -> anyhow::Result<Lab> {
+        Lab::up_with(config, true)
+    }
+
+    pub(crate) fn up_with(config: LabConfig, runtime_bundles: bool) -> anyhow::Result<Lab> {
         check_root()?;
         check_prefix(&config.prefix)?;
         let tools = Tools::find()?;
@@ -251,6 +260,7 @@ impl Lab {
             servers: Vec::new(),
             stale_nft_chains: Vec::new(),
             detached: false,
+            runtime_bundles,
         };
         // From here on, dropping `lab` on an error removes whatever was built.
         lab.build()?;

@@ -41,6 +41,7 @@ impl Lab {
                 .with_context(|| format!("could not start the server of pod {}", pod.name))?;
             self.servers.push(child);
         }
+        self.start_pauses()?;
         let state = LabState {
             topology: self.config.topology,
             rules: self.config.rules,
@@ -50,6 +51,43 @@ impl Lab {
             self.state_dir.join("lab.json"),
             serde_json::to_string_pretty(&state)?,
         )?;
+        Ok(())
+    }
+
+    /// Per pod (the client too) a pause process, as a sandbox has: in the pod's netns and
+    /// a UTS namespace of its own whose hostname is the pod's name (the host's stays as
+    /// it is). Pushed after the servers, so `servers[i]` stays pod `i`'s server.
+    fn start_pauses(&mut self) -> anyhow::Result<()> {
+        let mut members = self.pods.clone();
+        members.push(self.client_pod());
+        let mut ready = Vec::new();
+        for pod in &members {
+            let marker = self.state_dir.join(format!("{}.pause", pod.name));
+            let child = in_netns(&self.tools.ip, &pod.ns, "unshare")
+                .args(["--uts", "--", "/bin/sh", "-c"])
+                .arg(
+                    r#"echo "$0" > /proc/sys/kernel/hostname && touch "$1" && exec sleep infinity"#,
+                )
+                .arg(&pod.name)
+                .arg(&marker)
+                .stdin(Stdio::null())
+                .process_group(0)
+                .spawn()
+                .with_context(|| {
+                    format!("could not start the pause process of pod {}", pod.name)
+                })?;
+            self.servers.push(child);
+            ready.push((pod.name.clone(), marker));
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for (name, marker) in ready {
+            while !marker.exists() {
+                if Instant::now() > deadline {
+                    bail!("the pause process of pod {name} did not set its hostname within 10 s");
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
         Ok(())
     }
 

@@ -16,6 +16,13 @@ use crate::Lab;
 use crate::spec::Pod;
 
 impl Lab {
+    /// [`Lab::up`] without runtime bundles: [`Lab::runtime_root`] stays absent, so pods
+    /// can only be named by their hostnames (each pod's pause process has its own UTS
+    /// namespace with the pod's name as hostname, as kubelet sets it).
+    pub fn up_without_runtime_bundles(config: crate::LabConfig) -> anyhow::Result<Lab> {
+        Lab::up_with(config, false)
+    }
+
     /// The client pod (not a server).
     pub fn client_pod(&self) -> Pod {
         Pod {

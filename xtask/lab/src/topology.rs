@@ -39,7 +39,9 @@ impl Lab {
             node_cmds.extend(node_side(pod, bridged));
         }
         self.ip_batch(&node, &node_cmds)?;
-        crate::runtime::write(&self.state_dir, &self.config.prefix, &members)?;
+        if self.runtime_bundles {
+            crate::runtime::write(&self.state_dir, &self.config.prefix, &members)?;
+        }
         for pod in &members {
             self.ip_batch(&pod.ns, &pod_side(pod, bridged))?;
         }

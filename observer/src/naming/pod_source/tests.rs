@@ -137,7 +137,7 @@ fn unreadable_and_malformed_bundles_are_skipped_counted_and_warned_once() {
         root.path().join("hhh/config.json"),
     )
     .unwrap();
-    let mut source = RuntimeSource::new(vec![root.path().to_path_buf()]);
+    let mut source = RuntimeSource::new(vec![root.path().to_path_buf()]).bundles_only();
     let scan = source.scan();
     assert!(scan.pods.is_empty());
     let skipped = &scan.skipped;
@@ -175,7 +175,8 @@ fn unreadable_and_malformed_bundles_are_skipped_counted_and_warned_once() {
 
 #[test]
 fn missing_roots_are_no_problem() {
-    let mut source = RuntimeSource::new(vec![PathBuf::from("/nonexistent/observer/runtime")]);
+    let mut source =
+        RuntimeSource::new(vec![PathBuf::from("/nonexistent/observer/runtime")]).bundles_only();
     assert_eq!(source.scan(), PodScan::default());
 }
 

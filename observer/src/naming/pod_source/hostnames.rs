@@ -1,0 +1,145 @@
+//! The fallback for network namespaces no runtime bundle names: the UTS hostname of a
+//! process in them (kubelet sets a sandbox's hostname to the pod's name). Namespaces
+//! are found through `/proc/<pid>/ns/{net,uts}`; one process per (netns, UTS namespace)
+//! pair is entered, on a thread of its own, to read the hostname. The node's own
+//! namespaces (ours, and those of the kind nodes whose runtime state was read) name no pod.
+
+use std::collections::{BTreeMap, HashSet};
+use std::os::unix::fs::MetadataExt as _;
+use std::path::{Path, PathBuf};
+
+use super::netns_addresses;
+use crate::naming::pods::{PodScan, pod_from_hostnames};
+
+/// A namespace's identity: (device, inode) of its nsfs file.
+pub(super) type NsId = (u64, u64);
+
+pub(super) fn ns_id(path: &Path) -> std::io::Result<NsId> {
+    std::fs::metadata(path).map(|meta| (meta.dev(), meta.ino()))
+}
+
+/// Adds by hostname the addresses of every netns on this host that is not in `named`
+/// (read from bundles already) and holds a process outside the node's UTS namespaces.
+/// `node_procs` are `/proc/<pid>` of processes on nodes whose runtime state was read.
+pub(super) fn scan(named: &HashSet<NsId>, node_procs: &[PathBuf], scan: &mut PodScan) {
+    let mut node_net = HashSet::new();
+    let mut node_uts = HashSet::new();
+    for proc in
+        std::iter::once(Path::new("/proc/self")).chain(node_procs.iter().map(|p| p.as_path()))
+    {
+        node_net.extend(ns_id(&proc.join("ns/net")).ok());
+        node_uts.extend(ns_id(&proc.join("ns/uts")).ok());
+    }
+    let node_hostnames: HashSet<String> = nix::sys::utsname::uname()
+        .ok()
+        .and_then(|uts| uts.nodename().to_str().map(str::to_owned))
+        .into_iter()
+        .collect();
+    for (netns, utses) in candidates(scan, |net, uts| {
+        !named.contains(&net) && !node_net.contains(&net) && !node_uts.contains(&uts)
+    }) {
+        let Some(first) = utses.values().next() else {
+            continue;
+        };
+        let mut hostnames = Vec::new();
+        for proc in utses.values() {
+            match hostname(&proc.join("ns/uts")) {
+                Ok(name) => hostnames.push(name),
+                Err(err) if vanished(&err) => {}
+                Err(err) => scan
+                    .skipped
+                    .push(format!("{}: {err}", proc.join("ns/uts").display())),
+            }
+        }
+        let name = match pod_from_hostnames(&hostnames, &node_hostnames) {
+            Ok(Some(name)) => name,
+            Ok(None) => continue,
+            Err(err) => {
+                scan.skipped
+                    .push(format!("network namespace {}: {err}", netns.1));
+                continue;
+            }
+        };
+        let path = first.join("ns/net");
+        match netns_addresses(&path) {
+            Ok(addresses) => scan.add_by_hostname(&name, &addresses),
+            Err(err) if err.contains("No such file") => {}
+            Err(err) => scan.skipped.push(format!("{}: {err}", path.display())),
+        }
+    }
+}
+
+/// Per netns that `keep` accepts, one `/proc/<pid>` per UTS namespace in it (lowest pid).
+fn candidates(
+    scan: &mut PodScan,
+    keep: impl Fn(NsId, NsId) -> bool,
+) -> BTreeMap<NsId, BTreeMap<NsId, PathBuf>> {
+    let mut found: BTreeMap<NsId, BTreeMap<NsId, (u32, PathBuf)>> = BTreeMap::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        scan.skipped.push("/proc: cannot list processes".to_owned());
+        return BTreeMap::new();
+    };
+    let mut unreadable = None;
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let proc = entry.path();
+        let ids =
+            ns_id(&proc.join("ns/net")).and_then(|net| Ok((net, ns_id(&proc.join("ns/uts"))?)));
+        match ids {
+            Ok((net, uts)) if keep(net, uts) => {
+                let slot = found
+                    .entry(net)
+                    .or_default()
+                    .entry(uts)
+                    .or_insert((pid, proc.clone()));
+                if pid < slot.0 {
+                    *slot = (pid, proc);
+                }
+            }
+            Ok(_) => {}
+            Err(err) if vanished(&err) => {}
+            Err(err) => unreadable = Some(err),
+        }
+    }
+    // One stable cause (not one per pid), so it is warned once.
+    if let Some(err) = unreadable {
+        scan.skipped
+            .push(format!("/proc/<pid>/ns of some processes: {err}"));
+    }
+    found
+        .into_iter()
+        .map(|(net, utses)| {
+            (
+                net,
+                utses.into_iter().map(|(uts, (_, p))| (uts, p)).collect(),
+            )
+        })
+        .collect()
+}
+
+/// A process that ended while it was being looked at: not worth a warning.
+fn vanished(err: &std::io::Error) -> bool {
+    matches!(err.raw_os_error(), Some(libc::ENOENT) | Some(libc::ESRCH))
+}
+
+/// The hostname of the UTS namespace at `path`, read on a thread that enters it.
+fn hostname(path: &Path) -> std::io::Result<String> {
+    let file = std::fs::File::open(path)?;
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                // Entering changes only this thread's UTS namespace; the thread then ends.
+                nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWUTS)?;
+                let uts = nix::sys::utsname::uname()?;
+                Ok(uts.nodename().to_string_lossy().into_owned())
+            })
+            .join()
+            .unwrap_or_else(|_| Err(std::io::Error::other("the hostname reader panicked")))
+    })
+}

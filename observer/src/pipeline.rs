@@ -7,7 +7,7 @@ use std::{
 };
 
 use anyhow::Context as _;
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use observer_common::conn::{ConnEvent, ConnState, EVENT_CLOSE};
 use tokio::sync::mpsc;
 
@@ -91,39 +91,20 @@ struct Session {
 /// and the summary line. Returns the summary.
 pub async fn run(
     capture: Capture,
-    options: SessionOptions,
+    mut options: SessionOptions,
     stop: impl Future<Output = ()>,
 ) -> anyhow::Result<SummaryRecord> {
     let started = Utc::now();
-    let clock = Clock {
-        monotonic_ns: monotonic_ns(),
-        wall: started,
-    };
-    let mut session = Session {
-        capture,
-        tracker: Tracker::new(clock, options.idle_timeout),
-        log: options.log,
-        updates: options.updates,
-        namer: options.namer,
-        pods: options.pods,
-        warn: options.warn,
-        netns_seen: Default::default(),
-        held: Hold::new(NAME_WAIT, FIRST_NAME_WAIT),
-        follower: None,
-        idle_timeout_ns: options.idle_timeout.as_nanos() as u64,
-        pending: Default::default(),
-        malformed: 0,
-        unrecordable: 0,
-        events: 0,
-        dns: dns::DnsSide::new(clock),
-    };
+    let conntrack = options.conntrack.take();
+    let sweep_interval = options.sweep_interval;
+    let mut session = Session::new(capture, options, started);
     // The kernel wakes user space only when a lot is waiting (see observer-ebpf's
     // `conn::submit_flags`): drain on a short timer as well.
     let mut drain = tokio::time::interval(DRAIN_INTERVAL);
     drain.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut sweep = tokio::time::interval(options.sweep_interval);
+    let mut sweep = tokio::time::interval(sweep_interval);
     sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    if let Some(conntrack) = options.conntrack {
+    if let Some(conntrack) = conntrack {
         session.start_following(conntrack);
     }
     tokio::pin!(stop);
@@ -139,45 +120,77 @@ pub async fn run(
             _ = sweep.tick() => session.sweep()?,
         }
     }
-    session.capture.detach();
-    session.drain()?;
-    let now = monotonic_ns();
-    for result in session.tracker.finish(&session.capture.connections(), now) {
-        match result {
-            Ok((id, record)) => session.finished(id, record)?,
-            Err(_) => session.unrecordable += 1,
+    session.finish(started)
+}
+
+impl Session {
+    fn new(capture: Capture, options: SessionOptions, started: DateTime<Utc>) -> Session {
+        let clock = Clock {
+            monotonic_ns: monotonic_ns(),
+            wall: started,
+        };
+        Session {
+            capture,
+            tracker: Tracker::new(clock, options.idle_timeout),
+            log: options.log,
+            updates: options.updates,
+            namer: options.namer,
+            pods: options.pods,
+            warn: options.warn,
+            netns_seen: Default::default(),
+            held: Hold::new(NAME_WAIT, FIRST_NAME_WAIT),
+            follower: None,
+            idle_timeout_ns: options.idle_timeout.as_nanos() as u64,
+            pending: Default::default(),
+            malformed: 0,
+            unrecordable: 0,
+            events: 0,
+            dns: dns::DnsSide::new(clock),
         }
     }
-    let found = session.follower.as_mut().map(|f| f.view.finish(Utc::now()));
-    for (id, record) in found.into_iter().flatten() {
-        session.finished(id, record)?;
+
+    /// Detaches, writes every connection still open and the summary line.
+    fn finish(mut self, started: DateTime<Utc>) -> anyhow::Result<SummaryRecord> {
+        self.capture.detach();
+        self.drain()?;
+        let now = monotonic_ns();
+        for result in self.tracker.finish(&self.capture.connections(), now) {
+            match result {
+                Ok((id, record)) => self.finished(id, record)?,
+                Err(_) => self.unrecordable += 1,
+            }
+        }
+        let found = self.follower.as_mut().map(|f| f.view.finish(Utc::now()));
+        for (id, record) in found.into_iter().flatten() {
+            self.finished(id, record)?;
+        }
+        self.release_held_at_end()?;
+        self.finish_dns()?;
+        let stats = self.stats();
+        let summary = SummaryRecord {
+            connections: self.log.as_ref().map_or(0, LogWriter::connections),
+            dnat_events: stats.dnat_events,
+            lost_connections: stats.lost_connections,
+            lost_by_netns: self
+                .capture
+                .lost_by_netns()
+                .into_iter()
+                .map(|(netns, lost)| (netns.to_string(), lost))
+                .collect(),
+            lost_events: stats.lost_events,
+            read_errors: stats.read_errors,
+            dns_queries: self.dns.written,
+            dns_malformed: stats.dns_malformed,
+            dns_malformed_by_netns: self.dns_malformed_by_netns(),
+            started,
+            ended: Utc::now(),
+        };
+        if let Some(log) = self.log.as_mut() {
+            log.summary(&summary)
+                .with_context(|| format!("cannot write the connection log to {}", log.name))?;
+        }
+        Ok(summary)
     }
-    session.release_held_at_end()?;
-    session.finish_dns()?;
-    let stats = session.stats();
-    let summary = SummaryRecord {
-        connections: session.log.as_ref().map_or(0, LogWriter::connections),
-        dnat_events: stats.dnat_events,
-        lost_connections: stats.lost_connections,
-        lost_by_netns: session
-            .capture
-            .lost_by_netns()
-            .into_iter()
-            .map(|(netns, lost)| (netns.to_string(), lost))
-            .collect(),
-        lost_events: stats.lost_events,
-        read_errors: stats.read_errors,
-        dns_queries: session.dns.written,
-        dns_malformed: stats.dns_malformed,
-        dns_malformed_by_netns: session.dns_malformed_by_netns(),
-        started,
-        ended: Utc::now(),
-    };
-    if let Some(log) = session.log.as_mut() {
-        log.summary(&summary)
-            .with_context(|| format!("cannot write the connection log to {}", log.name))?;
-    }
-    Ok(summary)
 }
 
 impl Session {

@@ -34,7 +34,9 @@ fn per_backend(metrics: &str, metric: &str, service: &str) -> BTreeMap<String, u
         .lines()
         .filter_map(|line| line.strip_prefix(&prefix))
         .map(|rest| {
-            let (backend, value) = rest.split_once("\"} ").unwrap();
+            // Labels after `backend` (`backend_pod` where the pod is known) are skipped.
+            let (backend, rest) = rest.split_once('"').unwrap();
+            let (_, value) = rest.rsplit_once("} ").unwrap();
             (backend.to_owned(), value.parse::<f64>().unwrap() as u64)
         })
         .collect()

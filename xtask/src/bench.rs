@@ -81,43 +81,7 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
         return crate::bench_scale::scale(&observer, services, 30.0);
     }
     let xtask = std::env::current_exe()?;
-    lab::down(PREFIX)?;
-    let mut lab = Lab::up(LabConfig {
-        topology: Topology::Bridged,
-        rules: RuleMode::Iptables,
-        prefix: PREFIX.to_owned(),
-    })?;
-    let checkout = lab.service("checkout")?.clone();
-    let sink = Service {
-        namespace: "bench".into(),
-        name: "sink".into(),
-        port_name: "tcp".into(),
-        proto: Proto::Tcp,
-        cluster_ip: Ipv4Addr::new(10, 96, 99, 99),
-        port: SINK_PORT,
-        target_port: SINK_PORT,
-        node_port: None,
-        endpoints: checkout.endpoints.clone(),
-    };
-    let target = SocketAddr::from(sink.cluster_addr());
-    lab.add_service(sink)?;
-    let mut children = Children(Vec::new());
-    for pod in &checkout.endpoints {
-        children.0.push(
-            Command::new("ip")
-                .args(["netns", "exec", &pod.ns])
-                .arg(&xtask)
-                .args(["bench-sink", "--port", &SINK_PORT.to_string()])
-                .spawn()?,
-        );
-    }
-    // Room for many connections a second without reusing ports too soon.
-    lab.run_in(
-        lab.client_ns(),
-        "sysctl",
-        &["-qw", "net.ipv4.ip_local_port_range=1024 65000"],
-    )?;
-    std::thread::sleep(Duration::from_millis(300));
+    let (lab, target, pod, children) = sink_lab(&xtask)?;
     if args.hold {
         println!("lab ready; drive load with:");
         println!(
@@ -129,7 +93,6 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
         std::io::stdin().read_line(&mut String::new())?;
         return Ok(());
     }
-
     let load_to = |target: SocketAddr, rate: u64| -> anyhow::Result<LoadReport> {
         let out = lab.run_in(
             lab.client_ns(),
@@ -163,7 +126,6 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
     println!();
-    let pod = SocketAddr::from((checkout.endpoints[0].ip, SINK_PORT));
     cost::report(&cost::Setup {
         lab: &lab,
         observer: &observer,
@@ -172,15 +134,72 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
         pod_to_pod: &|| load_to(pod, 0),
     })?;
     println!();
+    loss_ramp(&observer, &args.rates, &load)?;
+    drop(children);
+    drop(lab);
+    Ok(())
+}
 
+/// The lab with a `bench/sink:tcp` Service on the checkout pods, a sink in each;
+/// returns it, the Service's address, one pod's sink address (pod-to-pod rounds) and
+/// the sinks.
+fn sink_lab(xtask: &Path) -> anyhow::Result<(Lab, SocketAddr, SocketAddr, Children)> {
+    lab::down(PREFIX)?;
+    let mut lab = Lab::up(LabConfig {
+        topology: Topology::Bridged,
+        rules: RuleMode::Iptables,
+        prefix: PREFIX.to_owned(),
+    })?;
+    let checkout = lab.service("checkout")?.clone();
+    let sink = Service {
+        namespace: "bench".into(),
+        name: "sink".into(),
+        port_name: "tcp".into(),
+        proto: Proto::Tcp,
+        cluster_ip: Ipv4Addr::new(10, 96, 99, 99),
+        port: SINK_PORT,
+        target_port: SINK_PORT,
+        node_port: None,
+        endpoints: checkout.endpoints.clone(),
+    };
+    let target = SocketAddr::from(sink.cluster_addr());
+    lab.add_service(sink)?;
+    let mut children = Children(Vec::new());
+    for pod in &checkout.endpoints {
+        children.0.push(
+            Command::new("ip")
+                .args(["netns", "exec", &pod.ns])
+                .arg(xtask)
+                .args(["bench-sink", "--port", &SINK_PORT.to_string()])
+                .spawn()?,
+        );
+    }
+    // Room for many connections a second without reusing ports too soon.
+    lab.run_in(
+        lab.client_ns(),
+        "sysctl",
+        &["-qw", "net.ipv4.ip_local_port_range=1024 65000"],
+    )?;
+    std::thread::sleep(Duration::from_millis(300));
+    let pod = SocketAddr::from((checkout.endpoints[0].ip, SINK_PORT));
+    Ok((lab, target, pod, children))
+}
+
+/// observer attached at each offered rate in turn: what it recorded and lost, and the
+/// highest rate with nothing lost.
+fn loss_ramp(
+    observer: &Path,
+    rates: &[u64],
+    load: &dyn Fn(u64) -> anyhow::Result<LoadReport>,
+) -> anyhow::Result<()> {
     println!("loss ramp (observer attached)");
     println!(
         "  offered/s  achieved/s  connections  dnat_events  recorded  lost_connections  lost_events  observer CPU µs/conn"
     );
     let mut highest_lossless = None;
-    for &rate in &args.rates {
+    for &rate in rates {
         let dir = tempfile_dir()?;
-        let recorder = Recorder::start(&observer, &dir)?;
+        let recorder = Recorder::start(observer, &dir)?;
         let report = load(rate)?;
         let summary = recorder.stop()?;
         println!(
@@ -202,8 +221,6 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
         Some(rate) => println!("  highest rate with nothing lost: {rate:.0} connections/s"),
         None => println!("  observer lost connections at every offered rate"),
     }
-    drop(children);
-    drop(lab);
     Ok(())
 }
 

@@ -138,10 +138,7 @@ impl ConntrackView {
     /// Every kernel event, before the tracker turns it into a record.
     pub fn on_kernel_event(&mut self, event: &ConnEvent) {
         let key = CtKey::of_state(&event.state);
-        let id = ConnId {
-            conntrack: event.conntrack,
-            start_ns: event.state.start_ns,
-        };
+        let id = ConnId::of(event.conntrack, &event.state);
         if event.kind != EVENT_OPEN {
             if self.kernel.get(&key) == Some(&id) {
                 self.kernel.remove(&key);
@@ -164,10 +161,7 @@ impl ConntrackView {
         newest_last.sort_by_key(|(_, state)| state.start_ns);
         self.kernel.clear();
         for (conntrack, state) in newest_last {
-            let id = ConnId {
-                conntrack: *conntrack,
-                start_ns: state.start_ns,
-            };
+            let id = ConnId::of(*conntrack, state);
             self.kernel_follows(CtKey::of_state(state), id);
         }
         for (conntrack, state) in entries {
@@ -175,10 +169,7 @@ impl ConntrackView {
             if let Some(found) = self.found.remove(&CtKey::of_state(state))
                 && state.start_seen == 0
             {
-                let id = ConnId {
-                    conntrack: *conntrack,
-                    start_ns: state.start_ns,
-                };
+                let id = ConnId::of(*conntrack, state);
                 self.adopted.insert(id, (found.id, found.start));
             }
         }

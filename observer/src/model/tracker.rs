@@ -72,10 +72,7 @@ impl Tracker {
 
     /// An open or close event from the ring buffer.
     pub fn on_event(&mut self, event: &ConnEvent) -> Result<(ConnId, ConnRecord), DecodeError> {
-        let id = ConnId {
-            conntrack: event.conntrack,
-            start_ns: event.state.start_ns,
-        };
+        let id = ConnId::of(event.conntrack, &event.state);
         if event.kind == EVENT_OPEN {
             let record = self.record(&event.state, Close::Open, event.time_ns)?;
             self.open.insert(id, event.state.last_ns);
@@ -91,10 +88,7 @@ impl Tracker {
     pub fn sweep(&mut self, entries: &[(u64, ConnState)], now_ns: u64) -> Sweep {
         let mut sweep = Sweep::default();
         for (conntrack, state) in entries {
-            let id = ConnId {
-                conntrack: *conntrack,
-                start_ns: state.start_ns,
-            };
+            let id = ConnId::of(*conntrack, state);
             if state.closed as u32 != CLOSE_NONE {
                 sweep
                     .ended
@@ -114,10 +108,7 @@ impl Tracker {
         // ring buffer, or was lost (counted by the kernel), stops counting as open.
         let present: FxHashSet<ConnId> = entries
             .iter()
-            .map(|(conntrack, state)| ConnId {
-                conntrack: *conntrack,
-                start_ns: state.start_ns,
-            })
+            .map(|(conntrack, state)| ConnId::of(*conntrack, state))
             .collect();
         self.open.retain(|id, _| present.contains(id));
         sweep
@@ -133,10 +124,7 @@ impl Tracker {
         state: &ConnState,
         close: Close,
     ) -> Result<(ConnId, ConnRecord), DecodeError> {
-        let id = ConnId {
-            conntrack,
-            start_ns: state.start_ns,
-        };
+        let id = ConnId::of(conntrack, state);
         self.open.remove(&id);
         Ok((id, self.record(state, close, state.last_ns)?))
     }
@@ -150,10 +138,7 @@ impl Tracker {
         close: Close,
         until_ns: u64,
     ) -> Result<(ConnId, ConnRecord), DecodeError> {
-        let id = ConnId {
-            conntrack,
-            start_ns: state.start_ns,
-        };
+        let id = ConnId::of(conntrack, state);
         self.open.remove(&id);
         Ok((id, self.record(state, close, until_ns)?))
     }
@@ -169,10 +154,7 @@ impl Tracker {
         entries
             .iter()
             .map(|(conntrack, state)| {
-                let id = ConnId {
-                    conntrack: *conntrack,
-                    start_ns: state.start_ns,
-                };
+                let id = ConnId::of(*conntrack, state);
                 if state.closed as u32 != CLOSE_NONE {
                     let close = kernel_close(state.closed as u32);
                     return Ok((id, self.record(state, close, state.last_ns)?));

@@ -11,6 +11,16 @@ pub struct ConnId {
     pub start_ns: u64,
 }
 
+impl ConnId {
+    /// The connection the kernel's table holds at `conntrack` with `state`.
+    pub fn of(conntrack: u64, state: &observer_common::conn::ConnState) -> ConnId {
+        ConnId {
+            conntrack,
+            start_ns: state.start_ns,
+        }
+    }
+}
+
 /// Counters from the kernel side and the capture loop, cumulative since start.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CaptureStats {

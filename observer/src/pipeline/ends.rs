@@ -97,6 +97,12 @@ impl Session {
             return Ok(());
         };
         let gone = follower.unreported_gone(entries);
+        self.end_destroyed(gone)
+    }
+
+    /// Ends kernel connections whose conntrack entry is gone, as its destroy event would
+    /// (`destroyed_close`, now), unless the kernel programs ended them first.
+    fn end_destroyed(&mut self, gone: Vec<(ConnId, CtKey)>) -> anyhow::Result<()> {
         let (now, idle) = (monotonic_ns(), self.idle_timeout_ns);
         for (id, key) in gone {
             self.end_kernel(id, &key, |state| destroyed_close(state, now, idle))?;
@@ -116,11 +122,7 @@ impl Session {
             .into_iter()
             .filter(|(_, key)| !follower.still_there(key))
             .collect();
-        let (now, idle) = (monotonic_ns(), self.idle_timeout_ns);
-        for (id, key) in gone {
-            self.end_kernel(id, &key, |state| destroyed_close(state, now, idle))?;
-        }
-        Ok(())
+        self.end_destroyed(gone)
     }
 
     pub(super) fn conntrack_note(&mut self, note: Note) -> anyhow::Result<()> {
@@ -152,11 +154,8 @@ impl Session {
         }
         match follower.view.destroyed(&key, entry, Utc::now()) {
             Destroyed::Found(id, record) => self.finished(id, *record)?,
-            Destroyed::Kernel(id) => {
-                // Unless the kernel programs ended it first (FIN/RST wins).
-                let (now, idle) = (monotonic_ns(), self.idle_timeout_ns);
-                self.end_kernel(id, &key, |state| destroyed_close(state, now, idle))?;
-            }
+            // Unless the kernel programs ended it first (FIN/RST wins).
+            Destroyed::Kernel(id) => self.end_destroyed(vec![(id, key)])?,
             Destroyed::Unknown => {}
         }
         Ok(())

@@ -211,10 +211,7 @@ impl Follower {
             })
             .map(|(conntrack, state)| {
                 let key = CtKey::of_state(state);
-                let id = ConnId {
-                    conntrack: *conntrack,
-                    start_ns: state.start_ns,
-                };
+                let id = ConnId::of(*conntrack, state);
                 (self.unreported.get(&key).copied().unwrap_or(0), key, id)
             })
             .collect();

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use common::{Recorder, only_node, prefix, require_root};
 use observer::model::record::{DnsRecord, Proto, Recording};
-use observer::stats::dns::{CLUSTER_DOMAIN, per_client};
+use observer::stats::dns::{CLUSTER_DOMAIN, ClientDns, per_client};
 use observer_lab::{DnsLab, Lab, LabConfig, RuleMode, ServerQuery, Topology};
 
 /// An external name an upstream resolver would answer (TEST-NET-1: never dialed).
@@ -164,6 +164,23 @@ fn walk(queries: &[ServerQuery]) -> Vec<(String, String, String)> {
     out
 }
 
+/// A client's walks as (base, answer, lookups, queries, NXDOMAIN), to compare whole.
+fn walk_rows(client: &ClientDns) -> Vec<(&str, Option<&str>, u64, u64, u64)> {
+    client
+        .walks
+        .iter()
+        .map(|w| {
+            (
+                w.base.as_str(),
+                w.answer.as_deref(),
+                w.lookups,
+                w.queries,
+                w.nxdomain,
+            )
+        })
+        .collect()
+}
+
 fn glibc(rules: RuleMode, tag: &str) {
     let run = start(rules, tag);
     let fqdn_dot = format!("{FQDN}.");
@@ -227,19 +244,7 @@ fn glibc(rules: RuleMode, tag: &str) {
         (4, 20, 12)
     );
     assert_eq!(client.queries_per_lookup, 5.0);
-    let walks: Vec<(&str, Option<&str>, u64, u64, u64)> = client
-        .walks
-        .iter()
-        .map(|w| {
-            (
-                w.base.as_str(),
-                w.answer.as_deref(),
-                w.lookups,
-                w.queries,
-                w.nxdomain,
-            )
-        })
-        .collect();
+    let walks = walk_rows(client);
     assert_eq!(
         walks,
         [
@@ -322,19 +327,7 @@ fn node_lookups_and_tcp() {
     let clients = per_client(&recording.dns, CLUSTER_DOMAIN);
     assert_eq!(clients.len(), 1);
     assert_eq!((clients[0].lookups, clients[0].queries), (3, 18));
-    let walks: Vec<(&str, Option<&str>, u64, u64, u64)> = clients[0]
-        .walks
-        .iter()
-        .map(|w| {
-            (
-                w.base.as_str(),
-                w.answer.as_deref(),
-                w.lookups,
-                w.queries,
-                w.nxdomain,
-            )
-        })
-        .collect();
+    let walks = walk_rows(&clients[0]);
     assert_eq!(
         walks,
         [

@@ -36,11 +36,13 @@ fn doors(topology: Topology, rules: RuleMode, tag: &str) {
     let mut recording = recorder.stop();
     only_node(&mut recording, lab.node_ns());
 
-    let by_port: HashMap<u16, _> = recording
+    // By client port and dialed address: the kernel may give a client port of the
+    // ClusterIP batch to the NodePort batch again.
+    let by_port: HashMap<(u16, SocketAddr), _> = recording
         .conns
         .iter()
         .filter(|c| c.proto == Proto::Tcp)
-        .map(|c| (c.client.port(), c))
+        .map(|c| ((c.client.port(), c.original_dst), c))
         .collect();
     assert_eq!(recording.conns.len(), 10, "{:#?}", recording.conns);
     for (answers, dialed, door) in [
@@ -48,7 +50,7 @@ fn doors(topology: Topology, rules: RuleMode, tag: &str) {
         (&via_node_port, node_port, FrontendKind::NodePort),
     ] {
         for answer in answers {
-            let conn = by_port[&answer.client_port];
+            let conn = by_port[&(answer.client_port, SocketAddr::V4(dialed))];
             assert_eq!(conn.original_dst, SocketAddr::V4(dialed), "{conn:?}");
             assert_eq!(conn.service.as_deref(), Some("shop/checkout:http"));
             assert_eq!(conn.frontend, Some(door), "{conn:?}");

@@ -244,7 +244,9 @@ pub fn close(conntrack: u64, state: *mut ConnState, reason: u32, now: u64) {
 
 /// Ends a tracked connection now, because its key is needed for a new connection
 /// (the kernel reused the `nf_conn`). With the ring buffer full it cannot wait for
-/// user space: it is counted as a lost connection.
+/// user space: it is counted as a lost connection, if its start was seen. One adopted
+/// mid-connection (`start_seen` 0) was no decision made while attached (or was counted
+/// lost when its first packet found the table full): only its event is counted.
 #[inline(always)]
 pub fn end_now(conntrack: u64, state: *mut ConnState, reason: u32, now: u64) {
     if report(conntrack, state, reason, now) {
@@ -253,10 +255,13 @@ pub fn end_now(conntrack: u64, state: *mut ConnState, reason: u32, now: u64) {
     // SAFETY: a live map value; read before the removal frees it.
     let key = DialedKey::of(unsafe { &(*state).original });
     let netns = load!(state.netns);
+    let start_seen = load!(state.start_seen) != 0;
     if CONNS.remove(&conntrack).is_ok() {
         forget_dialed(conntrack, &key);
         count(counters::EVENTS_DROPPED);
-        count_lost(counters::LOST_UNREPORTED, netns);
+        if start_seen {
+            count_lost(counters::LOST_UNREPORTED, netns);
+        }
     }
 }
 

@@ -28,7 +28,7 @@ use crate::{
     dns::{capture, is_dns},
     kernel::{ReadFailed, convert, read, read_netns, read_original, read_tuples},
     maps::{BPF_NOEXIST, CONNS, DIALED, LOST, SCRATCH, count, count_lost, offset},
-    packet::{Packet, TCP_ACK, TCP_SYN, parse},
+    packet::{Packet, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, parse},
 };
 
 /// `-EEXIST`.
@@ -132,7 +132,16 @@ fn open(
     packet: &Packet,
     now: u64,
 ) -> Result<(), ReadFailed> {
-    let start_seen = info == ctinfo::NEW;
+    let closing = packet.protocol == PROTO_TCP && packet.tcp_flags & (TCP_FIN | TCP_RST) != 0;
+    // conntrack never creates an entry for a FIN or RST: one marked NEW belongs to an
+    // entry that has not been answered yet, not to a new decision.
+    let start_seen = info == ctinfo::NEW && !closing;
+    if closing {
+        // The end of a connection the table had no room for: a SYN on its tuple from
+        // now on makes a new entry (conntrack reopens closed ones), even at the same
+        // address with the same initial sequence number, and is a new decision.
+        let _ = LOST.remove(&conntrack);
+    }
     if !start_seen && packet.protocol == PROTO_TCP && !established(conntrack)? {
         // Attached mid-connection: adopt established connections only, not the last
         // ACKs of one that just closed.
@@ -175,6 +184,11 @@ fn open(
             let _ = CONNS.remove(&conntrack);
         }
         Ok(()) => {
+            if !start_seen {
+                // Adopted: any SYN on this address from now on is a new entry's (see
+                // the removal above).
+                let _ = LOST.remove(&conntrack);
+            }
             count(counters::TRACKED);
             remember_dialed(conntrack, fresh_ref);
             emit(EVENT_OPEN, CLOSE_NONE, conntrack, fresh, now);
@@ -240,6 +254,16 @@ fn supersede(conntrack: u64, fresh: &ConnState, now: u64) {
     }
 }
 
+/// Whether the tracked connection saw its end: an RST, FINs both ways, or a close
+/// still waiting for room in the ring buffer.
+#[inline(always)]
+fn closed(state: *const ConnState) -> bool {
+    let fins = load!(state.fins);
+    load!(state.rst) != 0
+        || pending_close(state) != CLOSE_NONE
+        || (fins as u32 != 0 && (fins >> 32) != 0)
+}
+
 /// Whether a tracked entry belongs to an earlier connection whose `nf_conn` memory the
 /// kernel has reused, seen on a packet conntrack marked NEW: the original tuple
 /// differs; or, with the same tuple (a client port reused), a SYN carries another
@@ -263,6 +287,12 @@ fn reused(
         return Ok(true);
     }
     let syn = packet.protocol == PROTO_TCP && packet.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN;
+    if syn && closed(state) {
+        // conntrack takes no SYN into an entry that saw FIN or RST: it kills the entry
+        // and makes a new one, often at the same address, and the client's retransmitted
+        // SYN carries the initial sequence number we recorded.
+        return Ok(true);
+    }
     if syn && load!(state.syn_seen) != 0 {
         return Ok(packet.seq != load!(state.isn));
     }

@@ -61,6 +61,7 @@
 
 mod clients;
 mod conntrack;
+mod containerd;
 mod counting;
 mod dns;
 mod names;
@@ -89,6 +90,7 @@ pub use clients::{
     udp_queries,
 };
 pub use conntrack::{ConntrackWatch, CtEvent};
+pub use containerd::Containerd;
 pub use dns::{DnsLab, KUBE_DNS_IP, RESOLV_CONF, ServerQuery};
 pub use observer::Observer;
 pub use spec::{Pod, Proto, Service};
@@ -169,6 +171,8 @@ pub struct Lab {
     detached: bool,
     /// Whether the lab writes containerd-style bundles under [`Lab::runtime_root`].
     runtime_bundles: bool,
+    /// Whether the pods' netns were made by a real runtime ([`Lab::up_in_sandboxes`]).
+    sandboxed: bool,
 }
 
 fn check_prefix(prefix: &str) -> anyhow::Result<()> {
@@ -220,14 +224,22 @@ pub fn down(prefix: &str) -> anyhow::Result<Vec<String>> {
     Ok(removed)
 }
 
+/// Makes one pod's netns at `/run/netns/<pod.ns>` ([`Lab::up_in_sandboxes`]).
+type MakeNetns<'a> = dyn FnMut(&Pod) -> anyhow::Result<()> + 'a;
+
 impl Lab {
     /// Builds the lab and returns once every server answers, directly and through its
     /// Service. Fails if a lab with the same prefix exists.
     pub fn up(config: LabConfig) -> anyhow::Result<Lab> {
-        Lab::up_with(config, true)
+        Lab::up_with(config, true, None)
     }
 
-    pub(crate) fn up_with(config: LabConfig, runtime_bundles: bool) -> anyhow::Result<Lab> {
+    /// `make_netns`, if given, makes every pod's netns (see [`Lab::up_in_sandboxes`]).
+    pub(crate) fn up_with(
+        config: LabConfig,
+        runtime_bundles: bool,
+        make_netns: Option<&mut MakeNetns<'_>>,
+    ) -> anyhow::Result<Lab> {
         check_root()?;
         check_prefix(&config.prefix)?;
         let tools = Tools::find()?;
@@ -261,8 +273,14 @@ impl Lab {
             stale_nft_chains: Vec::new(),
             detached: false,
             runtime_bundles,
+            sandboxed: make_netns.is_some(),
         };
         // From here on, dropping `lab` on an error removes whatever was built.
+        if let Some(make_netns) = make_netns {
+            for pod in lab.members() {
+                make_netns(&pod).with_context(|| format!("no sandbox for pod {}", pod.name))?;
+            }
+        }
         lab.build()?;
         Ok(lab)
     }

@@ -36,6 +36,7 @@ const LOOPBACK_PLUGIN: &str = "/usr/lib/cni/loopback";
 /// A private containerd; dropping it removes its sandboxes, processes, mounts, cgroups,
 /// namespace and files, also when a test fails.
 pub struct Containerd {
+    prefix: String,
     dir: PathBuf,
     netns: String,
     cgroup_parent: String,
@@ -49,14 +50,18 @@ pub struct Containerd {
 impl Containerd {
     /// Starts containerd and imports the pause image; returns once the CRI plugin answers.
     pub fn start(prefix: &str) -> anyhow::Result<Containerd> {
-        let dir = Path::new(sys::STATE_ROOT).join(format!("{prefix}-containerd"));
+        let dir = dir_of(prefix);
         if dir.exists() {
-            bail!("{} exists (a crashed run?): remove it first", dir.display());
+            bail!(
+                "{} exists (a crashed run?): `cargo xtask lab down --prefix {prefix}` removes it",
+                dir.display()
+            );
         }
         let mut containerd = Containerd {
+            prefix: prefix.to_owned(),
             dir,
-            netns: format!("{prefix}ctd"),
-            cgroup_parent: format!("/observer-lab-{prefix}"),
+            netns: netns_of(prefix),
+            cgroup_parent: cgroup_parent_of(prefix),
             ip: sys::find_tool("ip", "iproute2")?,
             daemon: None,
             sandboxes: Vec::new(),
@@ -92,7 +97,7 @@ impl Containerd {
     /// The CRI task directory whose `<id>/config.json` bundles name the pods (observer's
     /// `--runtime-root`).
     pub fn runtime_root(&self) -> PathBuf {
-        self.dir.join("state/io.containerd.runtime.v2.task/k8s.io")
+        runtime_root_of(&self.dir)
     }
 
     /// The sandboxes run so far, by id.
@@ -147,7 +152,7 @@ impl Containerd {
     }
 
     fn socket(&self) -> String {
-        self.dir.join("containerd.sock").display().to_string()
+        socket_of(&self.dir)
     }
 
     fn cri(&self, args: &[&str]) -> anyhow::Result<Vec<u8>> {
@@ -262,7 +267,6 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 impl Drop for Containerd {
     fn drop(&mut self) {
         let socket = self.socket();
-        let shims = self.shim_sockets();
         for id in self.sandboxes.clone() {
             let _ = self.cri(&["stop", &socket, &id]);
             let _ = self.cri(&["remove", &socket, &id]);
@@ -273,46 +277,90 @@ impl Drop for Containerd {
             }
             let _ = daemon.wait();
         }
-        // Shims of sandboxes that could not be removed: found by our socket path only.
-        for pid in processes_with_arg(&socket) {
-            sys::end_process(pid);
-        }
         for target in &self.bound {
             if mounts_under(target).contains(target) {
                 unmount(target);
             }
             let _ = std::fs::remove_file(target);
         }
-        for mount in mounts_under(&self.dir) {
-            unmount(&mount);
-        }
-        remove_cgroups(&self.cgroup_parent);
-        for shim in shims {
-            let _ = std::fs::remove_file(shim);
-        }
-        // Only if empty: a system containerd's directory stays as it is.
-        let _ = std::fs::remove_dir(SHIM_SOCKETS);
-        let _ = std::fs::remove_dir("/run/containerd");
-        let _ = run(Command::new(&self.ip).args(["netns", "delete", &self.netns]));
-        if let Err(err) = std::fs::remove_dir_all(&self.dir) {
-            eprintln!("containerd: could not remove {}: {err}", self.dir.display());
+        if let Err(err) = remove(&self.prefix, &self.ip) {
+            eprintln!("containerd {}: cleanup incomplete: {err:#}", self.prefix);
         }
     }
 }
 
-impl Containerd {
-    /// The shims' sockets (`address` files of the task bundles).
-    fn shim_sockets(&self) -> Vec<PathBuf> {
-        let Ok(entries) = std::fs::read_dir(self.runtime_root()) else {
-            return Vec::new();
-        };
-        entries
-            .flatten()
-            .filter_map(|entry| std::fs::read_to_string(entry.path().join("address")).ok())
-            .filter_map(|address| address.trim().strip_prefix("unix://").map(PathBuf::from))
-            .filter(|path| path.starts_with(SHIM_SOCKETS))
-            .collect()
+/// Removes what the private containerd of the lab with this prefix left (also after a
+/// crash, from `lab down`): its processes, mounts, cgroups, shim sockets, namespace and
+/// directory. Returns what it removed.
+pub(crate) fn remove(prefix: &str, ip: &Path) -> anyhow::Result<Vec<String>> {
+    let dir = dir_of(prefix);
+    let netns = netns_of(prefix);
+    let mut removed = Vec::new();
+    let shims = shim_sockets(&dir);
+    // containerd and its shims run in its namespace; a shim found by our socket too.
+    let exists = sys::list_netns(ip)?.contains(&netns);
+    let mut pids = if exists {
+        sys::netns_pids(ip, &netns)?
+    } else {
+        Vec::new()
+    };
+    pids.extend(processes_with_arg(&socket_of(&dir)));
+    for pid in pids {
+        sys::end_process(pid);
     }
+    for mount in mounts_under(&dir) {
+        unmount(&mount);
+    }
+    remove_cgroups(&cgroup_parent_of(prefix));
+    for shim in shims {
+        let _ = std::fs::remove_file(shim);
+    }
+    // Only if empty: a system containerd's directories stay as they are.
+    let _ = std::fs::remove_dir(SHIM_SOCKETS);
+    let _ = std::fs::remove_dir("/run/containerd");
+    if exists {
+        run(Command::new(ip).args(["netns", "delete", &netns]))?;
+        removed.push(netns);
+    }
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir)
+            .with_context(|| format!("could not remove {}", dir.display()))?;
+        removed.push(dir.display().to_string());
+    }
+    Ok(removed)
+}
+
+fn dir_of(prefix: &str) -> PathBuf {
+    Path::new(sys::STATE_ROOT).join(format!("{prefix}-containerd"))
+}
+
+fn netns_of(prefix: &str) -> String {
+    format!("{prefix}ctd")
+}
+
+fn cgroup_parent_of(prefix: &str) -> String {
+    format!("/observer-lab-{prefix}")
+}
+
+fn socket_of(dir: &Path) -> String {
+    dir.join("containerd.sock").display().to_string()
+}
+
+fn runtime_root_of(dir: &Path) -> PathBuf {
+    dir.join("state/io.containerd.runtime.v2.task/k8s.io")
+}
+
+/// The shims' sockets (`address` files of the task bundles).
+fn shim_sockets(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(runtime_root_of(dir)) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| std::fs::read_to_string(entry.path().join("address")).ok())
+        .filter_map(|address| address.trim().strip_prefix("unix://").map(PathBuf::from))
+        .filter(|path| path.starts_with(SHIM_SOCKETS))
+        .collect()
 }
 
 /// Processes one of whose arguments is exactly `arg`.

@@ -1,14 +1,17 @@
 //! Root test of pod names from a real container runtime (issue 11, "Pods by name"):
 //! Debian's containerd, through its CRI plugin, runs a real sandbox for every lab pod and
-//! lays out the sandbox bundles itself (`io.containerd.runtime.v2.task/k8s.io/<id>/
-//! config.json`, the netns under its own state directory). The lab writes no bundles, so
-//! `client_pod` and `backend_pod` can only come from containerd's.
+//! lays out the sandbox bundles itself, as on a kind node: in its own mount namespace,
+//! `/run/containerd/io.containerd.runtime.v2.task/k8s.io/<id>/config.json` naming the
+//! netns `/var/run/netns/cni-<uuid>`. observer runs with its defaults (no
+//! `--runtime-root`) and reaches them through `/proc/<pid>/root`. The lab writes no
+//! bundles, so `client_pod` and `backend_pod` can only come from containerd's.
 
 mod common;
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
 use std::os::unix::fs::MetadataExt as _;
+use std::path::Path;
 
 use common::pods::record;
 use common::{prefix, require_root};
@@ -51,22 +54,26 @@ fn containerd_sandboxes_name_the_pods() {
             .as_str()
             .unwrap();
         named.insert(format!("{namespace}/{name}"));
+        // kind's layout: /var/run/netns/cni-<uuid>, /var/run being a link to /run that
+        // resolves inside the node's root (as observer resolves it).
         let netns = containerd.sandbox_netns(id).unwrap();
-        assert!(netns.starts_with(runtime_root.parent().unwrap().parent().unwrap()));
+        let file = netns.strip_prefix("/var/run/netns").unwrap();
+        assert!(file.to_str().unwrap().starts_with("cni-"), "{netns:?}");
+        let node_root = containerd.node_root();
+        let var_run = std::fs::read_link(node_root.join("var/run")).unwrap();
+        assert_eq!(var_run, Path::new("/run"));
         let pod_ns = if name == "client" {
             lab.client_ns().to_owned()
         } else {
             format!("{prefix}-pod-{name}")
         };
-        let ino = |path: &std::path::Path| std::fs::metadata(path).unwrap().ino();
-        assert_eq!(
-            ino(&netns),
-            ino(&std::path::Path::new("/run/netns").join(&pod_ns))
-        );
+        let ino = |path: &Path| std::fs::metadata(path).unwrap().ino();
+        let in_node = node_root.join("run/netns").join(file);
+        assert_eq!(ino(&in_node), ino(&Path::new("/run/netns").join(&pod_ns)));
     }
     assert_eq!(named, pods.values().cloned().collect::<BTreeSet<_>>());
 
-    let (conns, answered) = record(&lab, &runtime_root);
+    let (conns, answered) = record(&lab, None);
     let pod_of = |addr: SocketAddr| match addr.ip() {
         IpAddr::V4(ip) => pods.get(&ip).cloned(),
         IpAddr::V6(_) => None,

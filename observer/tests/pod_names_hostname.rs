@@ -25,7 +25,7 @@ fn without_bundles_pods_are_named_by_their_hostnames() {
     require_root();
     let lab = Lab::up_without_runtime_bundles(lab_config("hn")).expect("lab up");
     assert!(!lab.runtime_root().exists());
-    let (conns, answered) = record(&lab, &lab.runtime_root());
+    let (conns, answered) = record(&lab, Some(&lab.runtime_root()));
     for conn in &conns {
         let pod = &answered[&(conn.proto, conn.client.port())];
         assert_eq!(conn.client_pod.as_deref(), Some("client"), "{conn:?}");
@@ -37,7 +37,7 @@ fn without_bundles_pods_are_named_by_their_hostnames() {
 fn bundles_win_over_hostnames() {
     require_root();
     let lab = Lab::up(lab_config("hb")).expect("lab up");
-    let (conns, answered) = record(&lab, &lab.runtime_root());
+    let (conns, answered) = record(&lab, Some(&lab.runtime_root()));
     let pods = lab.pod_names();
     let pod_of = |addr: SocketAddr| match addr.ip() {
         IpAddr::V4(ip) => pods.get(&ip).cloned(),

@@ -10,19 +10,18 @@ use observer_lab::{Lab, http_fresh, udp_queries};
 use super::{Recorder, only_node};
 
 /// Records 6 fresh HTTP connections and 4 UDP queries through the Services with
-/// `--runtime-root runtime_root`; returns the connections and, per answer, the pod that
-/// answered (by protocol and client port).
-pub fn record(lab: &Lab, runtime_root: &Path) -> (Vec<ConnRecord>, BTreeMap<(Proto, u16), String>) {
+/// `--runtime-root runtime_root` (None: observer's default roots); returns the
+/// connections and, per answer, the pod that answered (by protocol and client port).
+pub fn record(
+    lab: &Lab,
+    runtime_root: Option<&Path>,
+) -> (Vec<ConnRecord>, BTreeMap<(Proto, u16), String>) {
     let dir = tempfile::tempdir().unwrap();
-    let recorder = Recorder::start(
-        dir.path(),
-        &[
-            "--idle-timeout",
-            "1",
-            "--runtime-root",
-            runtime_root.to_str().unwrap(),
-        ],
-    );
+    let mut args = vec!["--idle-timeout", "1"];
+    if let Some(root) = runtime_root {
+        args.extend(["--runtime-root", root.to_str().unwrap()]);
+    }
+    let recorder = Recorder::start(dir.path(), &args);
     let checkout = lab.service("checkout").unwrap().cluster_addr();
     let dns = lab.service("kube-dns").unwrap().cluster_addr();
     let mut answered = BTreeMap::new();

@@ -1,19 +1,20 @@
 //! Real pod sandboxes for the lab's pods: Debian's containerd (1.6) with its CRI plugin,
-//! run privately (own `root`, `state`, socket, runc root and cgroup parent, all named by
-//! the lab's prefix; never the system's /run/containerd) inside a network namespace of its
-//! own. `RunPodSandbox` makes containerd create each pod's netns, start a pause container
-//! in it and lay out the sandbox's OCI bundle (`config.json` with the
-//! `io.kubernetes.cri.*` annotations and the netns path) under
-//! `<state>/io.containerd.runtime.v2.task/k8s.io/<id>/`, exactly as on a kind node.
+//! laid out as on a kind node. containerd runs in a network namespace of its own and in a
+//! private mount namespace whose `/run/containerd` (its default state) and `/run/netns`
+//! are tmpfs of its own, so nothing it mounts or writes there reaches the host, and a
+//! system containerd is never touched; its root, socket, runc root and cgroup parent are
+//! named by the lab's prefix. `RunPodSandbox` makes containerd create each pod's netns
+//! (`/var/run/netns/cni-<uuid>`), start a pause container in it and lay out the sandbox's
+//! OCI bundle (`config.json` with the `io.kubernetes.cri.*` annotations and that netns
+//! path) under `/run/containerd/io.containerd.runtime.v2.task/k8s.io/<id>/`: observer
+//! finds it with its default runtime roots through `/proc/<pid>/root`, as it finds a kind
+//! node's.
 //!
 //! What is not containerd's own: the CRI client (`scripts/cri.py`, hand-encoded protobuf
 //! over Debian's python3-grpcio, as crictl is not packaged), the pause image (a static
 //! busybox sleeping, imported with `ctr`), and the pod network: the CNI plugin
 //! (`scripts/cni_lab_pod.py`) only reports the address the lab then gives the pod; the
 //! lab binds the sandbox's netns at `/run/netns/<pod netns>` and wires it as usual.
-//! Outside the private directory containerd's shim leaves a socket under
-//! `/run/containerd/s/` while a sandbox runs (a path fixed in containerd 1.6); both are
-//! removed with the sandboxes.
 
 use std::io::Read as _;
 use std::path::{Path, PathBuf};
@@ -30,8 +31,16 @@ const CNI_PLUGIN_PY: &str = include_str!("../scripts/cni_lab_pod.py");
 /// Debian's python3 (with python3-grpcio), not whatever `python3` is first on PATH.
 const PYTHON: &str = "/usr/bin/python3";
 const PAUSE_IMAGE: &str = "lab.local/pause:1";
-const SHIM_SOCKETS: &str = "/run/containerd/s";
+/// containerd's default state directory, private to its mount namespace.
+const STATE: &str = "/run/containerd";
+/// Mounts containerd's private state and netns directories, then runs it (`$0`, `$1`).
+const PRIVATE_MOUNTS: &str = "mkdir -p /run/containerd /run/netns \
+    && mount -t tmpfs -o mode=0711 containerd-state /run/containerd \
+    && mount -t tmpfs -o mode=0755 containerd-netns /run/netns \
+    && exec \"$0\" --config \"$1\"";
 const LOOPBACK_PLUGIN: &str = "/usr/lib/cni/loopback";
+/// The v2 runtime's task bundles of CRI's `k8s.io` namespace, under the state directory.
+const TASKS: &str = "io.containerd.runtime.v2.task/k8s.io";
 
 /// A private containerd; dropping it removes its sandboxes, processes, mounts, cgroups,
 /// namespace and files, also when a test fails.
@@ -78,10 +87,13 @@ impl Containerd {
             "up",
         ]))?;
         let log = std::fs::File::create(containerd.dir.join("containerd.log"))?;
+        // nsenter and unshare exec, so the child is containerd itself.
         let daemon = Command::new(sys::find_tool("nsenter", "util-linux")?)
             .arg(format!("--net=/run/netns/{}", containerd.netns))
+            .arg(sys::find_tool("unshare", "util-linux")?)
+            .args(["--mount", "--propagation", "private", "/bin/sh", "-c"])
+            .arg(PRIVATE_MOUNTS)
             .arg(sys::find_tool("containerd", "containerd")?)
-            .arg("--config")
             .arg(containerd.dir.join("config.toml"))
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
@@ -94,10 +106,18 @@ impl Containerd {
         Ok(containerd)
     }
 
-    /// The CRI task directory whose `<id>/config.json` bundles name the pods (observer's
-    /// `--runtime-root`).
+    /// `/` as containerd sees it (`/proc/<pid>/root`), like a kind node's root.
+    pub fn node_root(&self) -> PathBuf {
+        let pid = self.daemon.as_ref().map_or(0, Child::id);
+        PathBuf::from(format!("/proc/{pid}/root"))
+    }
+
+    /// The CRI task directory whose `<id>/config.json` bundles name the pods, seen from
+    /// here.
     pub fn runtime_root(&self) -> PathBuf {
-        runtime_root_of(&self.dir)
+        self.node_root()
+            .join(STATE.trim_start_matches('/'))
+            .join(TASKS)
     }
 
     /// The sandboxes run so far, by id.
@@ -122,7 +142,12 @@ impl Containerd {
         ])?;
         let id = String::from_utf8_lossy(&out).trim().to_owned();
         self.sandboxes.push(id.clone());
-        let netns = self.sandbox_netns(&id)?;
+        // The pause process's netns is the one the bundle names (a path in containerd's
+        // mount namespace).
+        let pid_file = self.runtime_root().join(&id).join("init.pid");
+        let pid = std::fs::read_to_string(&pid_file)
+            .with_context(|| format!("could not read {}", pid_file.display()))?;
+        let netns = format!("/proc/{}/ns/net", pid.trim());
         std::fs::create_dir_all("/run/netns")?;
         let target = PathBuf::from("/run/netns").join(&pod.ns);
         std::fs::File::create(&target)
@@ -135,7 +160,8 @@ impl Containerd {
         Ok(())
     }
 
-    /// The netns path in sandbox `id`'s bundle, as containerd wrote it.
+    /// The netns path in sandbox `id`'s bundle, as containerd wrote it (in its own mount
+    /// namespace: see [`Containerd::node_root`]).
     pub fn sandbox_netns(&self, id: &str) -> anyhow::Result<PathBuf> {
         let path = self.runtime_root().join(id).join("config.json");
         let text = std::fs::read_to_string(&path)
@@ -232,7 +258,8 @@ impl Containerd {
     }
 }
 
-/// containerd's configuration: everything under `dir`, CRI with our pause image and CNI.
+/// containerd's configuration: its state where a kind node has it (private to its mount
+/// namespace), everything else under `dir`; CRI with our pause image and CNI.
 /// `restrict_oom_score_adj`: in a container without CAP_SYS_RESOURCE, runc cannot give the
 /// sandbox kubelet's -998 (`nsexec: failed to update /proc/self/oom_score_adj`).
 fn config_toml(dir: &Path) -> String {
@@ -240,7 +267,7 @@ fn config_toml(dir: &Path) -> String {
     format!(
         r#"version = 2
 root = "{d}/root"
-state = "{d}/state"
+state = "{STATE}"
 disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.zfs", "io.containerd.internal.v1.tracing"]
 [grpc]
   address = "{d}/containerd.sock"
@@ -248,7 +275,6 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   path = "{d}/opt"
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "{PAUSE_IMAGE}"
-  netns_mounts_under_state_dir = true
   restrict_oom_score_adj = true
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "{d}/cni/bin"
@@ -278,7 +304,7 @@ impl Drop for Containerd {
             let _ = daemon.wait();
         }
         for target in &self.bound {
-            if mounts_under(target).contains(target) {
+            if is_mounted(target) {
                 unmount(target);
             }
             let _ = std::fs::remove_file(target);
@@ -296,8 +322,8 @@ pub(crate) fn remove(prefix: &str, ip: &Path) -> anyhow::Result<Vec<String>> {
     let dir = dir_of(prefix);
     let netns = netns_of(prefix);
     let mut removed = Vec::new();
-    let shims = shim_sockets(&dir);
-    // containerd and its shims run in its namespace; a shim found by our socket too.
+    // containerd and its shims run in its namespaces (their mounts end with them); a
+    // shim found by our socket too.
     let exists = sys::list_netns(ip)?.contains(&netns);
     let mut pids = if exists {
         sys::netns_pids(ip, &netns)?
@@ -308,16 +334,10 @@ pub(crate) fn remove(prefix: &str, ip: &Path) -> anyhow::Result<Vec<String>> {
     for pid in pids {
         sys::end_process(pid);
     }
-    for mount in mounts_under(&dir) {
-        unmount(&mount);
-    }
     remove_cgroups(&cgroup_parent_of(prefix));
-    for shim in shims {
-        let _ = std::fs::remove_file(shim);
-    }
-    // Only if empty: a system containerd's directories stay as they are.
-    let _ = std::fs::remove_dir(SHIM_SOCKETS);
-    let _ = std::fs::remove_dir("/run/containerd");
+    // The mount point made for the private state, only if empty: a system containerd's
+    // directory stays as it is.
+    let _ = std::fs::remove_dir(STATE);
     if exists {
         run(Command::new(ip).args(["netns", "delete", &netns]))?;
         removed.push(netns);
@@ -346,23 +366,6 @@ fn socket_of(dir: &Path) -> String {
     dir.join("containerd.sock").display().to_string()
 }
 
-fn runtime_root_of(dir: &Path) -> PathBuf {
-    dir.join("state/io.containerd.runtime.v2.task/k8s.io")
-}
-
-/// The shims' sockets (`address` files of the task bundles).
-fn shim_sockets(dir: &Path) -> Vec<PathBuf> {
-    let Ok(entries) = std::fs::read_dir(runtime_root_of(dir)) else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .filter_map(|entry| std::fs::read_to_string(entry.path().join("address")).ok())
-        .filter_map(|address| address.trim().strip_prefix("unix://").map(PathBuf::from))
-        .filter(|path| path.starts_with(SHIM_SOCKETS))
-        .collect()
-}
-
 /// Processes one of whose arguments is exactly `arg`.
 fn processes_with_arg(arg: &str) -> Vec<i32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
@@ -385,17 +388,12 @@ fn unmount(path: &Path) {
     let _ = Command::new("umount").arg("--lazy").arg(path).status();
 }
 
-/// Mount points under `dir`, deepest first.
-fn mounts_under(dir: &Path) -> Vec<PathBuf> {
+/// Whether `path` is a mount point in our mount namespace.
+fn is_mounted(path: &Path) -> bool {
     let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    let mut mounts: Vec<PathBuf> = text
-        .lines()
+    text.lines()
         .filter_map(|line| line.split(' ').nth(4))
-        .map(PathBuf::from)
-        .filter(|path| path.starts_with(dir))
-        .collect();
-    mounts.sort_by_key(|path| std::cmp::Reverse(path.components().count()));
-    mounts
+        .any(|point| Path::new(point) == path)
 }
 
 /// The cgroup parent's directories in every hierarchy (runc removes the sandboxes' own).

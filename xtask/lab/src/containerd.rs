@@ -1,9 +1,9 @@
 //! Real pod sandboxes for the lab's pods: Debian's containerd (1.6) with its CRI plugin,
 //! laid out as on a kind node. containerd runs in a network namespace of its own and in a
-//! private mount namespace whose `/run/containerd` (its default state) and `/run/netns`
-//! are tmpfs of its own, so nothing it mounts or writes there reaches the host, and a
-//! system containerd is never touched; its root, socket, runc root and cgroup parent are
-//! named by the lab's prefix. `RunPodSandbox` makes containerd create each pod's netns
+//! private mount namespace whose `/run` is a tmpfs of its own (holding its default state
+//! `/run/containerd` and `/run/netns`), so nothing it mounts or writes there reaches the
+//! host, and a system containerd is never touched; its root, socket, runc root and cgroup
+//! parent are named by the lab's prefix, under `/var/lib/observer-lab/`. `RunPodSandbox` makes containerd create each pod's netns
 //! (`/var/run/netns/cni-<uuid>`), start a pause container in it and lay out the sandbox's
 //! OCI bundle (`config.json` with the `io.kubernetes.cri.*` annotations and that netns
 //! path) under `/run/containerd/io.containerd.runtime.v2.task/k8s.io/<id>/`: observer
@@ -33,11 +33,12 @@ const PYTHON: &str = "/usr/bin/python3";
 const PAUSE_IMAGE: &str = "lab.local/pause:1";
 /// containerd's default state directory, private to its mount namespace.
 const STATE: &str = "/run/containerd";
-/// Mounts containerd's private state and netns directories, then runs it (`$0`, `$1`).
-const PRIVATE_MOUNTS: &str = "mkdir -p /run/containerd /run/netns \
-    && mount -t tmpfs -o mode=0711 containerd-state /run/containerd \
-    && mount -t tmpfs -o mode=0755 containerd-netns /run/netns \
+/// Gives containerd a `/run` of its own, then runs it (`$0`, `$1`).
+const PRIVATE_RUN: &str = "mount -t tmpfs -o mode=0755 containerd-run /run \
+    && mkdir -m 0711 /run/containerd && mkdir /run/netns \
     && exec \"$0\" --config \"$1\"";
+/// Where the private containerds keep what the host must see (socket, root, config).
+const DIRS: &str = "/var/lib/observer-lab";
 const LOOPBACK_PLUGIN: &str = "/usr/lib/cni/loopback";
 /// The v2 runtime's task bundles of CRI's `k8s.io` namespace, under the state directory.
 const TASKS: &str = "io.containerd.runtime.v2.task/k8s.io";
@@ -92,7 +93,7 @@ impl Containerd {
             .arg(format!("--net=/run/netns/{}", containerd.netns))
             .arg(sys::find_tool("unshare", "util-linux")?)
             .args(["--mount", "--propagation", "private", "/bin/sh", "-c"])
-            .arg(PRIVATE_MOUNTS)
+            .arg(PRIVATE_RUN)
             .arg(sys::find_tool("containerd", "containerd")?)
             .arg(containerd.dir.join("config.toml"))
             .stdin(Stdio::null())
@@ -335,9 +336,6 @@ pub(crate) fn remove(prefix: &str, ip: &Path) -> anyhow::Result<Vec<String>> {
         sys::end_process(pid);
     }
     remove_cgroups(&cgroup_parent_of(prefix));
-    // The mount point made for the private state, only if empty: a system containerd's
-    // directory stays as it is.
-    let _ = std::fs::remove_dir(STATE);
     if exists {
         run(Command::new(ip).args(["netns", "delete", &netns]))?;
         removed.push(netns);
@@ -351,7 +349,7 @@ pub(crate) fn remove(prefix: &str, ip: &Path) -> anyhow::Result<Vec<String>> {
 }
 
 fn dir_of(prefix: &str) -> PathBuf {
-    Path::new(sys::STATE_ROOT).join(format!("{prefix}-containerd"))
+    Path::new(DIRS).join(format!("{prefix}-containerd"))
 }
 
 fn netns_of(prefix: &str) -> String {

@@ -5,42 +5,12 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 
-use common::{Recorder, only_node, prefix, require_root};
-use observer::model::record::{ConnRecord, Proto};
-use observer_lab::{Lab, LabConfig, RuleMode, Topology, http_fresh, udp_queries};
-
-/// Records 6 fresh HTTP connections and 4 UDP queries through the Services; returns the
-/// connections and, per answer, the pod that answered (by client port).
-fn record(lab: &Lab) -> (Vec<ConnRecord>, BTreeMap<(Proto, u16), String>) {
-    let dir = tempfile::tempdir().unwrap();
-    let runtime_root = lab.runtime_root();
-    let recorder = Recorder::start(
-        dir.path(),
-        &[
-            "--idle-timeout",
-            "1",
-            "--runtime-root",
-            runtime_root.to_str().unwrap(),
-        ],
-    );
-    let checkout = lab.service("checkout").unwrap().cluster_addr();
-    let dns = lab.service("kube-dns").unwrap().cluster_addr();
-    let mut answered = BTreeMap::new();
-    for answer in http_fresh(lab, checkout, 6).unwrap() {
-        answered.insert((Proto::Tcp, answer.client_port), answer.pod);
-    }
-    for answer in udp_queries(lab, dns, 4).unwrap() {
-        answered.insert((Proto::Udp, answer.client_port), answer.pod);
-    }
-    std::thread::sleep(std::time::Duration::from_secs(2));
-    let mut recording = recorder.stop();
-    only_node(&mut recording, lab.node_ns());
-    assert_eq!(recording.conns.len(), 10, "{:?}", recording.conns);
-    (recording.conns, answered)
-}
+use common::pods::record;
+use common::{prefix, require_root};
+use observer::model::record::Proto;
+use observer_lab::{Lab, LabConfig, RuleMode, Topology};
 
 fn lab_config(tag: &str) -> LabConfig {
     LabConfig {
@@ -55,7 +25,7 @@ fn without_bundles_pods_are_named_by_their_hostnames() {
     require_root();
     let lab = Lab::up_without_runtime_bundles(lab_config("hn")).expect("lab up");
     assert!(!lab.runtime_root().exists());
-    let (conns, answered) = record(&lab);
+    let (conns, answered) = record(&lab, Some(&lab.runtime_root()));
     for conn in &conns {
         let pod = &answered[&(conn.proto, conn.client.port())];
         assert_eq!(conn.client_pod.as_deref(), Some("client"), "{conn:?}");
@@ -67,7 +37,7 @@ fn without_bundles_pods_are_named_by_their_hostnames() {
 fn bundles_win_over_hostnames() {
     require_root();
     let lab = Lab::up(lab_config("hb")).expect("lab up");
-    let (conns, answered) = record(&lab);
+    let (conns, answered) = record(&lab, Some(&lab.runtime_root()));
     let pods = lab.pod_names();
     let pod_of = |addr: SocketAddr| match addr.ip() {
         IpAddr::V4(ip) => pods.get(&ip).cloned(),

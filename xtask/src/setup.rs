@@ -12,6 +12,8 @@
 //!   links them: see .cargo/config.toml), qemu user emulation for the aarch64 binary,
 //!   skopeo, umoci and containerd (OCI images), promtool, and kubernetes-validate (Kubernetes
 //!   schemas, from PyPI) in a virtual environment of its own.
+//! - For the pod-name test in real pod sandboxes: containerd, runc, the CNI plugins and
+//!   python3-grpcio (the lab's CRI client).
 
 use std::{
     path::{Path, PathBuf},
@@ -21,7 +23,7 @@ use std::{
 use anyhow::{Context as _, bail};
 
 /// Command a package provides, and the Debian package.
-const PACKAGES: [(&str, &str); 19] = [
+const PACKAGES: [(&str, &str); 20] = [
     ("ip", "iproute2"),
     ("iptables", "iptables"),
     ("nft", "nftables"),
@@ -41,11 +43,17 @@ const PACKAGES: [(&str, &str); 19] = [
     ("promtool", "prometheus"),
     ("unshare", "util-linux"),
     ("containerd", "containerd"),
+    ("runc", "runc"),
 ];
 
-/// Packages known by name only: the guest needs busybox linked statically, which the
-/// `busybox` package (same command) is not.
-const PACKAGES_BY_NAME: [&str; 1] = ["busybox-static"];
+/// Packages known by name only: the guest (and the lab's pause image) needs busybox linked
+/// statically, which the `busybox` package (same command) is not; the lab's private
+/// containerd needs Debian's python3 to speak CRI (gRPC) and the CNI loopback plugin.
+const PACKAGES_BY_NAME: [&str; 3] = [
+    "busybox-static",
+    "python3-grpcio",
+    "containernetworking-plugins",
+];
 
 const MUSL_TARGETS: [&str; 2] = ["x86_64-unknown-linux-musl", "aarch64-unknown-linux-musl"];
 

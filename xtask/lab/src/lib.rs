@@ -45,7 +45,10 @@
 //!   pod (see [`runtime`]), [`Lab::pod_names`] the `namespace/pod` each address must get.
 //!   Every pod (the client too) also runs a pause process in a UTS namespace of its own
 //!   whose hostname is the pod's name, as kubelet sets it; [`Lab::up_without_runtime_bundles`]
-//!   leaves the hostnames as the only source.
+//!   leaves the hostnames as the only source. [`Containerd`] runs Debian's containerd
+//!   privately and, through its CRI plugin, a real pod sandbox per pod;
+//!   [`Lab::up_in_sandboxes`] builds the lab in those sandboxes' netns, so that only
+//!   containerd's own bundles ([`Containerd::runtime_root`]) name the pods.
 //! - DNS: [`Lab::serve_dns`] runs a real authoritative DNS server (UDP and TCP, port 53)
 //!   in the dns pods behind kube-dns's ClusterIP and gives the client namespace kube's
 //!   resolv.conf ([`RESOLV_CONF`]); [`DnsLab::queries`] reads what the servers received.
@@ -57,10 +60,13 @@
 //! - Pure rule generation, unit-tested without root: [`iptables::sync`], [`nftables::sync`].
 //! - [`Observer`]: the observer binary started and `attached` (it is only run: this crate
 //!   does not depend on the observer crate).
-//! - [`down`] removes a lab by prefix (also a crashed one); [`namespaces`] lists what exists.
+//! - [`down`] removes a lab by prefix (also a crashed one, with its private containerd);
+//!   [`namespaces`] lists what exists.
 
+mod admin;
 mod clients;
 mod conntrack;
+mod containerd;
 mod counting;
 mod dns;
 mod names;
@@ -84,11 +90,13 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use serde::{Deserialize, Serialize};
 
+pub use admin::{down, namespaces, status};
 pub use clients::{
     Answer, ChurnReport, http_churn, http_fresh, http_keepalive, http_keepalive_paced, node_fetch,
     udp_queries,
 };
 pub use conntrack::{ConntrackWatch, CtEvent};
+pub use containerd::Containerd;
 pub use dns::{DnsLab, KUBE_DNS_IP, RESOLV_CONF, ServerQuery};
 pub use observer::Observer;
 pub use spec::{Pod, Proto, Service};
@@ -169,6 +177,8 @@ pub struct Lab {
     detached: bool,
     /// Whether the lab writes containerd-style bundles under [`Lab::runtime_root`].
     runtime_bundles: bool,
+    /// Whether the pods' netns were made by a real runtime ([`Lab::up_in_sandboxes`]).
+    sandboxed: bool,
 }
 
 fn check_prefix(prefix: &str) -> anyhow::Result<()> {
@@ -189,45 +199,22 @@ fn check_root() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The namespaces of the lab with this prefix that exist now.
-pub fn namespaces(prefix: &str) -> anyhow::Result<Vec<String>> {
-    check_prefix(prefix)?;
-    let ip = sys::find_tool("ip", "iproute2")?;
-    Ok(list_netns(&ip)?
-        .into_iter()
-        .filter(|n| is_lab_netns(prefix, n))
-        .collect())
-}
-
-/// Removes everything the lab with this prefix made: its processes (found through its
-/// namespaces), its namespaces and its state directory. Returns what it removed.
-pub fn down(prefix: &str) -> anyhow::Result<Vec<String>> {
-    check_root()?;
-    let ip = sys::find_tool("ip", "iproute2")?;
-    let mut removed = Vec::new();
-    for ns in namespaces(prefix)? {
-        sys::remove_netns(&ip, &ns)?;
-        removed.push(ns);
-    }
-    // The client's resolv.conf (`Lab::serve_dns`), if a crashed run left it.
-    let _ = std::fs::remove_dir_all(dns::netns_etc(&format!("{prefix}-client")));
-    let dir = state_dir(prefix);
-    if dir.exists() {
-        std::fs::remove_dir_all(&dir)
-            .with_context(|| format!("could not remove {}", dir.display()))?;
-        removed.push(dir.display().to_string());
-    }
-    Ok(removed)
-}
+/// Makes one pod's netns at `/run/netns/<pod.ns>` ([`Lab::up_in_sandboxes`]).
+type MakeNetns<'a> = dyn FnMut(&Pod) -> anyhow::Result<()> + 'a;
 
 impl Lab {
     /// Builds the lab and returns once every server answers, directly and through its
     /// Service. Fails if a lab with the same prefix exists.
     pub fn up(config: LabConfig) -> anyhow::Result<Lab> {
-        Lab::up_with(config, true)
+        Lab::up_with(config, true, None)
     }
 
-    pub(crate) fn up_with(config: LabConfig, runtime_bundles: bool) -> anyhow::Result<Lab> {
+    /// `make_netns`, if given, makes every pod's netns (see [`Lab::up_in_sandboxes`]).
+    pub(crate) fn up_with(
+        config: LabConfig,
+        runtime_bundles: bool,
+        make_netns: Option<&mut MakeNetns<'_>>,
+    ) -> anyhow::Result<Lab> {
         check_root()?;
         check_prefix(&config.prefix)?;
         let tools = Tools::find()?;
@@ -261,8 +248,14 @@ impl Lab {
             stale_nft_chains: Vec::new(),
             detached: false,
             runtime_bundles,
+            sandboxed: make_netns.is_some(),
         };
         // From here on, dropping `lab` on an error removes whatever was built.
+        if let Some(make_netns) = make_netns {
+            for pod in lab.members() {
+                make_netns(&pod).with_context(|| format!("no sandbox for pod {}", pod.name))?;
+            }
+        }
         lab.build()?;
         Ok(lab)
     }
@@ -453,46 +446,4 @@ impl Drop for Lab {
             eprintln!("lab {}: teardown incomplete: {e:#}", self.config.prefix);
         }
     }
-}
-
-/// A human-readable account of the lab with this prefix: its configuration, namespaces
-/// and processes.
-pub fn status(prefix: &str) -> anyhow::Result<String> {
-    check_prefix(prefix)?;
-    let ip = sys::find_tool("ip", "iproute2")?;
-    let found = namespaces(prefix)?;
-    let dir = state_dir(prefix);
-    if found.is_empty() && !dir.exists() {
-        return Ok(format!(
-            "no lab with prefix `{prefix}` (`cargo xtask lab up` builds one)\n"
-        ));
-    }
-    let mut out = String::new();
-    match std::fs::read_to_string(dir.join("lab.json"))
-        .ok()
-        .and_then(|s| serde_json::from_str::<LabState>(&s).ok())
-    {
-        Some(state) => out.push_str(&format!(
-            "lab `{prefix}`: {} topology, {} rules; state in {}\n",
-            state.topology,
-            state.rules,
-            dir.display()
-        )),
-        None => out.push_str(&format!(
-            "lab `{prefix}`: no readable state in {} (a crashed run?)\n",
-            dir.display()
-        )),
-    }
-    for ns in &found {
-        let pids = sys::netns_pids(&ip, ns)?;
-        out.push_str(&format!("  {ns:<28} {} process(es)\n", pids.len()));
-    }
-    let expected = 2 + spec::pods(prefix).len();
-    if found.len() != expected {
-        out.push_str(&format!(
-            "  {} of {expected} namespaces exist: `cargo xtask lab down --prefix {prefix}` cleans up\n",
-            found.len()
-        ));
-    }
-    Ok(out)
 }

@@ -20,7 +20,18 @@ impl Lab {
     /// can only be named by their hostnames (each pod's pause process has its own UTS
     /// namespace with the pod's name as hostname, as kubelet sets it).
     pub fn up_without_runtime_bundles(config: crate::LabConfig) -> anyhow::Result<Lab> {
-        Lab::up_with(config, false)
+        Lab::up_with(config, false, None)
+    }
+
+    /// [`Lab::up`] in pod sandboxes a real runtime made (see [`crate::Containerd`]):
+    /// `make_netns` is called per pod (the client too) before anything is wired and must
+    /// leave the pod's netns at `/run/netns/<pod.ns>`; the lab writes no bundles of its
+    /// own, so only the runtime's name the pods.
+    pub fn up_in_sandboxes(
+        config: crate::LabConfig,
+        mut make_netns: impl FnMut(&Pod) -> anyhow::Result<()>,
+    ) -> anyhow::Result<Lab> {
+        Lab::up_with(config, false, Some(&mut make_netns))
     }
 
     /// The client pod (not a server).

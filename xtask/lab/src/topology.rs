@@ -15,15 +15,19 @@ fn veth_name(pod: &str) -> String {
 }
 
 impl Lab {
-    pub(crate) fn build_topology(&mut self) -> anyhow::Result<()> {
-        let bridged = self.config.topology == Topology::Bridged;
+    /// Every pod, the client too.
+    pub(crate) fn members(&self) -> Vec<Pod> {
         let client = self.client_pod();
-        let members: Vec<Pod> = self
-            .pods
+        self.pods
             .iter()
             .cloned()
             .chain(std::iter::once(client))
-            .collect();
+            .collect()
+    }
+
+    pub(crate) fn build_topology(&mut self) -> anyhow::Result<()> {
+        let bridged = self.config.topology == Topology::Bridged;
+        let members = self.members();
         self.create_namespaces()?;
         let node = self.node_ns.clone();
         let mut node_cmds = vec!["link set lo up".to_string()];
@@ -56,7 +60,10 @@ impl Lab {
             ("net/ipv6/conf/default/disable_ipv6", "1"),
         ];
         for ns in self.all_namespaces() {
-            run(Command::new(&self.tools.ip).args(["netns", "add", &ns]))?;
+            // A runtime made the pods' netns already (`Lab::up_in_sandboxes`).
+            if !self.sandboxed || ns == self.node_ns {
+                run(Command::new(&self.tools.ip).args(["netns", "add", &ns]))?;
+            }
             self.sysctls(&ns, &no_ipv6)?;
         }
         self.sysctls(

@@ -1,0 +1,39 @@
+//! Traffic for the pod-name tests: fresh HTTP connections and UDP queries through the
+//! lab's Services, recorded by observer reading sandbox bundles under a runtime root.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use observer::model::record::{ConnRecord, Proto};
+use observer_lab::{Lab, http_fresh, udp_queries};
+
+use super::{Recorder, only_node};
+
+/// Records 6 fresh HTTP connections and 4 UDP queries through the Services with
+/// `--runtime-root runtime_root` (None: observer's default roots); returns the
+/// connections and, per answer, the pod that answered (by protocol and client port).
+pub fn record(
+    lab: &Lab,
+    runtime_root: Option<&Path>,
+) -> (Vec<ConnRecord>, BTreeMap<(Proto, u16), String>) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = vec!["--idle-timeout", "1"];
+    if let Some(root) = runtime_root {
+        args.extend(["--runtime-root", root.to_str().unwrap()]);
+    }
+    let recorder = Recorder::start(dir.path(), &args);
+    let checkout = lab.service("checkout").unwrap().cluster_addr();
+    let dns = lab.service("kube-dns").unwrap().cluster_addr();
+    let mut answered = BTreeMap::new();
+    for answer in http_fresh(lab, checkout, 6).unwrap() {
+        answered.insert((Proto::Tcp, answer.client_port), answer.pod);
+    }
+    for answer in udp_queries(lab, dns, 4).unwrap() {
+        answered.insert((Proto::Udp, answer.client_port), answer.pod);
+    }
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let mut recording = recorder.stop();
+    only_node(&mut recording, lab.node_ns());
+    assert_eq!(recording.conns.len(), 10, "{:?}", recording.conns);
+    (recording.conns, answered)
+}

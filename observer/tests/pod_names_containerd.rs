@@ -1,0 +1,99 @@
+//! Root test of pod names from a real container runtime (issue 11, "Pods by name"):
+//! Debian's containerd, through its CRI plugin, runs a real sandbox for every lab pod and
+//! lays out the sandbox bundles itself, as on a kind node: in its own mount namespace,
+//! `/run/containerd/io.containerd.runtime.v2.task/k8s.io/<id>/config.json` naming the
+//! netns `/var/run/netns/cni-<uuid>`. observer runs with its defaults (no
+//! `--runtime-root`) and reaches them through `/proc/<pid>/root`. The lab writes no
+//! bundles, so `client_pod` and `backend_pod` can only come from containerd's.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::net::{IpAddr, SocketAddr};
+use std::os::unix::fs::MetadataExt as _;
+use std::path::Path;
+
+use common::pods::record;
+use common::{prefix, require_root};
+use observer::model::record::Proto;
+use observer_lab::runtime::kube_namespace;
+use observer_lab::{Containerd, Lab, LabConfig, RuleMode, Topology};
+
+#[test]
+fn containerd_sandboxes_name_the_pods() {
+    require_root();
+    let prefix = prefix("ctd");
+    let mut containerd = Containerd::start(&prefix).expect("containerd starts");
+    // Declared after `containerd`, so dropped first: the lab ends before its runtime.
+    let lab = Lab::up_in_sandboxes(
+        LabConfig {
+            topology: Topology::Bridged,
+            rules: RuleMode::Nftables,
+            prefix: prefix.clone(),
+        },
+        |pod| containerd.run_sandbox(pod, kube_namespace(&pod.name)),
+    )
+    .expect("lab up in containerd's sandboxes");
+    assert!(!lab.runtime_root().exists());
+
+    // containerd's own bundles: one sandbox per pod, the client too, each naming the pod
+    // and a netns that is the one the lab wired.
+    let pods = lab.pod_names();
+    let runtime_root = containerd.runtime_root();
+    let mut named = BTreeSet::new();
+    for id in containerd.sandboxes() {
+        let text = std::fs::read_to_string(runtime_root.join(id).join("config.json")).unwrap();
+        let spec: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let annotations = &spec["annotations"];
+        assert_eq!(annotations["io.kubernetes.cri.container-type"], "sandbox");
+        assert_eq!(annotations["io.kubernetes.cri.sandbox-id"], id.as_str());
+        let name = annotations["io.kubernetes.cri.sandbox-name"]
+            .as_str()
+            .unwrap();
+        let namespace = annotations["io.kubernetes.cri.sandbox-namespace"]
+            .as_str()
+            .unwrap();
+        named.insert(format!("{namespace}/{name}"));
+        // kind's layout: /var/run/netns/cni-<uuid>, /var/run being a link to /run that
+        // resolves inside the node's root (as observer resolves it).
+        let netns = containerd.sandbox_netns(id).unwrap();
+        let file = netns.strip_prefix("/var/run/netns").unwrap();
+        assert!(file.to_str().unwrap().starts_with("cni-"), "{netns:?}");
+        let node_root = containerd.node_root();
+        let var_run = std::fs::read_link(node_root.join("var/run")).unwrap();
+        assert_eq!(var_run, Path::new("/run"));
+        let pod_ns = if name == "client" {
+            lab.client_ns().to_owned()
+        } else {
+            format!("{prefix}-pod-{name}")
+        };
+        let ino = |path: &Path| std::fs::metadata(path).unwrap().ino();
+        let in_node = node_root.join("run/netns").join(file);
+        assert_eq!(ino(&in_node), ino(&Path::new("/run/netns").join(&pod_ns)));
+    }
+    assert_eq!(named, pods.values().cloned().collect::<BTreeSet<_>>());
+
+    let (conns, answered) = record(&lab, None);
+    let pod_of = |addr: SocketAddr| match addr.ip() {
+        IpAddr::V4(ip) => pods.get(&ip).cloned(),
+        IpAddr::V6(_) => None,
+    };
+    for conn in &conns {
+        let pod = &answered[&(conn.proto, conn.client.port())];
+        let namespace = match conn.proto {
+            Proto::Tcp => "shop",
+            Proto::Udp => "kube-system",
+        };
+        assert_eq!(
+            conn.client_pod.as_deref(),
+            Some("default/client"),
+            "{conn:?}"
+        );
+        assert_eq!(
+            conn.backend_pod,
+            Some(format!("{namespace}/{pod}")),
+            "{conn:?}"
+        );
+        assert_eq!(conn.backend_pod, pod_of(conn.backend), "{conn:?}");
+    }
+}

@@ -100,22 +100,18 @@ pub fn capture_segment(
     dir: usize,
     now: u64,
 ) {
-    let netns = load!(state.netns);
-    let len = if segment > DNS_PREFIX as u32 {
-        DNS_PREFIX as u32
-    } else {
-        segment
-    };
-    if len == 0 {
+    if segment == 0 {
         return;
     }
+    let netns = load!(state.netns);
+    let len = copy_len(segment);
     let Some(mut entry) = EVENTS.reserve::<DnsEvent>(0) else {
         count_dns_dropped(netns);
         return;
     };
     let event = entry.as_mut_ptr();
     // SAFETY: `event` is a reserved ring-buffer slot of `DnsEvent`'s size and alignment;
-    // `state` is a live map value. bpf_skb_load_bytes copies `len` (1..=DNS_PREFIX)
+    // `state` is a live map value. bpf_skb_load_bytes copies `len` (1..=DNS_PREFIX, `copy_len`)
     // bytes of the packet, from its linear part or its page fragments, into `payload`
     // (DNS_PREFIX bytes), or fails without writing past it.
     let copied = unsafe {
@@ -137,6 +133,25 @@ pub fn capture_segment(
     }
     entry.submit(0);
     count(counters::DNS_EMITTED);
+}
+
+// `copy_len` masks with `DNS_PREFIX - 1`.
+const _: () = assert!(DNS_PREFIX.is_power_of_two());
+
+/// How many of a segment's `segment` (at least 1) bytes to copy, 1..=`DNS_PREFIX`, in a
+/// form the verifier bounds: the helper takes no zero length, and once the compiler knows
+/// `segment >= 1` it drops a plain `len == 0` test or checks it on another register. A
+/// volatile round trip hides the bounds from the compiler, so the mask stays in the code.
+#[inline(always)]
+fn copy_len(segment: u32) -> u32 {
+    let mut len = if segment > DNS_PREFIX as u32 {
+        DNS_PREFIX as u32
+    } else {
+        segment
+    };
+    // SAFETY: `len` is a local; a volatile read of it is a plain load.
+    let opaque = unsafe { core::ptr::read_volatile(&raw mut len) };
+    (opaque.wrapping_sub(1) & (DNS_PREFIX as u32 - 1)) + 1
 }
 
 /// Writes every field of a reserved `DnsEvent` but the payload and its length.

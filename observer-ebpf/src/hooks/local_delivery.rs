@@ -153,11 +153,7 @@ fn handle(ctx: &SkBuffContext) -> Result<(), i64> {
 
 /// The packet's transport fields and where its payload starts (from the IP header).
 #[inline(always)]
-fn read_packet(
-    ctx: &SkBuffContext,
-    protocol: u8,
-    ip_header: usize,
-) -> Result<(Packet, u32), i64> {
+fn read_packet(ctx: &SkBuffContext, protocol: u8, ip_header: usize) -> Result<(Packet, u32), i64> {
     let len = ctx.len();
     let mut packet = Packet {
         protocol,

@@ -134,7 +134,12 @@ fn arbitrary_bytes_never_panic() {
         let len = rng.below(DNS_PREFIX as u64 + 8) as usize;
         let random: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
         let _ = decode(&random);
-        let _ = stream::frame(Some(rng.next() as u32), rng.next() as u32, rng.next() as u32, &random);
+        let _ = stream::frame(
+            Some(rng.next() as u32),
+            rng.next() as u32,
+            rng.next() as u32,
+            &random,
+        );
         let mut mutated = build(
             rng.next() as u16,
             seed % 2 == 0,
@@ -316,10 +321,7 @@ fn kernel_records_decode_with_their_direction() {
     let mut lying = event(ORIGINAL, PROTO_UDP, &query);
     lying.len = u16::MAX;
     assert_eq!(one(&lying).unwrap().message, seen.message);
-    assert_eq!(
-        one(&event(ORIGINAL, 1, &query)),
-        Err(DnsError::Protocol(1))
-    );
+    assert_eq!(one(&event(ORIGINAL, 1, &query)), Err(DnsError::Protocol(1)));
 }
 
 /// A TCP segment of the connection `event` builds: `seq`, `segment` payload bytes of
@@ -347,7 +349,10 @@ fn tcp_segments_decode_each_message_that_starts_in_them() {
     let a = build(1, false, 0, "checkout.shop.svc.cluster.local", A);
     let aaaa = build(2, false, 0, "checkout.shop.svc.cluster.local", AAAA);
     let both = framed(&[&a, &aaaa]);
-    let seen = from_event(&segment(ORIGINAL, 1000, both.len() as u32, &both), &mut streams);
+    let seen = from_event(
+        &segment(ORIGINAL, 1000, both.len() as u32, &both),
+        &mut streams,
+    );
     let ids: Vec<(u16, u16, Proto)> = seen
         .iter()
         .map(|s| {
@@ -377,7 +382,11 @@ fn tcp_segments_decode_each_message_that_starts_in_them() {
     // Three whole messages, one whose question the copied bytes cut, one whose length
     // lies past them.
     assert_eq!(results.len(), 5);
-    assert!(results[..3].iter().all(|r| r.as_ref().unwrap().message.id == 3));
+    assert!(
+        results[..3]
+            .iter()
+            .all(|r| r.as_ref().unwrap().message.id == 3)
+    );
     assert_eq!(
         results[3],
         Err(DnsError::Wire(WireError::PastEnd { len: 14 }))

@@ -40,14 +40,20 @@ fn a_message_split_over_segments() {
     // kernel copied 64; the second segment continues it, then starts another.
     let whole = framed(&[300, 20]);
     let first = frame(None, 1, 100, &whole[..64]);
-    assert_eq!((first.messages, first.unread, first.next), (vec![2..64], 0, 303));
+    assert_eq!(
+        (first.messages, first.unread, first.next),
+        (vec![2..64], 0, 303)
+    );
     let second = frame(Some(303), 101, 224, &whole[100..]);
     // The other message starts at stream byte 303, 202 bytes into the second segment.
     assert_eq!(second.messages, vec![204..224]);
     assert_eq!(second.next, 325);
     // A segment wholly inside a message starts nothing.
     let inside = frame(Some(303), 101, 150, &whole[100..250]);
-    assert_eq!((inside.messages.len(), inside.unread, inside.next), (0, 0, 303));
+    assert_eq!(
+        (inside.messages.len(), inside.unread, inside.next),
+        (0, 0, 303)
+    );
 }
 
 #[test]
@@ -57,7 +63,10 @@ fn a_length_past_the_copied_bytes_is_counted() {
     let f = frame(Some(0), 0, 234, &bytes[..100]);
     assert_eq!((f.messages, f.unread, f.next), (vec![2..100], 1, 234));
     // The stream resumes at the next segment.
-    assert_eq!(frame(Some(f.next), 234, 32, &framed(&[30])).messages, vec![2..32]);
+    assert_eq!(
+        frame(Some(f.next), 234, 32, &framed(&[30])).messages,
+        vec![2..32]
+    );
 }
 
 #[test]

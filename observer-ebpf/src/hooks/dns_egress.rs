@@ -49,7 +49,8 @@ struct Segment {
 }
 
 /// The segment, when the packet is TCP to port 53 with payload; headers a local socket
-/// built lie in the linear part, so a packet whose headers do not is no query.
+/// built lie in the linear part, so a packet whose headers do not is no query. Any other
+/// packet costs a few one-byte loads: the version, the protocol and the port.
 #[inline(always)]
 fn segment(ctx: &SkBuffContext) -> Option<Segment> {
     // SAFETY: `skb` is the program's context; `data` and `data_end` are readable fields.
@@ -64,46 +65,48 @@ fn segment(ctx: &SkBuffContext) -> Option<Segment> {
     }
     // SAFETY: `data..data + Ipv4Hdr::LEN + TCP_READ` is inside the packet (checked above).
     let first = unsafe { *(data as *const u8) };
-    let mut key = DialedKey::default();
-    let tcp = match first {
-        0x45 => {
-            // SAFETY: as above; `Ipv4Hdr` is plain bytes.
-            let ip: Ipv4Hdr = unsafe { core::ptr::read_unaligned(data as *const Ipv4Hdr) };
-            if ip.proto != PROTO_TCP {
-                return None;
-            }
-            key.client[..4].copy_from_slice(&ip.src_addr);
-            key.dialed[..4].copy_from_slice(&ip.dst_addr);
-            data + Ipv4Hdr::LEN
-        }
-        0x60..=0x6f => {
-            if data + Ipv6Hdr::LEN + TCP_READ > end {
-                return None;
-            }
-            // SAFETY: `data..data + Ipv6Hdr::LEN + TCP_READ` is inside the packet.
-            let ip: Ipv6Hdr = unsafe { core::ptr::read_unaligned(data as *const Ipv6Hdr) };
-            if ip.next_hdr != PROTO_TCP {
-                return None;
-            }
-            key.client = ip.src_addr;
-            key.dialed = ip.dst_addr;
-            data + Ipv6Hdr::LEN
-        }
+    let (ip_len, protocol_at) = match first {
+        // IPv4 without options: the protocol at byte 9.
+        0x45 => (Ipv4Hdr::LEN, 9),
+        // IPv6: the next header at byte 6 (extension headers: not TCP here).
+        0x60..=0x6f if data + Ipv6Hdr::LEN + TCP_READ <= end => (Ipv6Hdr::LEN, 6),
         _ => return None,
     };
-    // SAFETY: `tcp..tcp + TCP_READ` is inside the packet (checked above).
-    let header: [u8; TCP_READ] = unsafe { core::ptr::read_unaligned(tcp as *const _) };
-    if u16::from_be_bytes([header[2], header[3]]) != DNS_PORT {
+    let tcp = data + ip_len;
+    // SAFETY: `data..tcp + TCP_READ` is inside the packet (checked above, per version).
+    let (protocol, port) = unsafe {
+        (
+            *((data + protocol_at) as *const u8),
+            [*((tcp + 2) as *const u8), *((tcp + 3) as *const u8)],
+        )
+    };
+    if protocol != PROTO_TCP || u16::from_be_bytes(port) != DNS_PORT {
         return None;
     }
-    let at = (tcp - data) as u32 + ((header[12] >> 4) as u32) * 4;
+    // SAFETY: as above.
+    let header: [u8; TCP_READ] = unsafe { core::ptr::read_unaligned(tcp as *const _) };
+    let at = ip_len as u32 + ((header[12] >> 4) as u32) * 4;
     let payload = ctx.len().saturating_sub(at);
     if payload == 0 {
         return None;
     }
-    key.client_port = u16::from_be_bytes([header[0], header[1]]);
-    key.dialed_port = DNS_PORT;
-    key.protocol = PROTO_TCP;
+    let mut key = DialedKey {
+        client_port: u16::from_be_bytes([header[0], header[1]]),
+        dialed_port: DNS_PORT,
+        protocol: PROTO_TCP,
+        ..DialedKey::default()
+    };
+    if ip_len == Ipv4Hdr::LEN {
+        // SAFETY: as above; `Ipv4Hdr` is plain bytes.
+        let ip: Ipv4Hdr = unsafe { core::ptr::read_unaligned(data as *const Ipv4Hdr) };
+        key.client[..4].copy_from_slice(&ip.src_addr);
+        key.dialed[..4].copy_from_slice(&ip.dst_addr);
+    } else {
+        // SAFETY: as above; `Ipv6Hdr` is plain bytes.
+        let ip: Ipv6Hdr = unsafe { core::ptr::read_unaligned(data as *const Ipv6Hdr) };
+        key.client = ip.src_addr;
+        key.dialed = ip.dst_addr;
+    }
     Some(Segment {
         key,
         seq: u32::from_be_bytes([header[4], header[5], header[6], header[7]]),

@@ -1,3 +1,6 @@
+// One message per segment is a vector of one range, not a range to expand.
+#![allow(clippy::single_range_in_vec_init)]
+
 use super::*;
 
 /// `messages` each with its 2-byte length.

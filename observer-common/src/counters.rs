@@ -17,10 +17,11 @@ pub const LOST_TABLE_FULL: u32 = 3;
 /// Tracked connections that will have no record: they ended when they could neither
 /// be reported (ring buffer full) nor kept (their key was needed for a new connection).
 pub const LOST_UNREPORTED: u32 = 4;
-/// DNS messages (port-53 payload prefixes) written to the ring buffer.
+/// DNS messages (port-53 payload prefixes; for TCP, segments) written to the ring buffer.
 pub const DNS_EMITTED: u32 = 5;
-/// DNS messages not written: the ring buffer was full, or the payload was not in the
-/// packet's linear part (then there is nothing the programs can copy cheaply).
+/// DNS messages (TCP: segments) not written: the ring buffer was full, the copy failed,
+/// or a UDP payload was not in the packet's linear part (then there is nothing the
+/// forwarding hook can copy cheaply).
 pub const DNS_DROPPED: u32 = 6;
 /// Number of counters.
 pub const COUNT: u32 = 7;

@@ -15,14 +15,16 @@ pub const DNS_PREFIX: usize = 256;
 /// share the ring buffer and its first field.
 pub const EVENT_DNS: u32 = 3;
 
-/// A ring-buffer record holding a DNS message's first bytes. For TCP, `payload` starts
-/// with the message's 2-byte length (RFC 1035 4.2.2), which user space skips.
+/// A ring-buffer record holding a DNS message's first bytes. For TCP it holds a
+/// segment's first bytes instead: messages there carry a 2-byte length (RFC 1035
+/// 4.2.2), a segment may start inside a message or hold several, and user space finds
+/// the messages' starts from `seq` and `segment`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DnsEvent {
     /// `EVENT_DNS`.
     pub kind: u32,
-    /// Bytes of `payload` that hold the message (at most `DNS_PREFIX`). The kernel reads
+    /// Bytes of `payload` that hold the message or segment (at most `DNS_PREFIX`). The kernel reads
     /// `DNS_PREFIX` bytes whatever the message's length (a constant size for the
     /// verifier): the bytes past `len` are the rest of the packet's buffer, never read.
     pub len: u16,
@@ -36,11 +38,13 @@ pub struct DnsEvent {
     pub time_ns: u64,
     /// Network namespace inode of the conntrack entry.
     pub netns: u32,
-    pub _pad: [u8; 4],
+    /// TCP: the sequence number of the segment's first payload byte (0 for UDP).
+    pub seq: u32,
     /// Client -> the address it dialed (ClusterIP:53).
     pub original: FlowTuple,
     pub payload: [u8; DNS_PREFIX],
-    pub _tail: [u8; 4],
+    /// TCP: the segment's payload bytes (`len` of them copied); UDP: 0.
+    pub segment: u32,
 }
 
 impl Default for DnsEvent {
@@ -53,10 +57,10 @@ impl Default for DnsEvent {
             conntrack: 0,
             time_ns: 0,
             netns: 0,
-            _pad: [0; 4],
+            seq: 0,
             original: FlowTuple::default(),
             payload: [0; DNS_PREFIX],
-            _tail: [0; 4],
+            segment: 0,
         }
     }
 }

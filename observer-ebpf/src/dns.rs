@@ -1,10 +1,19 @@
 //! DNS capture: the first bytes of each message of a connection whose client dialed
-//! port 53, for user space to decode (query name and type, rcode). Costs one compare
-//! per DNATed packet of any other connection.
+//! port 53, for user space to decode (query name and type, rcode).
+//!
+//! UDP messages are copied where the node forwards them (`capture`, from
+//! `net_dev_queue`), which costs one compare per DNATed packet of any other connection.
+//! TCP payload usually lies in page fragments, which that hook cannot read safely, so TCP
+//! segments are copied at the client's socket instead (`capture_segment`, from the
+//! cgroup_skb programs, whose `bpf_skb_load_bytes` reads fragments): the query as the
+//! client sends it (`dns_egress`), the response as it is delivered (`local_delivery`).
 
-use aya_ebpf::helpers::generated::bpf_probe_read_kernel;
+use aya_ebpf::{
+    helpers::generated::{bpf_probe_read_kernel, bpf_skb_load_bytes},
+    programs::SkBuffContext,
+};
 use observer_common::{
-    conn::ConnState,
+    conn::{ConnState, PROTO_TCP},
     counters,
     dns::{DNS_PORT, DNS_PREFIX, DnsEvent, EVENT_DNS},
 };
@@ -23,9 +32,9 @@ pub fn is_dns(state: *const ConnState) -> bool {
     unsafe { core::ptr::read_volatile(&raw const (*state).original.dst.port) == DNS_PORT }
 }
 
-/// Copies a DNS message's first bytes into the ring buffer. `fresh` is what accounting
-/// counted of this packet: 0 for the second pass of a bridged packet (and for a TCP
-/// retransmission), which is not copied again.
+/// Copies a UDP DNS message's first bytes into the ring buffer. `fresh` is what
+/// accounting counted of this packet: 0 for the second pass of a bridged packet, which
+/// is not copied again. TCP is left to `capture_segment`.
 #[inline(always)]
 pub fn capture(
     conntrack: u64,
@@ -35,12 +44,12 @@ pub fn capture(
     fresh: u32,
     now: u64,
 ) {
-    if fresh == 0 || packet.payload == 0 {
+    if fresh == 0 || packet.payload == 0 || packet.protocol == PROTO_TCP {
         return;
     }
     let netns = load!(state.netns);
     if packet.linear == 0 {
-        // In page fragments only (TCP, usually): nothing to read cheaply here.
+        // In page fragments only: nothing to read cheaply here.
         count_dns_dropped(netns);
         return;
     }
@@ -59,16 +68,8 @@ pub fn capture(
     // handling. It always reads `DNS_PREFIX` bytes (a constant size the verifier accepts):
     // past a short message that is the rest of the skb's buffer, which `len` excludes.
     let copied = unsafe {
-        (*event).kind = EVENT_DNS;
+        fill(event, conntrack, state, dir, packet.protocol, now);
         (*event).len = len;
-        (*event).dir = dir as u8;
-        (*event).protocol = packet.protocol;
-        (*event).conntrack = conntrack;
-        (*event).time_ns = now;
-        (*event).netns = netns;
-        (*event)._pad = [0; 4];
-        (*event)._tail = [0; 4];
-        core::ptr::copy_nonoverlapping(&raw const (*state).original, &raw mut (*event).original, 1);
         bpf_probe_read_kernel(
             (&raw mut (*event).payload).cast(),
             DNS_PREFIX as u32,
@@ -82,4 +83,102 @@ pub fn capture(
     }
     entry.submit(0);
     count(counters::DNS_EMITTED);
+}
+
+/// Copies the first bytes of a TCP segment with `segment` payload bytes starting at
+/// offset `at` of the packet (from its IP header), sequence number `seq`, into the ring
+/// buffer. User space finds the messages in it (`observer::dns::stream`).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub fn capture_segment(
+    ctx: &SkBuffContext,
+    at: u32,
+    segment: u32,
+    seq: u32,
+    conntrack: u64,
+    state: *const ConnState,
+    dir: usize,
+    now: u64,
+) {
+    if segment == 0 {
+        return;
+    }
+    let netns = load!(state.netns);
+    let len = copy_len(segment);
+    let Some(mut entry) = EVENTS.reserve::<DnsEvent>(0) else {
+        count_dns_dropped(netns);
+        return;
+    };
+    let event = entry.as_mut_ptr();
+    // SAFETY: `event` is a reserved ring-buffer slot of `DnsEvent`'s size and alignment;
+    // `state` is a live map value. bpf_skb_load_bytes copies `len` (1..=DNS_PREFIX, `copy_len`)
+    // bytes of the packet, from its linear part or its page fragments, into `payload`
+    // (DNS_PREFIX bytes), or fails without writing past it.
+    let copied = unsafe {
+        fill(event, conntrack, state, dir, PROTO_TCP, now);
+        (*event).len = len as u16;
+        (*event).seq = seq;
+        (*event).segment = segment;
+        bpf_skb_load_bytes(
+            ctx.skb.skb as *const _,
+            at,
+            (&raw mut (*event).payload).cast(),
+            len,
+        )
+    };
+    if copied < 0 {
+        entry.discard(0);
+        count_dns_dropped(netns);
+        return;
+    }
+    entry.submit(0);
+    count(counters::DNS_EMITTED);
+}
+
+// `copy_len` masks with `DNS_PREFIX - 1`.
+const _: () = assert!(DNS_PREFIX.is_power_of_two());
+
+/// How many of a segment's `segment` (at least 1) bytes to copy, 1..=`DNS_PREFIX`, in a
+/// form the verifier bounds: the helper takes no zero length, and once the compiler knows
+/// `segment >= 1` it drops a plain `len == 0` test or checks it on another register. A
+/// volatile round trip hides the bounds from the compiler, so the mask stays in the code.
+#[inline(always)]
+fn copy_len(segment: u32) -> u32 {
+    let mut len = if segment > DNS_PREFIX as u32 {
+        DNS_PREFIX as u32
+    } else {
+        segment
+    };
+    // SAFETY: `len` is a local; a volatile read of it is a plain load.
+    let opaque = unsafe { core::ptr::read_volatile(&raw mut len) };
+    (opaque.wrapping_sub(1) & (DNS_PREFIX as u32 - 1)) + 1
+}
+
+/// Writes every field of a reserved `DnsEvent` but the payload and its length.
+///
+/// # Safety
+/// `event` is a reserved ring-buffer slot of `DnsEvent`'s size and alignment; `state`
+/// is a live map value or scratch slot.
+#[inline(always)]
+unsafe fn fill(
+    event: *mut DnsEvent,
+    conntrack: u64,
+    state: *const ConnState,
+    dir: usize,
+    protocol: u8,
+    now: u64,
+) {
+    let netns = load!(state.netns);
+    // SAFETY: as the caller promises.
+    unsafe {
+        (*event).kind = EVENT_DNS;
+        (*event).dir = dir as u8;
+        (*event).protocol = protocol;
+        (*event).conntrack = conntrack;
+        (*event).time_ns = now;
+        (*event).netns = netns;
+        (*event).seq = 0;
+        (*event).segment = 0;
+        core::ptr::copy_nonoverlapping(&raw const (*state).original, &raw mut (*event).original, 1);
+    }
 }

@@ -299,7 +299,7 @@ fn without_cgroup_v2_it_says_what_goes_uncounted() {
     assert_eq!(
         warnings,
         [
-            "observer: warning: no cgroup v2 hierarchy is mounted: replies to clients on the node itself (host network) are not counted"
+            "observer: warning: no cgroup v2 hierarchy is mounted: replies to clients on the node itself (host network) are not counted, and DNS over TCP is not decoded"
         ]
     );
     assert!(text.contains("attached 1 kernel program(s)"), "{text}");

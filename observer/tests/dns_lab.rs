@@ -266,28 +266,38 @@ fn glibc_walks_nftables() {
     glibc(RuleMode::Nftables, "dnsn");
 }
 
-/// One query over TCP (RFC 1035 4.2.2: a 2-byte length, then the message); prints the
-/// response's rcode.
-const TCP_QUERY: &str = r#"
-import socket, struct, sys
+/// Queries over TCP (RFC 1035 4.2.2: a 2-byte length, then the message) on one
+/// connection: A and AAAA in one segment, then an A query split in two segments after
+/// its length and 5 bytes. Prints the responses' rcodes.
+const TCP_QUERIES: &str = r#"
+import socket, struct, sys, time
 name = sys.argv[1]
-q = struct.pack("!HHHHHH", 0x4242, 0x0100, 1, 0, 0, 0)
-q += b"".join(bytes([len(l)]) + l.encode() for l in name.split(".")) + b"\0" + struct.pack("!HH", 1, 1)
+def query(ident, qtype):
+    q = struct.pack("!HHHHHH", ident, 0x0100, 1, 0, 0, 0)
+    q += b"".join(bytes([len(l)]) + l.encode() for l in name.split(".")) + b"\0"
+    q += struct.pack("!HH", qtype, 1)
+    return struct.pack("!H", len(q)) + q
 s = socket.create_connection(("10.96.0.10", 53), timeout=5)
-s.sendall(struct.pack("!H", len(q)) + q)
-data = b""
-while len(data) < 2 or len(data) < 2 + struct.unpack("!H", data[:2])[0]:
-    chunk = s.recv(4096)
-    if not chunk:
-        break
-    data += chunk
-print(data[5] & 0x0f)
+s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+stream = s.makefile("rb")
+def rcode():
+    size = struct.unpack("!H", stream.read(2))[0]
+    return str(stream.read(size)[3] & 0x0f)
+s.sendall(query(0x4241, 1) + query(0x4242, 28))
+print(rcode(), rcode())
+split = query(0x4243, 1)
+s.sendall(split[:7])
+time.sleep(0.2)
+s.sendall(split[7:])
+print(rcode(), flush=True)
 "#;
 
 /// Node's `dns.lookup`: whatever glibc sends for it, observer logs exactly that, and
-/// each name is one lookup. Then one query over TCP: decoded when its payload is in the
-/// packet's linear part, otherwise skipped and counted (TCP payload usually lies in page
-/// fragments, which the kernel programs do not read).
+/// each name is one lookup. Then queries over TCP from a plain socket (`TCP_QUERIES`,
+/// their payload in page fragments, read at the client's socket): the two in one
+/// segment are decoded with their responses; the split one's first segment holds only
+/// 5 bytes of its header, so that query is counted malformed and its line comes from
+/// its response alone.
 #[test]
 fn node_lookups_and_tcp() {
     let run = start(RuleMode::Iptables, "dnsnode");
@@ -299,27 +309,28 @@ fn node_lookups_and_tcp() {
     let tcp = resolve(
         &run.lab,
         "python3",
-        TCP_QUERY,
+        TCP_QUERIES,
         &["nope.shop.svc.cluster.local"],
     );
-    assert_eq!(tcp, "3\n");
+    assert_eq!(tcp, "3 3\n3\n");
     let node_inode = common::netns_inode(run.lab.node_ns());
     let (mut recording, server) = finish(run);
     let (tcp_server, server): (Vec<ServerQuery>, Vec<ServerQuery>) =
         server.into_iter().partition(|q| q.proto == "tcp");
-    assert_eq!(tcp_server.len(), 1);
+    assert_eq!(tcp_server.len(), 3);
     let (tcp_lines, udp_lines): (Vec<DnsRecord>, Vec<DnsRecord>) =
         recording.dns.drain(..).partition(|r| r.proto == Proto::Tcp);
     let malformed = malformed_here(&recording, node_inode);
-    if tcp_lines.is_empty() {
-        // The query and its response, each skipped and counted.
-        assert_eq!(malformed, 2, "TCP messages not decoded must be counted");
-    } else {
-        assert_eq!(
-            (observed(&tcp_lines), malformed),
-            (received(&tcp_server), 0)
-        );
-    }
+    assert_eq!(
+        (observed(&tcp_lines), malformed),
+        (received(&tcp_server), 1)
+    );
+    let mut answered: Vec<(u16, bool)> = tcp_lines
+        .iter()
+        .map(|r| (r.id, r.latency_ms.is_some()))
+        .collect();
+    answered.sort();
+    assert_eq!(answered, [(0x4241, true), (0x4242, true), (0x4243, false)]);
     recording.dns = udp_lines;
     assert!(!server.is_empty());
     assert_eq!(observed(&recording.dns), received(&server));
@@ -332,6 +343,44 @@ fn node_lookups_and_tcp() {
         walks,
         [
             ("nope", None, 1, 8, 8),
+            (EXTERNAL.0, Some(EXTERNAL.0), 1, 8, 6),
+            ("checkout", Some(FQDN), 1, 2, 0),
+        ]
+    );
+}
+
+/// glibc's resolver over TCP (`options use-vc`): it writes the A and AAAA queries of
+/// each name tried in one segment and reads the two responses; observer logs exactly
+/// the queries the server received over TCP, with their rcodes, and the same walks as
+/// over UDP.
+#[test]
+fn glibc_walks_over_tcp() {
+    let run = start(RuleMode::Iptables, "dnstcp");
+    run.dns.over_tcp(true).unwrap();
+    let printed = resolve(&run.lab, "python3", PYTHON, &["checkout", EXTERNAL.0]);
+    assert_eq!(
+        printed,
+        "checkout 10.96.35.226\nwww.example.com 192.0.2.10\n"
+    );
+    let node_inode = common::netns_inode(run.lab.node_ns());
+    let (recording, server) = finish(run);
+    assert!(server.iter().all(|q| q.proto == "tcp"), "{server:?}");
+    assert_eq!(server.len(), 10);
+    assert_eq!(observed(&recording.dns), received(&server));
+    assert!(recording.dns.iter().all(|r| r.proto == Proto::Tcp
+        && r.latency_ms.is_some()
+        && r.server.to_string() == "10.96.0.10:53"
+        && r.client_pod.as_deref() == Some("default/client")));
+    assert_eq!(malformed_here(&recording, node_inode), 0);
+    let clients = per_client(&recording.dns, CLUSTER_DOMAIN);
+    assert_eq!(clients.len(), 1);
+    assert_eq!(
+        (clients[0].lookups, clients[0].queries, clients[0].nxdomain),
+        (2, 10, 6)
+    );
+    assert_eq!(
+        walk_rows(&clients[0]),
+        [
             (EXTERNAL.0, Some(EXTERNAL.0), 1, 8, 6),
             ("checkout", Some(FQDN), 1, 2, 0),
         ]

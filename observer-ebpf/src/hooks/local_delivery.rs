@@ -8,8 +8,9 @@
 //! A client on the node itself (host network) gets its replies delivered locally: they
 //! never pass `net_dev_queue`. Delivered after conntrack has undone the DNAT, a reply
 //! reads `dialed address -> client`, which finds the connection in `DIALED`. Replies
-//! the node forwarded (`ConnState::reply_forwarded`) were accounted already and are left
-//! alone. The program never drops anything: it returns 1.
+//! the node forwarded (`ConnState::reply_forwarded`) were accounted already and are not
+//! accounted again. Every client's TCP DNS responses are copied here (`dns`), forwarded
+//! or not. The program never drops anything: it returns 1.
 //!
 //! Most delivered packets are no such reply. `candidate` tells them apart by reading
 //! the headers in place (direct packet access, no helper call) and one byte of
@@ -23,6 +24,7 @@ use observer_common::conn::{CLOSE_NONE, DialedKey, PROTO_TCP, PROTO_UDP, REPLY};
 
 use crate::{
     conn::{account, close, load, pending_close},
+    dns::{capture_segment, is_dns},
     maps::{CONNS, DIALED, dialed_slot, maybe_dialed},
     packet::Packet,
 };
@@ -117,39 +119,60 @@ fn handle(ctx: &SkBuffContext) -> Result<(), i64> {
     let Some(state) = CONNS.get_ptr_mut(&conntrack) else {
         return Ok(());
     };
-    if load!(state.reply_forwarded) != 0 || pending_close(state) != CLOSE_NONE {
+    // A TCP DNS response is copied here even when the node forwarded it: its payload,
+    // in page fragments, was unreadable there (`dns::capture_segment`).
+    let dns = protocol == PROTO_TCP && is_dns(state);
+    let unaccounted = load!(state.reply_forwarded) == 0 && pending_close(state) == CLOSE_NONE;
+    if !dns && !unaccounted {
         return Ok(());
     }
     // SAFETY: bpf_ktime_get_ns has no preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
-    let len = ctx.len();
-    let packet = if protocol == PROTO_TCP {
-        let header: [u8; 14] = ctx.load(ip_header)?;
-        let data_offset = ((header[12] >> 4) as u32) * 4;
-        Packet {
-            protocol,
-            tcp_flags: header[13],
-            seq: u32::from_be_bytes([header[4], header[5], header[6], header[7]]),
-            payload: len.saturating_sub(ip_header as u32 + data_offset),
-            // Delivered packets have no device: each is seen once.
-            dev: 0,
-            payload_at: 0,
-            linear: 0,
-        }
-    } else {
-        Packet {
-            protocol,
-            tcp_flags: 0,
-            seq: 0,
-            payload: len.saturating_sub(ip_header as u32 + 8),
-            dev: 0,
-            payload_at: 0,
-            linear: 0,
-        }
-    };
+    let (packet, at) = read_packet(ctx, protocol, ip_header)?;
+    if dns && packet.payload > 0 {
+        capture_segment(
+            ctx,
+            at,
+            packet.payload,
+            packet.seq,
+            conntrack,
+            state,
+            REPLY,
+            now,
+        );
+    }
+    if !unaccounted {
+        return Ok(());
+    }
     let (reason, _) = account(state, REPLY, &packet, now);
     if reason != CLOSE_NONE {
         close(conntrack, state, reason, now);
     }
     Ok(())
+}
+
+/// The packet's transport fields and where its payload starts (from the IP header).
+#[inline(always)]
+fn read_packet(ctx: &SkBuffContext, protocol: u8, ip_header: usize) -> Result<(Packet, u32), i64> {
+    let len = ctx.len();
+    let mut packet = Packet {
+        protocol,
+        tcp_flags: 0,
+        seq: 0,
+        payload: 0,
+        // Delivered packets have no device: each is seen once.
+        dev: 0,
+        payload_at: 0,
+        linear: 0,
+    };
+    let at = if protocol == PROTO_TCP {
+        let header: [u8; 14] = ctx.load(ip_header)?;
+        packet.tcp_flags = header[13];
+        packet.seq = u32::from_be_bytes([header[4], header[5], header[6], header[7]]);
+        ip_header as u32 + ((header[12] >> 4) as u32) * 4
+    } else {
+        ip_header as u32 + 8
+    };
+    packet.payload = len.saturating_sub(at);
+    Ok((packet, at))
 }

@@ -1,4 +1,5 @@
 //! One file per hook family.
 
 mod dev_queue;
+mod dns_egress;
 mod local_delivery;

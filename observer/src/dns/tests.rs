@@ -4,7 +4,7 @@ use chrono::{DateTime, Utc};
 use observer_common::conn::{FAMILY_IPV4, ORIGINAL, PROTO_TCP, PROTO_UDP, REPLY};
 use observer_common::dns::{DNS_PREFIX, DnsEvent};
 
-use super::wire::{Message, WireError, build, decode, decode_tcp};
+use super::wire::{Message, WireError, build, decode};
 use super::*;
 use crate::model::record::Proto;
 use crate::model::tracker::Clock;
@@ -39,15 +39,6 @@ fn decodes_a_query_and_a_response() {
         ("www.example.com", AAAA)
     );
     assert_eq!(decode(&build(1, false, 0, ".", 2)).unwrap().name, ".");
-}
-
-#[test]
-fn tcp_messages_start_with_their_length() {
-    let message = build(9, false, 0, "kube-dns.kube-system.svc.cluster.local", A);
-    let mut framed = (message.len() as u16).to_be_bytes().to_vec();
-    framed.extend_from_slice(&message);
-    assert_eq!(decode_tcp(&framed), decode(&message));
-    assert_eq!(decode_tcp(&[0]), Err(WireError::NoTcpLength));
 }
 
 #[test]
@@ -143,7 +134,12 @@ fn arbitrary_bytes_never_panic() {
         let len = rng.below(DNS_PREFIX as u64 + 8) as usize;
         let random: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
         let _ = decode(&random);
-        let _ = decode_tcp(&random);
+        let _ = stream::frame(
+            Some(rng.next() as u32),
+            rng.next() as u32,
+            rng.next() as u32,
+            &random,
+        );
         let mut mutated = build(
             rng.next() as u16,
             seed % 2 == 0,
@@ -300,33 +296,103 @@ fn event(dir: usize, protocol: u8, message: &[u8]) -> DnsEvent {
     event
 }
 
+/// The one result of a UDP record.
+fn one(event: &DnsEvent) -> Result<Seen, DnsError> {
+    let mut results = from_event(event, &mut Streams::default());
+    assert_eq!(results.len(), 1);
+    results.remove(0)
+}
+
 #[test]
 fn kernel_records_decode_with_their_direction() {
     let query = build(5, false, 0, "checkout", A);
-    let seen = from_event(&event(ORIGINAL, PROTO_UDP, &query)).unwrap();
+    let seen = one(&event(ORIGINAL, PROTO_UDP, &query)).unwrap();
     assert_eq!(seen.client.to_string(), "10.244.1.9:40000");
     assert_eq!(seen.server.to_string(), "10.96.0.10:53");
     assert_eq!((seen.response, seen.time_ns, seen.netns), (false, 42, 7));
     assert_eq!(seen.message.name, "checkout");
+    assert_eq!(seen.proto, Proto::Udp);
     // A query on the server's direction is not what it claims.
     assert_eq!(
-        from_event(&event(REPLY, PROTO_UDP, &query)),
+        one(&event(REPLY, PROTO_UDP, &query)),
         Err(DnsError::Direction("query", "server"))
-    );
-    let mut framed = vec![0, query.len() as u8];
-    framed.extend_from_slice(&query);
-    assert_eq!(
-        from_event(&event(ORIGINAL, PROTO_TCP, &framed))
-            .unwrap()
-            .proto,
-        Proto::Tcp
     );
     // A length beyond the payload array is clamped, not trusted.
     let mut lying = event(ORIGINAL, PROTO_UDP, &query);
     lying.len = u16::MAX;
-    assert!(from_event(&lying).is_err() || from_event(&lying).is_ok());
-    assert_eq!(
-        from_event(&event(ORIGINAL, 1, &query)),
-        Err(DnsError::Protocol(1))
+    assert_eq!(one(&lying).unwrap().message, seen.message);
+    assert_eq!(one(&event(ORIGINAL, 1, &query)), Err(DnsError::Protocol(1)));
+}
+
+/// A TCP segment of the connection `event` builds: `seq`, `segment` payload bytes of
+/// which `bytes` were copied.
+fn segment(dir: usize, seq: u32, segment: u32, bytes: &[u8]) -> DnsEvent {
+    let mut event = event(dir, PROTO_TCP, bytes);
+    event.seq = seq;
+    event.segment = segment;
+    event
+}
+
+fn framed(messages: &[&[u8]]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for message in messages {
+        out.extend_from_slice(&(message.len() as u16).to_be_bytes());
+        out.extend_from_slice(message);
+    }
+    out
+}
+
+#[test]
+fn tcp_segments_decode_each_message_that_starts_in_them() {
+    let mut streams = Streams::default();
+    // glibc writes the A and AAAA queries in one segment.
+    let a = build(1, false, 0, "checkout.shop.svc.cluster.local", A);
+    let aaaa = build(2, false, 0, "checkout.shop.svc.cluster.local", AAAA);
+    let both = framed(&[&a, &aaaa]);
+    let seen = from_event(
+        &segment(ORIGINAL, 1000, both.len() as u32, &both),
+        &mut streams,
     );
+    let ids: Vec<(u16, u16, Proto)> = seen
+        .iter()
+        .map(|s| {
+            let s = s.as_ref().unwrap();
+            (s.message.id, s.message.qtype, s.proto)
+        })
+        .collect();
+    assert_eq!(ids, [(1, A, Proto::Tcp), (2, AAAA, Proto::Tcp)]);
+    // Its retransmission starts nothing new.
+    let again = segment(ORIGINAL, 1000, both.len() as u32, &both);
+    assert!(from_event(&again, &mut streams).is_empty());
+    // The responses, on the other direction, are a stream of their own.
+    let response = build(1, true, 3, "checkout.shop.svc.cluster.local", A);
+    let bytes = framed(&[&response]);
+    let replies = from_event(&segment(REPLY, 7, bytes.len() as u32, &bytes), &mut streams);
+    assert_eq!(replies.len(), 1);
+    assert_eq!(replies[0].as_ref().unwrap().message.rcode, 3);
+    assert_eq!(streams.len(), 2);
+    // A second message past the copied bytes is counted, not guessed.
+    let long = build(3, false, 0, &"a".repeat(60), A);
+    let many = framed(&[&long, &long, &long, &long, &long]);
+    let next = 1000 + both.len() as u32;
+    let results = from_event(
+        &segment(ORIGINAL, next, many.len() as u32, &many[..DNS_PREFIX]),
+        &mut streams,
+    );
+    // Three whole messages, one whose question the copied bytes cut, one whose length
+    // lies past them.
+    assert_eq!(results.len(), 5);
+    assert!(
+        results[..3]
+            .iter()
+            .all(|r| r.as_ref().unwrap().message.id == 3)
+    );
+    assert_eq!(
+        results[3],
+        Err(DnsError::Wire(WireError::PastEnd { len: 14 }))
+    );
+    assert_eq!(results[4], Err(DnsError::PastPrefix(DNS_PREFIX as u16)));
+    // Idle streams are forgotten.
+    streams.expire(42 + stream::IDLE.as_nanos() as u64 + 1);
+    assert!(streams.is_empty());
 }

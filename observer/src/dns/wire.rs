@@ -22,8 +22,6 @@ pub enum WireError {
     PointerLoop,
     #[error("reserved label type {0:#04x}")]
     LabelType(u8),
-    #[error("a TCP message without its 2-byte length")]
-    NoTcpLength,
 }
 
 /// What observer reads of one message.
@@ -40,7 +38,7 @@ pub struct Message {
     pub qtype: u16,
 }
 
-/// Decodes a message carried over UDP (the whole payload is the message).
+/// Decodes a message (UDP: the whole payload; TCP: what follows its 2-byte length).
 pub fn decode(bytes: &[u8]) -> Result<Message, WireError> {
     if bytes.len() < HEADER {
         return Err(WireError::ShortHeader { got: bytes.len() });
@@ -63,15 +61,6 @@ pub fn decode(bytes: &[u8]) -> Result<Message, WireError> {
         name,
         qtype: u16::from_be_bytes([fixed[0], fixed[1]]),
     })
-}
-
-/// Decodes a message carried over TCP: a 2-byte length, then the message (RFC 1035
-/// 4.2.2).
-pub fn decode_tcp(bytes: &[u8]) -> Result<Message, WireError> {
-    match bytes.get(2..) {
-        Some(message) => decode(message),
-        None => Err(WireError::NoTcpLength),
-    }
 }
 
 /// Reads the name starting at `start`; returns it and the offset after it (after the

@@ -172,14 +172,21 @@ fn attach_tracepoints(ebpf: &mut Ebpf) -> Result<u32, CaptureError> {
     Ok(HOOKS.len() as u32)
 }
 
-/// Attaches `local_delivery` to the cgroup v2 root `root` (ingress of every local socket).
-fn attach_local_delivery(ebpf: &mut Ebpf, root: &std::path::Path) -> Result<(), CaptureError> {
-    let hook = "cgroup_skb/ingress";
+/// Attaches `program` to the cgroup v2 root `root`: `local_delivery` to ingress (every
+/// packet delivered to a local socket), `dns_egress` to egress (every packet a local
+/// socket sends).
+fn attach_cgroup(
+    ebpf: &mut Ebpf,
+    root: &std::path::Path,
+    program: &str,
+    attach_type: CgroupSkbAttachType,
+    hook: &'static str,
+) -> Result<(), CaptureError> {
     let mut attach = || -> Result<(), String> {
         let cgroup = std::fs::File::open(root)
             .map_err(|err| format!("cannot open {}: {err}", root.display()))?;
         let program: &mut CgroupSkb = ebpf
-            .program_mut("local_delivery")
+            .program_mut(program)
             .ok_or("program missing from the object")?
             .try_into()
             .map_err(|err| error_chain(&err))?;
@@ -187,11 +194,7 @@ fn attach_local_delivery(ebpf: &mut Ebpf, root: &std::path::Path) -> Result<(), 
         // A BPF link (kernel 5.7+) takes no flags and never displaces programs others
         // attached to the same cgroup.
         program
-            .attach(
-                cgroup,
-                CgroupSkbAttachType::Ingress,
-                CgroupAttachMode::Single,
-            )
+            .attach(cgroup, attach_type, CgroupAttachMode::Single)
             .map_err(|err| error_chain(&err))?;
         Ok(())
     };
@@ -243,11 +246,24 @@ impl Capture {
         let mut warnings = Vec::new();
         match cgroup2_mount() {
             Some(root) => {
-                attach_local_delivery(&mut ebpf, &root)?;
-                hooks_attached += 1;
+                attach_cgroup(
+                    &mut ebpf,
+                    &root,
+                    "local_delivery",
+                    CgroupSkbAttachType::Ingress,
+                    "cgroup_skb/ingress",
+                )?;
+                attach_cgroup(
+                    &mut ebpf,
+                    &root,
+                    "dns_egress",
+                    CgroupSkbAttachType::Egress,
+                    "cgroup_skb/egress",
+                )?;
+                hooks_attached += 2;
             }
             None => warnings.push(
-                "no cgroup v2 hierarchy is mounted: replies to clients on the node itself (host network) are not counted"
+                "no cgroup v2 hierarchy is mounted: replies to clients on the node itself (host network) are not counted, and DNS over TCP is not decoded"
                     .to_owned(),
             ),
         }

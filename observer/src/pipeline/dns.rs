@@ -5,12 +5,14 @@ use anyhow::Context as _;
 use observer_common::dns::DnsEvent;
 
 use super::Session;
-use crate::dns::{Matcher, from_event};
+use crate::dns::{Matcher, Streams, from_event};
 use crate::model::record::DnsRecord;
 use crate::model::update::Update;
 
 pub(super) struct DnsSide {
     matcher: Matcher,
+    /// Where each TCP connection's next message starts.
+    streams: Streams,
     /// Messages that could not be decoded (the kernel's drops are counted there).
     pub malformed: u64,
     /// `malformed` per network namespace inode.
@@ -23,6 +25,7 @@ impl DnsSide {
     pub fn new(clock: crate::model::tracker::Clock) -> DnsSide {
         DnsSide {
             matcher: Matcher::new(clock),
+            streams: Streams::default(),
             malformed: 0,
             malformed_by_netns: Default::default(),
             written: 0,
@@ -33,15 +36,17 @@ impl DnsSide {
 impl Session {
     pub(super) fn on_dns(&mut self, events: &[DnsEvent]) -> anyhow::Result<()> {
         for event in events {
-            match from_event(event) {
-                Ok(seen) => {
-                    let done = self.dns.matcher.on_message(seen);
-                    self.write_dns(done)?;
-                }
-                Err(err) => {
-                    log::debug!("skipped a DNS message in netns {}: {err}", event.netns);
-                    self.dns.malformed += 1;
-                    *self.dns.malformed_by_netns.entry(event.netns).or_default() += 1;
+            for message in from_event(event, &mut self.dns.streams) {
+                match message {
+                    Ok(seen) => {
+                        let done = self.dns.matcher.on_message(seen);
+                        self.write_dns(done)?;
+                    }
+                    Err(err) => {
+                        log::debug!("skipped a DNS message in netns {}: {err}", event.netns);
+                        self.dns.malformed += 1;
+                        *self.dns.malformed_by_netns.entry(event.netns).or_default() += 1;
+                    }
                 }
             }
         }
@@ -50,6 +55,7 @@ impl Session {
 
     /// Writes the queries whose responses did not come in time.
     pub(super) fn expire_dns(&mut self, now_ns: u64) -> anyhow::Result<()> {
+        self.dns.streams.expire(now_ns);
         let expired = self.dns.matcher.expire(now_ns);
         self.write_dns(expired)
     }

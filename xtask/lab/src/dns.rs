@@ -32,6 +32,11 @@ pub const RESOLV_CONF: &str = "nameserver 10.96.0.10\n\
     search shop.svc.cluster.local svc.cluster.local cluster.local\n\
     options ndots:5\n";
 
+/// The same with `options use-vc`: glibc's resolver then sends every query over TCP.
+pub const RESOLV_CONF_TCP: &str = "nameserver 10.96.0.10\n\
+    search shop.svc.cluster.local svc.cluster.local cluster.local\n\
+    options ndots:5 use-vc\n";
+
 /// One query the DNS server received (a line of its log).
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 pub struct ServerQuery {
@@ -65,6 +70,15 @@ impl DnsLab {
             }
         }
         Ok(out)
+    }
+}
+
+impl DnsLab {
+    /// Makes the client's resolver query over TCP (`RESOLV_CONF_TCP`) or UDP.
+    pub fn over_tcp(&self, tcp: bool) -> anyhow::Result<()> {
+        let text = if tcp { RESOLV_CONF_TCP } else { RESOLV_CONF };
+        std::fs::write(self.netns_etc.join("resolv.conf"), text)
+            .context("could not write the client's resolv.conf")
     }
 }
 

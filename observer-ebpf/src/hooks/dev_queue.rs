@@ -132,16 +132,7 @@ fn open(
     packet: &Packet,
     now: u64,
 ) -> Result<(), ReadFailed> {
-    let closing = packet.protocol == PROTO_TCP && packet.tcp_flags & (TCP_FIN | TCP_RST) != 0;
-    // conntrack never creates an entry for a FIN or RST: one marked NEW belongs to an
-    // entry that has not been answered yet, not to a new decision.
-    let start_seen = info == ctinfo::NEW && !closing;
-    if closing {
-        // The end of a connection the table had no room for: a SYN on its tuple from
-        // now on makes a new entry (conntrack reopens closed ones), even at the same
-        // address with the same initial sequence number, and is a new decision.
-        let _ = LOST.remove(&conntrack);
-    }
+    let start_seen = is_decision(conntrack, info, packet);
     if !start_seen && packet.protocol == PROTO_TCP && !established(conntrack)? {
         // Attached mid-connection: adopt established connections only, not the last
         // ACKs of one that just closed.
@@ -213,6 +204,21 @@ fn open(
         Err(_) => {}
     }
     Ok(())
+}
+
+/// Whether a packet of an untracked connection is its DNAT decision: marked NEW, and
+/// not a FIN or RST (conntrack never creates an entry for those: one marked NEW belongs
+/// to an entry not answered yet). A FIN or RST also ends a connection the table had no
+/// room for: a SYN on its tuple from now on makes a new entry (conntrack reopens closed
+/// ones), even at the same address with the same initial sequence number, so it is a
+/// new decision and no longer the lost one `LOST` remembers.
+#[inline(always)]
+fn is_decision(conntrack: u64, info: u64, packet: &Packet) -> bool {
+    let closing = packet.protocol == PROTO_TCP && packet.tcp_flags & (TCP_FIN | TCP_RST) != 0;
+    if closing {
+        let _ = LOST.remove(&conntrack);
+    }
+    info == ctinfo::NEW && !closing
 }
 
 /// Whether the connection `fresh` (at `conntrack`) was already counted lost for a full

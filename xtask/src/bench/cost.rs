@@ -176,7 +176,9 @@ fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
 fn program_costs(setup: &Setup<'_>) -> anyhow::Result<()> {
     let dir = tempfile_dir()?;
     let recorder = Recorder::start(setup.observer, &dir)?;
-    let ids = progstats::program_ids(recorder.observer.pid())?;
+    let floor = progstats::FloorPrograms::attach()?;
+    let mut ids = progstats::program_ids(recorder.observer.pid())?;
+    ids.extend(&floor.ids);
     let stats = progstats::StatsEnabled::new()?;
     let start = progstats::snapshot(&ids)?;
     let dnat = (setup.dnat)()?;
@@ -184,9 +186,11 @@ fn program_costs(setup: &Setup<'_>) -> anyhow::Result<()> {
     let pods = (setup.pod_to_pod)()?;
     let end = progstats::snapshot(&ids)?;
     drop(stats);
+    drop(floor);
     recorder.stop()?;
     let _ = std::fs::remove_dir_all(&dir);
-    println!("kernel programs (kernel.bpf_stats_enabled), ns per run and runs per connection");
+    println!("kernel programs (kernel.bpf_stats_enabled), ns per run and runs per connection;");
+    println!("  floor_* do nothing: their ns per run is what running any program costs here");
     println!("  program            DNAT ns/run  runs/conn   pod-to-pod ns/run  runs/conn");
     for (name, end_runs) in &end {
         let (Some(first), Some(mid)) = (start.get(name), middle.get(name)) else {

@@ -86,3 +86,59 @@ pub fn snapshot(ids: &[u32]) -> anyhow::Result<BTreeMap<String, Runs>> {
     }
     Ok(programs)
 }
+
+/// Empty programs on observer's hooks (`empty_programs.py`): their ns per run is the
+/// floor of `kernel.bpf_stats_enabled` on this machine, what running any program at all
+/// costs there (the accounting's own clock reads included). Detached on drop.
+pub struct FloorPrograms {
+    child: std::process::Child,
+    pub ids: Vec<u32>,
+}
+
+impl FloorPrograms {
+    pub fn attach() -> anyhow::Result<FloorPrograms> {
+        use std::io::{BufRead as _, Write as _};
+        let cgroup =
+            cgroup2_mount().context("no cgroup v2 mount for the empty cgroup_skb programs")?;
+        let script = std::env::temp_dir().join("observer-bench-empty-programs.py");
+        std::fs::File::create(&script)?.write_all(include_bytes!("empty_programs.py"))?;
+        let mut child = Command::new("python3")
+            .arg(&script)
+            .arg(&cgroup)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .context("python3 (empty BPF programs)")?;
+        let mut line = String::new();
+        let stdout = child.stdout.take().context("no stdout")?;
+        std::io::BufReader::new(stdout).read_line(&mut line)?;
+        let Some(ids) = line.trim().strip_prefix("ids ") else {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("the empty BPF programs did not attach (see the error above)");
+        };
+        let ids = ids
+            .split_whitespace()
+            .map(str::parse)
+            .collect::<Result<_, _>>()?;
+        Ok(FloorPrograms { child, ids })
+    }
+}
+
+impl Drop for FloorPrograms {
+    fn drop(&mut self) {
+        drop(self.child.stdin.take());
+        let _ = self.child.wait();
+    }
+}
+
+/// Where cgroup v2 is mounted (`/sys/fs/cgroup`, or `/sys/fs/cgroup/unified` on hybrid
+/// hosts), from /proc/self/mountinfo.
+fn cgroup2_mount() -> Option<std::path::PathBuf> {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    mountinfo.lines().find_map(|line| {
+        let (before, after) = line.split_once(" - ")?;
+        (after.split_whitespace().next()? == "cgroup2")
+            .then(|| before.split_whitespace().nth(4).map(Into::into))?
+    })
+}

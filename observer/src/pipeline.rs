@@ -84,6 +84,9 @@ struct Session {
     /// Final records that could not be made (an unknown protocol): lost connections.
     unrecordable: u64,
     events: u64,
+    /// Drained ring-buffer records, reused from drain to drain: a fresh vector each
+    /// time grew (copying) and faulted in new pages at every 50 ms drain.
+    drained: (Vec<ConnEvent>, Vec<observer_common::dns::DnsEvent>),
     dns: dns::DnsSide,
 }
 
@@ -145,6 +148,7 @@ impl Session {
             malformed: 0,
             unrecordable: 0,
             events: 0,
+            drained: Default::default(),
             dns: dns::DnsSide::new(clock),
         }
     }
@@ -195,12 +199,25 @@ impl Session {
 
 impl Session {
     fn drain(&mut self) -> anyhow::Result<()> {
-        let mut events: Vec<ConnEvent> = Vec::new();
-        let mut dns = Vec::new();
+        let (mut events, mut dns) = std::mem::take(&mut self.drained);
+        events.clear();
+        dns.clear();
         self.malformed += self.capture.drain_events(&mut events, &mut dns);
         self.events += (events.len() + dns.len()) as u64;
-        self.on_dns(&dns)?;
-        for event in &events {
+        let result = self.on_events(&events, &dns);
+        self.drained = (events, dns);
+        result?;
+        self.end_superseded()?;
+        self.release_held()
+    }
+
+    fn on_events(
+        &mut self,
+        events: &[ConnEvent],
+        dns: &[observer_common::dns::DnsEvent],
+    ) -> anyhow::Result<()> {
+        self.on_dns(dns)?;
+        for event in events {
             if let Some(follower) = self.follower.as_mut() {
                 follower.view.on_kernel_event(event);
                 follower.watch(event.state.netns);
@@ -212,8 +229,7 @@ impl Session {
                 Err(_) => {}
             }
         }
-        self.end_superseded()?;
-        self.release_held()
+        Ok(())
     }
 
     fn sweep(&mut self) -> anyhow::Result<()> {

@@ -5,6 +5,7 @@
 //! sends); `socket` opens ctnetlink sockets inside a network namespace; `listener` runs
 //! one thread that follows events in many namespaces.
 
+pub mod filter;
 pub mod listener;
 pub mod parse;
 pub mod socket;

@@ -206,6 +206,9 @@ fn open_socket(groups: &[u32], buffer: i32) -> io::Result<OwnedFd> {
             set_option(raw, libc::SOL_SOCKET, libc::SO_RCVBUF, &buffer)?;
         }
     }
+    if groups.contains(&GROUP_DESTROY) {
+        super::filter::attach(raw)?;
+    }
     for group in groups {
         set_option(raw, SOL_NETLINK, NETLINK_ADD_MEMBERSHIP, group)?;
     }

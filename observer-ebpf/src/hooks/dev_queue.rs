@@ -294,9 +294,9 @@ fn reused(
     }
     let syn = packet.protocol == PROTO_TCP && packet.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN;
     if syn && closed(state) {
-        // conntrack takes no SYN into an entry that saw FIN or RST: it kills the entry
-        // and makes a new one, often at the same address, and the client's retransmitted
-        // SYN carries the initial sequence number we recorded.
+        // A NEW packet on an entry that closed (an unanswered one can only have closed by
+        // RST): conntrack killed that entry for this SYN and made a new one, often at the
+        // same address, and a retransmitted SYN carries the sequence number recorded.
         return Ok(true);
     }
     if syn && load!(state.syn_seen) != 0 {

@@ -78,14 +78,16 @@ impl Transport {
     };
 }
 
-/// Parses an IPv4 or IPv6 TCP/UDP packet; `Ok(None)` for anything else. Reads: `head`
-/// with `data`, `len`, `network_header`, the headers, and for UDP `dev`.
+/// Parses an IPv4 or IPv6 TCP/UDP packet; `Ok(None)` for anything else. `lengths` is
+/// the word holding `skb->len` and `data_len` (bytes in page fragments), adjacent in
+/// every kernel (user space checks that in BTF before load). Reads: `head` with `data`,
+/// `network_header`, the headers, and for UDP `dev`.
 #[inline(always)]
-pub fn parse(skb: u64) -> Result<Option<Packet>, ReadFailed> {
+pub fn parse(skb: u64, lengths: u64) -> Result<Option<Packet>, ReadFailed> {
     let [head, data]: [u64; 2] = read(skb, offset!(skb_head))?;
-    // `len` and `data_len` (bytes in page fragments) are adjacent in every kernel;
-    // user space checks that in BTF before load.
-    let [len, data_len]: [u32; 2] = read(skb, offset!(skb_len))?;
+    let bytes = lengths.to_ne_bytes();
+    let len = u32::from_ne_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+    let data_len = u32::from_ne_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]);
     let network_header: u16 = read(skb, offset!(skb_network_header))?;
     let ip = head + network_header as u64;
     // Bytes in front of the IP header that `skb->len` counts (the L2 header here).

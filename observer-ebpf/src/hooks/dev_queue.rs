@@ -47,7 +47,9 @@ fn handle(skb: u64) -> Result<(), ReadFailed> {
     if offset!(valid) == 0 {
         return Ok(());
     }
-    let nfct: u64 = read(skb, offset!(skb_nfct))?;
+    // `_nfct` and, right after it, `len` and `data_len` (user space checked that in
+    // BTF): one read serves the cheap exit and the parse.
+    let [nfct, lengths]: [u64; 2] = read(skb, offset!(skb_nfct))?;
     let info = nfct & ctinfo::MASK;
     let conntrack = nfct & !ctinfo::MASK;
     if conntrack == 0 || info == ctinfo::UNTRACKED {
@@ -64,7 +66,7 @@ fn handle(skb: u64) -> Result<(), ReadFailed> {
     if info == ctinfo::RELATED || info == ctinfo::RELATED + ctinfo::IS_REPLY {
         return Ok(());
     }
-    let Some(packet) = parse(skb)? else {
+    let Some(packet) = parse(skb, lengths)? else {
         return Ok(());
     };
     let dir = if info >= ctinfo::IS_REPLY {

@@ -116,15 +116,16 @@ fn skb_offsets(btf: &Btf) -> Result<KernelOffsets, BtfError> {
             ("head", 8),
             ("data", 8),
             ("len", 4),
-            // Bytes in page fragments: read together with `len` (DNS capture).
+            // Bytes in page fragments: read together with `_nfct` and `len`.
             ("data_len", 4),
             // struct net_device *: the device a datagram passes (UDP de-duplication).
             ("dev", 8),
             ("network_header", 2),
         ],
     )?;
-    if skb_data_len != skb_len + 4 {
-        return Err(BtfError::UnexpectedLayout("sk_buff.len, data_len"));
+    // The forwarding hook reads `_nfct`, `len` and `data_len` in one 16-byte read.
+    if skb_len != skb_nfct + 8 || skb_data_len != skb_len + 4 {
+        return Err(BtfError::UnexpectedLayout("sk_buff._nfct, len, data_len"));
     }
     Ok(KernelOffsets {
         skb_nfct,
@@ -174,6 +175,11 @@ mod tests {
 
     /// BTF with just `struct sk_buff`, its `_nfct` `nfct_bytes` wide.
     fn skb_only(nfct_bytes: u32) -> Btf {
+        skb_with_len_at(nfct_bytes, 64)
+    }
+
+    /// The same with `len` at bit `len_bits` (`data_len` right after it).
+    fn skb_with_len_at(nfct_bytes: u32, len_bits: u32) -> Btf {
         let mut b = Builder::new();
         let nfct = b.int("nfct_t", nfct_bytes);
         let (int, short, pointer) = (b.int("u32", 4), b.int("__u16", 2), b.pointer());
@@ -182,10 +188,10 @@ mod tests {
             40,
             &[
                 ("_nfct", nfct, 0),
-                ("head", pointer, 64),
-                ("data", pointer, 128),
-                ("len", int, 192),
-                ("data_len", int, 224),
+                ("len", int, len_bits),
+                ("data_len", int, len_bits + 32),
+                ("head", pointer, 128),
+                ("data", pointer, 192),
                 ("network_header", short, 256),
                 ("dev", pointer, 320),
             ],
@@ -205,6 +211,16 @@ mod tests {
         assert_eq!(
             kernel_offsets(&skb_only(8)),
             Err(BtfError::NoStruct("nf_conntrack_tuple".into()))
+        );
+    }
+
+    /// `_nfct`, `len` and `data_len` are read in one piece: a kernel where `len` does not
+    /// follow `_nfct` is refused, naming the members.
+    #[test]
+    fn len_apart_from_nfct_is_refused() {
+        assert_eq!(
+            kernel_offsets(&skb_with_len_at(8, 384)),
+            Err(BtfError::UnexpectedLayout("sk_buff._nfct, len, data_len"))
         );
     }
 

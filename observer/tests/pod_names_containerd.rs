@@ -9,13 +9,11 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::net::{IpAddr, SocketAddr};
 use std::os::unix::fs::MetadataExt as _;
 use std::path::Path;
 
-use common::pods::record;
+use common::pods::{assert_named_by_bundles, record};
 use common::{prefix, require_root};
-use observer::model::record::Proto;
 use observer_lab::runtime::kube_namespace;
 use observer_lab::{Containerd, Lab, LabConfig, RuleMode, Topology};
 
@@ -74,26 +72,5 @@ fn containerd_sandboxes_name_the_pods() {
     assert_eq!(named, pods.values().cloned().collect::<BTreeSet<_>>());
 
     let (conns, answered) = record(&lab, None);
-    let pod_of = |addr: SocketAddr| match addr.ip() {
-        IpAddr::V4(ip) => pods.get(&ip).cloned(),
-        IpAddr::V6(_) => None,
-    };
-    for conn in &conns {
-        let pod = &answered[&(conn.proto, conn.client.port())];
-        let namespace = match conn.proto {
-            Proto::Tcp => "shop",
-            Proto::Udp => "kube-system",
-        };
-        assert_eq!(
-            conn.client_pod.as_deref(),
-            Some("default/client"),
-            "{conn:?}"
-        );
-        assert_eq!(
-            conn.backend_pod,
-            Some(format!("{namespace}/{pod}")),
-            "{conn:?}"
-        );
-        assert_eq!(conn.backend_pod, pod_of(conn.backend), "{conn:?}");
-    }
+    assert_named_by_bundles(&conns, &answered, &pods);
 }

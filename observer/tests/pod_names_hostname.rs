@@ -5,11 +5,8 @@
 
 mod common;
 
-use std::net::{IpAddr, SocketAddr};
-
-use common::pods::record;
+use common::pods::{assert_named_by_bundles, record};
 use common::{prefix, require_root};
-use observer::model::record::Proto;
 use observer_lab::{Lab, LabConfig, RuleMode, Topology};
 
 fn lab_config(tag: &str) -> LabConfig {
@@ -39,26 +36,5 @@ fn bundles_win_over_hostnames() {
     let lab = Lab::up(lab_config("hb")).expect("lab up");
     let (conns, answered) = record(&lab, Some(&lab.runtime_root()));
     let pods = lab.pod_names();
-    let pod_of = |addr: SocketAddr| match addr.ip() {
-        IpAddr::V4(ip) => pods.get(&ip).cloned(),
-        IpAddr::V6(_) => None,
-    };
-    for conn in &conns {
-        let pod = &answered[&(conn.proto, conn.client.port())];
-        let namespace = match conn.proto {
-            Proto::Tcp => "shop",
-            Proto::Udp => "kube-system",
-        };
-        assert_eq!(
-            conn.client_pod.as_deref(),
-            Some("default/client"),
-            "{conn:?}"
-        );
-        assert_eq!(
-            conn.backend_pod,
-            Some(format!("{namespace}/{pod}")),
-            "{conn:?}"
-        );
-        assert_eq!(conn.backend_pod, pod_of(conn.backend), "{conn:?}");
-    }
+    assert_named_by_bundles(&conns, &answered, &pods);
 }

@@ -2,6 +2,7 @@
 //! lab's Services, recorded by observer reading sandbox bundles under a runtime root.
 
 use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr};
 use std::path::Path;
 
 use observer::model::record::{ConnRecord, Proto};
@@ -36,4 +37,36 @@ pub fn record(
     only_node(&mut recording, lab.node_ns());
     assert_eq!(recording.conns.len(), 10, "{:?}", recording.conns);
     (recording.conns, answered)
+}
+
+/// Every connection names its client `default/client` and its backend
+/// `<namespace>/<pod>`, the pod that answered it and the one `pods` (the lab's pod per
+/// address) names: what the lab's sandbox bundles say.
+pub fn assert_named_by_bundles(
+    conns: &[ConnRecord],
+    answered: &BTreeMap<(Proto, u16), String>,
+    pods: &BTreeMap<Ipv4Addr, String>,
+) {
+    let pod_of = |ip: IpAddr| match ip {
+        IpAddr::V4(ip) => pods.get(&ip).cloned(),
+        IpAddr::V6(_) => None,
+    };
+    for conn in conns {
+        let pod = &answered[&(conn.proto, conn.client.port())];
+        let namespace = match conn.proto {
+            Proto::Tcp => "shop",
+            Proto::Udp => "kube-system",
+        };
+        assert_eq!(
+            conn.client_pod.as_deref(),
+            Some("default/client"),
+            "{conn:?}"
+        );
+        assert_eq!(
+            conn.backend_pod,
+            Some(format!("{namespace}/{pod}")),
+            "{conn:?}"
+        );
+        assert_eq!(conn.backend_pod, pod_of(conn.backend.ip()), "{conn:?}");
+    }
 }

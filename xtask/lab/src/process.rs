@@ -58,10 +58,8 @@ impl Lab {
     /// a UTS namespace of its own whose hostname is the pod's name (the host's stays as
     /// it is). Pushed after the servers, so `servers[i]` stays pod `i`'s server.
     fn start_pauses(&mut self) -> anyhow::Result<()> {
-        let mut members = self.pods.clone();
-        members.push(self.client_pod());
         let mut ready = Vec::new();
-        for pod in &members {
+        for pod in &self.members() {
             let marker = self.state_dir.join(format!("{}.pause", pod.name));
             let child = in_netns(&self.tools.ip, &pod.ns, "unshare")
                 .args(["--uts", "--", "/bin/sh", "-c"])

@@ -48,9 +48,8 @@ impl Lab {
     /// Every pod's address and `namespace/name` (the client's too), as the runtime
     /// state under [`Lab::runtime_root`] names them.
     pub fn pod_names(&self) -> std::collections::BTreeMap<std::net::Ipv4Addr, String> {
-        self.pods
+        self.members()
             .iter()
-            .chain(std::iter::once(&self.client_pod()))
             .map(|pod| (pod.ip, pod_name(pod)))
             .collect()
     }

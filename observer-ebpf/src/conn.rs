@@ -95,12 +95,17 @@ fn closing(state: *mut ConnState, dir: usize, packet: &Packet) -> u32 {
     // later), so the CPU that adds the second direction's FIN reads both halves set.
     // SAFETY: `fins` is aligned in a live map value or scratch slot.
     atomic_add(unsafe { &raw mut (*state).fins }, add);
-    let seen = load!(state.fins);
-    if seen as u32 != 0 && (seen >> 32) != 0 {
+    if both_fins(load!(state.fins)) {
         CLOSE_FIN
     } else {
         CLOSE_NONE
     }
+}
+
+/// Whether `ConnState::fins` holds a FIN of each direction (one half each).
+#[inline(always)]
+pub fn both_fins(fins: u64) -> bool {
+    fins as u32 != 0 && (fins >> 32) != 0
 }
 
 /// TCP payload bytes of `packet` beyond the highest sequence number already seen in

@@ -10,6 +10,7 @@
 
 use aya_ebpf::{
     helpers::generated::{bpf_probe_read_kernel, bpf_skb_load_bytes},
+    maps::ring_buf::RingBufEntry,
     programs::SkBuffContext,
 };
 use observer_common::{
@@ -76,13 +77,7 @@ pub fn capture(
             packet.payload_at as *const _,
         )
     };
-    if copied < 0 {
-        entry.discard(0);
-        count_dns_dropped(netns);
-        return;
-    }
-    entry.submit(0);
-    count(counters::DNS_EMITTED);
+    submit_copied(entry, copied, netns);
 }
 
 /// Copies the first bytes of a TCP segment with `segment` payload bytes starting at
@@ -126,6 +121,13 @@ pub fn capture_segment(
             len,
         )
     };
+    submit_copied(entry, copied, netns);
+}
+
+/// Submits a filled DNS event whose payload copy returned `copied`; a failed copy is
+/// discarded and counted as a message not copied.
+#[inline(always)]
+fn submit_copied(entry: RingBufEntry<DnsEvent>, copied: i64, netns: u32) {
     if copied < 0 {
         entry.discard(0);
         count_dns_dropped(netns);

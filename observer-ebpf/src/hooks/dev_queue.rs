@@ -23,7 +23,8 @@ use observer_common::{
 
 use crate::{
     conn::{
-        account, close, emit, end_now, load, lost_identity, pending_close, remember_dialed, store,
+        account, both_fins, close, emit, end_now, load, lost_identity, pending_close,
+        remember_dialed, store,
     },
     dns::{capture, is_dns},
     kernel::{ReadFailed, convert, read, read_netns, read_original, read_tuples},
@@ -266,10 +267,7 @@ fn supersede(conntrack: u64, fresh: &ConnState, now: u64) {
 /// still waiting for room in the ring buffer.
 #[inline(always)]
 fn closed(state: *const ConnState) -> bool {
-    let fins = load!(state.fins);
-    load!(state.rst) != 0
-        || pending_close(state) != CLOSE_NONE
-        || (fins as u32 != 0 && (fins >> 32) != 0)
+    load!(state.rst) != 0 || pending_close(state) != CLOSE_NONE || both_fins(load!(state.fins))
 }
 
 /// Whether a tracked entry belongs to an earlier connection whose `nf_conn` memory the

@@ -3,8 +3,9 @@
 //! and keep one entry per DNATed connection.
 //!
 //! Layout: `maps.rs` (maps, counters, the offsets global), `kernel.rs` (reads of kernel
-//! memory), `packet.rs` (header parsing), `conn.rs` (per-connection accounting),
-//! `dns.rs` (port-53 payload prefixes), `hooks/` (one file per hook family).
+//! memory), `skb.rs` (`sk_buff` fields, by BTF load or helper), `packet.rs` (header
+//! parsing), `conn.rs` (per-connection accounting), `dns.rs` (port-53 payload
+//! prefixes), `hooks/` (one file per hook family).
 #![no_std]
 #![no_main]
 // Atomic adds (`conn::account`): core's atomic types lack them on the BPF target.
@@ -17,6 +18,7 @@ mod hooks;
 mod kernel;
 mod maps;
 mod packet;
+mod skb;
 
 #[cfg(not(test))]
 #[panic_handler]

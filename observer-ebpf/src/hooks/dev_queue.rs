@@ -11,7 +11,11 @@
 //! forwarded by the node, so both pass here. A bridged packet passes twice (bridge,
 //! then bridge port): `conn::account` counts each byte once.
 
-use aya_ebpf::{helpers::bpf_ktime_get_ns, macros::raw_tracepoint, programs::RawTracePointContext};
+use aya_ebpf::{
+    helpers::bpf_ktime_get_ns,
+    macros::{btf_tracepoint, raw_tracepoint},
+    programs::{BtfTracePointContext, RawTracePointContext},
+};
 use observer_common::{
     conn::{
         CLOSE_EXPIRED, CLOSE_NONE, ConnState, DialedKey, EVENT_OPEN, FlowTuple, ORIGINAL,
@@ -30,27 +34,36 @@ use crate::{
     kernel::{ReadFailed, convert, read, read_netns, read_original, read_tuples},
     maps::{BPF_NOEXIST, CONNS, DIALED, LOST, SCRATCH, count, count_lost, offset},
     packet::{Packet, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, parse},
+    skb::{BtfSkb, ProbedSkb, SkbFields},
 };
 
 /// `-EEXIST`.
 const EEXIST: i32 = -17;
 
+/// The program user space attaches: `sk_buff` fields are plain loads.
+#[btf_tracepoint(function = "net_dev_queue")]
+pub fn net_dev_queue(ctx: BtfTracePointContext) -> i32 {
+    let _ = handle(BtfSkb::new(ctx.arg::<*const u8>(0)));
+    0
+}
+
+/// The same for kernels that refuse the first (no BTF tracepoints, or a verifier that
+/// cannot follow its loads): `sk_buff` fields through helper calls.
 #[raw_tracepoint(tracepoint = "net_dev_queue")]
-pub fn net_dev_queue(ctx: RawTracePointContext) -> i32 {
-    let _ = handle(ctx.arg::<u64>(0));
+pub fn dev_queue_raw(ctx: RawTracePointContext) -> i32 {
+    let _ = handle(ProbedSkb(ctx.arg::<u64>(0)));
     0
 }
 
 #[inline(always)]
-fn handle(skb: u64) -> Result<(), ReadFailed> {
-    // A packet without a DNAT decision costs two reads and no map lookup (the first
-    // packet of a connection one lookup more: `forget_reused`).
+fn handle<S: SkbFields>(skb: S) -> Result<(), ReadFailed> {
+    // A packet without a DNAT decision costs the skb's `_nfct` and the entry's `status`
+    // and no map lookup (the first packet of a connection one lookup more:
+    // `forget_reused`).
     if offset!(valid) == 0 {
         return Ok(());
     }
-    // `_nfct` and, right after it, `len` and `data_len` (user space checked that in
-    // BTF): one read serves the cheap exit and the parse.
-    let [nfct, lengths]: [u64; 2] = read(skb, offset!(skb_nfct))?;
+    let (nfct, len, data_len) = skb.conntrack_and_lengths()?;
     let info = nfct & ctinfo::MASK;
     let conntrack = nfct & !ctinfo::MASK;
     if conntrack == 0 || info == ctinfo::UNTRACKED {
@@ -67,7 +80,7 @@ fn handle(skb: u64) -> Result<(), ReadFailed> {
     if info == ctinfo::RELATED || info == ctinfo::RELATED + ctinfo::IS_REPLY {
         return Ok(());
     }
-    let Some(packet) = parse(skb, lengths)? else {
+    let Some(packet) = parse(skb, len, data_len)? else {
         return Ok(());
     };
     let dir = if info >= ctinfo::IS_REPLY {

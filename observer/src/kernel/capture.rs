@@ -4,7 +4,7 @@
 use aya::{
     Ebpf, EbpfLoader,
     maps::{HashMap, MapData, PerCpuArray, RingBuf},
-    programs::{CgroupAttachMode, CgroupSkb, CgroupSkbAttachType, RawTracePoint},
+    programs::{BtfTracePoint, CgroupAttachMode, CgroupSkb, CgroupSkbAttachType, RawTracePoint},
 };
 use observer_common::{
     conn::{ConnEvent, ConnState, DialedKey},
@@ -20,8 +20,8 @@ use crate::kernel::{btf::Btf, decode, decode::KernelEvent};
 /// The compiled kernel programs, built by `build.rs` and embedded in the binary.
 static PROGRAMS: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/observer"));
 
-/// The tracepoints observer attaches to: (program name, tracepoint).
-const HOOKS: [(&str, &str); 1] = [("net_dev_queue", "net_dev_queue")];
+/// The tracepoint the forwarding hook attaches to.
+const DEV_QUEUE: &str = "net_dev_queue";
 
 /// Why capture could not start. Each message is one sentence naming cause and fix.
 #[derive(Debug, thiserror::Error)]
@@ -154,22 +154,52 @@ fn load(
         .map_err(|err| CaptureError::Load(error_chain(&err)))
 }
 
-/// Attaches the raw tracepoint programs (`HOOKS`); returns how many.
-fn attach_tracepoints(ebpf: &mut Ebpf) -> Result<u32, CaptureError> {
-    for (program, hook) in HOOKS {
-        let mut attach = || -> Result<(), String> {
-            let program: &mut RawTracePoint = ebpf
-                .program_mut(program)
-                .ok_or("program missing from the object")?
-                .try_into()
-                .map_err(|err| error_chain(&err))?;
-            program.load().map_err(|err| error_chain(&err))?;
-            program.attach(hook).map_err(|err| error_chain(&err))?;
-            Ok(())
-        };
-        attach().map_err(|reason| CaptureError::Attach { hook, reason })?;
-    }
-    Ok(HOOKS.len() as u32)
+/// Attaches the forwarding hook to `net_dev_queue`: the BTF tracepoint program
+/// (`sk_buff` fields as plain loads) where the kernel takes it, else the raw tracepoint
+/// program (fields through helper calls), saying so in `warnings`.
+fn attach_dev_queue(ebpf: &mut Ebpf, warnings: &mut Vec<String>) -> Result<(), CaptureError> {
+    let btf_refused = match attach_btf_tracepoint(ebpf) {
+        Ok(()) => {
+            log::debug!("net_dev_queue attached as a BTF tracepoint");
+            return Ok(());
+        }
+        Err(reason) => reason,
+    };
+    let mut attach = || -> Result<(), String> {
+        let program: &mut RawTracePoint = ebpf
+            .program_mut("dev_queue_raw")
+            .ok_or("program missing from the object")?
+            .try_into()
+            .map_err(|err| error_chain(&err))?;
+        program.load().map_err(|err| error_chain(&err))?;
+        program.attach(DEV_QUEUE).map_err(|err| error_chain(&err))?;
+        Ok(())
+    };
+    attach().map_err(|reason| CaptureError::Attach {
+        hook: DEV_QUEUE,
+        reason,
+    })?;
+    log::debug!("net_dev_queue attached as a raw tracepoint");
+    warnings.push(format!(
+        "the kernel refused the BTF tracepoint program ({btf_refused}); the raw tracepoint program runs instead, at a higher cost per packet"
+    ));
+    Ok(())
+}
+
+/// Loads and attaches `net_dev_queue` as a BTF tracepoint (the kernel's own BTF names
+/// its argument types).
+fn attach_btf_tracepoint(ebpf: &mut Ebpf) -> Result<(), String> {
+    let btf = aya::Btf::from_sys_fs().map_err(|err| error_chain(&err))?;
+    let program: &mut BtfTracePoint = ebpf
+        .program_mut("net_dev_queue")
+        .ok_or("program missing from the object")?
+        .try_into()
+        .map_err(|err| error_chain(&err))?;
+    program
+        .load(DEV_QUEUE, &btf)
+        .map_err(|err| error_chain(&err))?;
+    program.attach().map_err(|err| error_chain(&err))?;
+    Ok(())
 }
 
 /// Attaches `program` to the cgroup v2 root `root`: `local_delivery` to ingress (every
@@ -242,8 +272,9 @@ impl Capture {
         raise_memlock();
         let offsets = read_offsets(&options.btf_path)?;
         let mut ebpf = load(options, &offsets)?;
-        let mut hooks_attached = attach_tracepoints(&mut ebpf)?;
         let mut warnings = Vec::new();
+        attach_dev_queue(&mut ebpf, &mut warnings)?;
+        let mut hooks_attached = 1;
         match cgroup2_mount() {
             Some(root) => {
                 attach_cgroup(

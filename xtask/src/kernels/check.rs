@@ -56,6 +56,12 @@ pub fn check(report: &str, expected: &Expected) -> Vec<String> {
             other => fail(format!("observer record exited with {other:?}, expected 0")),
         }
         check_offsets(&lines("STDERR"), expected, &mut fail);
+        if !lines("STDERR")
+            .iter()
+            .any(|l| l.ends_with("net_dev_queue attached as a BTF tracepoint"))
+        {
+            fail("net_dev_queue was not attached as a BTF tracepoint".to_owned());
+        }
         check_records(&lines("CLIENT"), &lines("LOG"), expected, &mut fail);
         check_detach(&lines("PROGS"), &lines("STDERR"), &mut fail);
     }

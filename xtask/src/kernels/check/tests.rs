@@ -31,6 +31,7 @@ fn good() -> String {
             format!("CLIENT {s} 2 49 219 a"),
             format!("EXIT {s} 0"),
             format!("STDERR {s} [DEBUG] kernel offsets from BTF: sk_buff._nfct=104 net.ns.inum=144"),
+            format!("STDERR {s} [DEBUG] net_dev_queue attached as a BTF tracepoint"),
             format!("LOG {s} {}", conn(40000, "10.244.1.12:8080", 49, 219)),
             format!("LOG {s} {}", conn(40001, "10.244.1.13:8080", 48, 219)),
             format!(
@@ -52,7 +53,7 @@ fn a_report_where_everything_holds_passes() {
 
 #[test]
 fn each_wrong_fact_is_one_line_naming_it() {
-    let cases: [(&str, &str, &str); 9] = [
+    let cases: [(&str, &str, &str); 10] = [
         ("DONE", "", "the guest did not finish its scenarios"),
         (
             "EXIT iptables 0",
@@ -85,6 +86,11 @@ fn each_wrong_fact_is_one_line_naming_it() {
             "iptables: bytes_from_backend wrong for the connection that sent 49 bytes to 10.244.1.12:8080 and got 219",
         ),
         ("NOBTF 2", "NOBTF 1", "--btf /nonexistent: expected exit 2"),
+        (
+            "[DEBUG] net_dev_queue attached as a BTF tracepoint",
+            "[DEBUG] net_dev_queue attached as a raw tracepoint",
+            "iptables: net_dev_queue was not attached as a BTF tracepoint",
+        ),
         (
             "\"dnat_events\":2",
             "\"dnat_events\":3",

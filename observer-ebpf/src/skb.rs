@@ -1,0 +1,106 @@
+//! The `struct sk_buff` fields `net_dev_queue` reads, two ways: `BtfSkb` from a BTF
+//! tracepoint (`tp_btf`), where each field is one plain load, and `ProbedSkb` from a raw
+//! tracepoint, where each read is a `bpf_probe_read_kernel` helper call. User space
+//! attaches the first and falls back to the second where the kernel refuses it.
+
+use crate::{
+    kernel::{ReadFailed, read},
+    maps::offset,
+};
+
+/// The `sk_buff` fields the forwarding hook needs.
+pub trait SkbFields: Copy {
+    /// `_nfct`, `len` and `data_len`.
+    fn conntrack_and_lengths(self) -> Result<(u64, u32, u32), ReadFailed>;
+    /// `head` and `data`.
+    fn head_and_data(self) -> Result<(u64, u64), ReadFailed>;
+    /// `network_header`, relative to `head`.
+    fn network_header(self) -> Result<u16, ReadFailed>;
+    /// `dev`, the device about to transmit it.
+    fn dev(self) -> Result<u64, ReadFailed>;
+}
+
+/// An `sk_buff` the verifier knows by its BTF type (a `tp_btf` argument). With the
+/// offsets constant (`OFFSETS` is in a frozen read-only map, so the verifier reads them
+/// as known values), each load is checked against `sk_buff`'s layout at load time and
+/// runs as one fault-handled load (`BPF_PROBE_MEM`) instead of a helper call. One load
+/// per field: the verifier refuses a load that spans two members.
+#[derive(Clone, Copy)]
+pub struct BtfSkb(*const u8);
+
+impl BtfSkb {
+    /// From the tracepoint's `struct sk_buff *` argument.
+    #[inline(always)]
+    pub fn new(skb: *const u8) -> BtfSkb {
+        BtfSkb(skb)
+    }
+
+    #[inline(always)]
+    fn load<T>(self, offset: u32) -> T {
+        // SAFETY: the verifier checks this load against `sk_buff`'s BTF (a member of
+        // exactly `T`'s size at `offset`) and makes it fault-handled: it cannot read
+        // outside the structure or fault.
+        unsafe { core::ptr::read_volatile(self.0.add(offset as usize).cast::<T>()) }
+    }
+}
+
+impl SkbFields for BtfSkb {
+    #[inline(always)]
+    fn conntrack_and_lengths(self) -> Result<(u64, u32, u32), ReadFailed> {
+        Ok((
+            self.load(offset!(skb_nfct)),
+            self.load(offset!(skb_len)),
+            self.load(offset!(skb_len) + 4),
+        ))
+    }
+
+    #[inline(always)]
+    fn head_and_data(self) -> Result<(u64, u64), ReadFailed> {
+        Ok((self.load(offset!(skb_head)), self.load(offset!(skb_data))))
+    }
+
+    #[inline(always)]
+    fn network_header(self) -> Result<u16, ReadFailed> {
+        Ok(self.load(offset!(skb_network_header)))
+    }
+
+    #[inline(always)]
+    fn dev(self) -> Result<u64, ReadFailed> {
+        // `dev` is a pointer to a structure: a plain load would give the verifier a
+        // typed pointer, which this only compares. Read it as a number.
+        read(self.0 as u64, offset!(skb_dev))
+    }
+}
+
+/// An `sk_buff` at a kernel address (a raw tracepoint argument): fields are read with
+/// `bpf_probe_read_kernel`, adjacent ones in one call (user space checked in BTF that
+/// `len` and `data_len` follow `_nfct`, and `data` follows `head`).
+#[derive(Clone, Copy)]
+pub struct ProbedSkb(pub u64);
+
+impl SkbFields for ProbedSkb {
+    #[inline(always)]
+    fn conntrack_and_lengths(self) -> Result<(u64, u32, u32), ReadFailed> {
+        let [nfct, lengths]: [u64; 2] = read(self.0, offset!(skb_nfct))?;
+        let bytes = lengths.to_ne_bytes();
+        let len = u32::from_ne_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+        let data_len = u32::from_ne_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]);
+        Ok((nfct, len, data_len))
+    }
+
+    #[inline(always)]
+    fn head_and_data(self) -> Result<(u64, u64), ReadFailed> {
+        let [head, data]: [u64; 2] = read(self.0, offset!(skb_head))?;
+        Ok((head, data))
+    }
+
+    #[inline(always)]
+    fn network_header(self) -> Result<u16, ReadFailed> {
+        read(self.0, offset!(skb_network_header))
+    }
+
+    #[inline(always)]
+    fn dev(self) -> Result<u64, ReadFailed> {
+        read(self.0, offset!(skb_dev))
+    }
+}

@@ -98,7 +98,45 @@ pub static DIALED: HashMap<DialedKey, u64> = HashMap::with_max_entries(65536, 0)
 /// of the connection (`conn::lost_identity`): every packet of a connection that does
 /// not fit finds the table full, but the connection is counted lost once.
 #[map]
-pub static LOST: LruHashMap<u64, u64> = LruHashMap::with_max_entries(16384, 0);
+static LOST: LruHashMap<u64, u64> = LruHashMap::with_max_entries(16384, 0);
+
+/// Set, and never cleared, before the first `LOST` entry is written: until the table
+/// has once been full, no packet pays a `LOST` lookup.
+// SAFETY: a unique symbol; a global (.bss) the programs address directly.
+#[unsafe(no_mangle)]
+static mut LOST_ANY: u8 = 0;
+
+/// Remembers that the connection at `conntrack` (identity `identity`) was lost.
+#[inline(always)]
+pub fn remember_lost(conntrack: u64, identity: u64) {
+    // SAFETY: a byte store to a global; racing stores all write 1.
+    unsafe { core::ptr::write_volatile(&raw mut LOST_ANY, 1) };
+    let _ = LOST.insert(&conntrack, &identity, 0);
+}
+
+/// The identity of the lost connection remembered at `conntrack`, if any.
+#[inline(always)]
+pub fn lost_at(conntrack: u64) -> Option<u64> {
+    if !lost_any() {
+        return None;
+    }
+    // SAFETY: a live map value.
+    LOST.get_ptr(&conntrack).map(|known| unsafe { *known })
+}
+
+/// Forgets the lost connection remembered at `conntrack`, if any.
+#[inline(always)]
+pub fn forget_lost(conntrack: u64) {
+    if lost_any() {
+        let _ = LOST.remove(&conntrack);
+    }
+}
+
+#[inline(always)]
+fn lost_any() -> bool {
+    // SAFETY: a byte load from a global.
+    unsafe { core::ptr::read_volatile(&raw const LOST_ANY) != 0 }
+}
 
 /// Lost connections (both kinds) per network namespace inode: which node lost them.
 #[map]

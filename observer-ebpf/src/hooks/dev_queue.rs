@@ -32,7 +32,10 @@ use crate::{
     },
     dns::{capture, is_dns},
     kernel::{ReadFailed, convert, read, read_netns, read_original, read_tuples},
-    maps::{BPF_NOEXIST, CONNS, DIALED, LOST, SCRATCH, count, count_lost, offset},
+    maps::{
+        BPF_NOEXIST, CONNS, DIALED, SCRATCH, count, count_lost, forget_lost, lost_at, offset,
+        remember_lost,
+    },
     packet::{Packet, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, parse},
     skb::{BtfSkb, ProbedSkb, SkbFields},
 };
@@ -194,7 +197,7 @@ fn open(
             if !start_seen {
                 // Adopted: any SYN on this address from now on is a new entry's (see
                 // the removal above).
-                let _ = LOST.remove(&conntrack);
+                forget_lost(conntrack);
             }
             count(counters::TRACKED);
             remember_dialed(conntrack, fresh_ref);
@@ -213,7 +216,7 @@ fn open(
         // connection, and only once: its later packets find the table full too.
         Err(_) if start_seen => {
             if !counted_lost(conntrack, fresh_ref, packet) {
-                let _ = LOST.insert(&conntrack, &lost_identity(fresh_ref, packet), 0);
+                remember_lost(conntrack, lost_identity(fresh_ref, packet));
                 count_lost(counters::LOST_TABLE_FULL, fresh_ref.netns);
             }
         }
@@ -232,7 +235,7 @@ fn open(
 fn is_decision(conntrack: u64, info: u64, packet: &Packet) -> bool {
     let closing = packet.protocol == PROTO_TCP && packet.tcp_flags & (TCP_FIN | TCP_RST) != 0;
     if closing {
-        let _ = LOST.remove(&conntrack);
+        forget_lost(conntrack);
     }
     info == ctinfo::NEW && !closing
 }
@@ -242,10 +245,7 @@ fn is_decision(conntrack: u64, info: u64, packet: &Packet) -> bool {
 #[inline(always)]
 fn counted_lost(conntrack: u64, fresh: &ConnState, packet: &Packet) -> bool {
     let identity = lost_identity(fresh, packet);
-    LOST.get_ptr(&conntrack).is_some_and(|known| {
-        // SAFETY: a live map value.
-        unsafe { *known == identity }
-    })
+    lost_at(conntrack) == Some(identity)
 }
 
 /// Whether conntrack's TCP state of the entry is ESTABLISHED now.

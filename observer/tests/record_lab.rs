@@ -18,7 +18,7 @@ use observer_lab::{
     udp_queries,
 };
 
-fn scenario(topology: Topology, rules: RuleMode, tag: &str) {
+fn scenario(topology: Topology, rules: RuleMode, tag: &str, start: StartRecorder) {
     require_root();
     let lab = Lab::up(LabConfig {
         topology,
@@ -41,7 +41,7 @@ fn scenario(topology: Topology, rules: RuleMode, tag: &str) {
 
     let watch = ConntrackWatch::start(lab.node_ns()).expect("conntrack -E");
     let runtime_root = lab.runtime_root();
-    let recorder = Recorder::start(
+    let recorder = start(
         dir.path(),
         &[
             "--idle-timeout",
@@ -264,22 +264,104 @@ fn scenario(topology: Topology, rules: RuleMode, tag: &str) {
     assert_eq!(node_seen.values().sum::<u64>(), 30);
 }
 
+/// How a scenario starts `observer record` (in `dir`, with extra arguments).
+type StartRecorder = fn(&std::path::Path, &[&str]) -> Recorder;
+
+/// On a kernel whose BTF is not at /sys/kernel/btf/vmlinux (here: an empty file mounted
+/// over it, in a mount namespace of observer's own), with `--btf` naming a copy of it:
+/// offsets come from the copy, and without the kernel's BTF the BTF tracepoint program
+/// cannot load, so the raw tracepoint program must run, with the same results.
+fn start_with_kernel_btf_elsewhere(dir: &std::path::Path, extra: &[&str]) -> Recorder {
+    let btf = dir.join("vmlinux.btf");
+    std::fs::copy("/sys/kernel/btf/vmlinux", &btf).unwrap();
+    let empty = dir.join("no-btf");
+    std::fs::File::create(&empty).unwrap();
+    let output = dir.join("conns.jsonl");
+    let mut command = std::process::Command::new("unshare");
+    command
+        .args(["--mount", "--propagation", "private", "--", "sh", "-c"])
+        .arg(r#"mount --bind "$0" /sys/kernel/btf/vmlinux && exec "$@""#)
+        .arg(&empty)
+        .arg(env!("CARGO_BIN_EXE_observer"))
+        .arg("record")
+        .arg("--output")
+        .arg(&output)
+        .arg("--btf")
+        .arg(&btf)
+        .args(extra);
+    let recorder = Recorder::spawn(command, output);
+    assert_eq!(
+        program_types(recorder.pid()),
+        [
+            BPF_PROG_TYPE_CGROUP_SKB,
+            BPF_PROG_TYPE_CGROUP_SKB,
+            BPF_PROG_TYPE_RAW_TRACEPOINT
+        ],
+        "the raw tracepoint program and the two cgroup_skb programs"
+    );
+    recorder
+}
+
+const BPF_PROG_TYPE_CGROUP_SKB: u32 = 8;
+const BPF_PROG_TYPE_RAW_TRACEPOINT: u32 = 17;
+const BPF_PROG_TYPE_TRACING: u32 = 26;
+
+/// The types of the BPF programs process `pid` holds, sorted (`prog_type` in fdinfo).
+fn program_types(pid: u32) -> Vec<u32> {
+    let mut types: Vec<u32> = std::fs::read_dir(format!("/proc/{pid}/fdinfo"))
+        .unwrap()
+        .filter_map(|entry| std::fs::read_to_string(entry.ok()?.path()).ok())
+        .filter_map(|info| {
+            info.lines()
+                .find_map(|line| line.strip_prefix("prog_type:"))
+                .and_then(|value| value.trim().parse().ok())
+        })
+        .collect();
+    types.sort();
+    types
+}
+
+/// `observer record` as users start it: the BTF tracepoint program runs.
+fn start_normally(dir: &std::path::Path, extra: &[&str]) -> Recorder {
+    let recorder = Recorder::start(dir, extra);
+    assert_eq!(
+        program_types(recorder.pid()),
+        [
+            BPF_PROG_TYPE_CGROUP_SKB,
+            BPF_PROG_TYPE_CGROUP_SKB,
+            BPF_PROG_TYPE_TRACING
+        ],
+        "the BTF tracepoint program and the two cgroup_skb programs"
+    );
+    recorder
+}
+
 #[test]
 fn iptables_bridged() {
-    scenario(Topology::Bridged, RuleMode::Iptables, "ib");
+    scenario(Topology::Bridged, RuleMode::Iptables, "ib", start_normally);
+}
+
+#[test]
+fn raw_tracepoint_where_the_kernel_btf_is_elsewhere() {
+    scenario(
+        Topology::Bridged,
+        RuleMode::Iptables,
+        "rt",
+        start_with_kernel_btf_elsewhere,
+    );
 }
 
 #[test]
 fn iptables_routed() {
-    scenario(Topology::Routed, RuleMode::Iptables, "ir");
+    scenario(Topology::Routed, RuleMode::Iptables, "ir", start_normally);
 }
 
 #[test]
 fn nftables_bridged() {
-    scenario(Topology::Bridged, RuleMode::Nftables, "nb");
+    scenario(Topology::Bridged, RuleMode::Nftables, "nb", start_normally);
 }
 
 #[test]
 fn nftables_routed() {
-    scenario(Topology::Routed, RuleMode::Nftables, "nr");
+    scenario(Topology::Routed, RuleMode::Nftables, "nr", start_normally);
 }

@@ -57,6 +57,11 @@ impl Recorder {
         Recorder { observer, output }
     }
 
+    /// observer's process id.
+    pub fn pid(&self) -> u32 {
+        self.observer.pid()
+    }
+
     /// Sends `signal` to observer (e.g. SIGSTOP/SIGCONT to make it fall behind).
     pub fn signal(&self, signal: nix::sys::signal::Signal) {
         nix::sys::signal::kill(

@@ -16,7 +16,9 @@ impl Session {
     /// Returns the generation of the rules the name waits for, if a re-read is under way.
     pub(super) fn name(&mut self, record: &mut ConnRecord) -> anyhow::Result<Option<u64>> {
         self.netns_seen.insert(record.netns);
-        self.name_pods(record);
+        // One clock read serves both namers.
+        let now = Instant::now();
+        self.name_pods(record, now);
         let Some(namer) = self.namer.as_mut() else {
             return Ok(None);
         };
@@ -27,7 +29,7 @@ impl Session {
             record.proto,
             record.original_dst,
             record.backend,
-            Instant::now(),
+            now,
         );
         lookup.naming.apply_to(record);
         self.publish_naming()?;
@@ -36,11 +38,10 @@ impl Session {
 
     /// Fills in `client_pod` and `backend_pod`: map look-ups; an unknown address asks the
     /// pod namer's own thread to re-read the runtime state.
-    fn name_pods(&mut self, record: &mut ConnRecord) {
+    fn name_pods(&mut self, record: &mut ConnRecord, now: Instant) {
         let Some(pods) = self.pods.as_mut() else {
             return;
         };
-        let now = Instant::now();
         record.client_pod = pods.name(record.client.ip(), now);
         record.backend_pod = pods.name(record.backend.ip(), now);
         for warning in pods.take_warnings() {

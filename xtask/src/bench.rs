@@ -1,7 +1,8 @@
 //! `cargo xtask bench`: new TCP connections per second through the lab's DNAT
 //! (kube-proxy iptables rules, bridged node) with observer attached vs not, and the
-//! highest offered rate at which observer still loses nothing. Prints a table and
-//! ratios; medians of several runs. A benchmark, not a test: it asserts nothing.
+//! highest offered rate at which observer still loses nothing; then observer's CPU and
+//! RSS on a node with 5,000 Services (`bench_scale`). Prints tables and ratios; medians
+//! of several runs. A benchmark, not a test: it asserts nothing.
 //!
 //! Each connection is a fresh DNAT decision: the client (in the lab's client pod)
 //! connects to a `bench/sink:tcp` ClusterIP backed by the three checkout pods, where a
@@ -25,6 +26,10 @@ mod progstats;
 
 const PREFIX: &str = "bench";
 const SINK_PORT: u16 = 9090;
+/// The scale figure a full run ends with: Services x 3 endpoints, seconds measured per
+/// rule format.
+const SCALE_SERVICES: usize = 5000;
+const SCALE_SECONDS: f64 = 30.0;
 
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
@@ -41,8 +46,9 @@ pub struct BenchArgs {
         default_value = "1000,2000,4000,8000,12000,16000,20000"
     )]
     rates: Vec<u64>,
-    /// Instead of connection rates: observer's CPU (children included) and RSS on a node
-    /// with this many Services x 3 endpoints under light traffic, in both rule formats.
+    /// Only the scale figure, with this many Services: observer's CPU (children included)
+    /// and RSS on a node with N Services x 3 endpoints under light traffic, in both rule
+    /// formats. Without it, a full run ends with that figure for 5,000 Services.
     #[arg(long)]
     services: Option<usize>,
     /// Set up the lab and the sink, print how to drive load at it (e.g. to watch the live
@@ -78,7 +84,7 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
         None => crate::demo::build_observer(true)?,
     };
     if let Some(services) = args.services {
-        return crate::bench_scale::scale(&observer, services, 30.0);
+        return crate::bench_scale::scale(&observer, services, SCALE_SECONDS);
     }
     let xtask = std::env::current_exe()?;
     let (lab, target, pod, children) = sink_lab(&xtask)?;
@@ -137,7 +143,8 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
     loss_ramp(&observer, &args.rates, &load)?;
     drop(children);
     drop(lab);
-    Ok(())
+    println!();
+    crate::bench_scale::scale(&observer, SCALE_SERVICES, SCALE_SECONDS)
 }
 
 /// The lab with a `bench/sink:tcp` Service on the checkout pods, a sink in each;

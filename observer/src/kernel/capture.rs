@@ -181,24 +181,33 @@ fn attach_dev_queue(ebpf: &mut Ebpf, warnings: &mut Vec<String>) -> Result<(), C
     })?;
     log::debug!("net_dev_queue attached as a raw tracepoint");
     warnings.push(format!(
-        "the kernel refused the BTF tracepoint program ({btf_refused}); the raw tracepoint program runs instead, at a higher cost per packet"
+        "{btf_refused}; the raw tracepoint program runs instead, at a higher cost per packet"
     ));
     Ok(())
 }
 
 /// Loads and attaches `net_dev_queue` as a BTF tracepoint (the kernel's own BTF names
-/// its argument types).
+/// its argument types); on failure, a sentence saying why.
 fn attach_btf_tracepoint(ebpf: &mut Ebpf) -> Result<(), String> {
-    let btf = aya::Btf::from_sys_fs().map_err(|err| error_chain(&err))?;
+    let btf = aya::Btf::from_sys_fs().map_err(|err| {
+        format!(
+            "the kernel's own BTF, which the BTF tracepoint program needs, is not readable at /sys/kernel/btf/vmlinux ({})",
+            error_chain(&err)
+        )
+    })?;
+    let refused = |err: &dyn std::error::Error| {
+        format!(
+            "the kernel refused the BTF tracepoint program ({})",
+            error_chain(err)
+        )
+    };
     let program: &mut BtfTracePoint = ebpf
         .program_mut("net_dev_queue")
-        .ok_or("program missing from the object")?
+        .ok_or_else(|| "the BTF tracepoint program is missing from the object".to_owned())?
         .try_into()
-        .map_err(|err| error_chain(&err))?;
-    program
-        .load(DEV_QUEUE, &btf)
-        .map_err(|err| error_chain(&err))?;
-    program.attach().map_err(|err| error_chain(&err))?;
+        .map_err(|err| refused(&err))?;
+    program.load(DEV_QUEUE, &btf).map_err(|err| refused(&err))?;
+    program.attach().map_err(|err| refused(&err))?;
     Ok(())
 }
 

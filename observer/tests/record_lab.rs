@@ -290,14 +290,10 @@ fn start_with_kernel_btf_elsewhere(dir: &std::path::Path, extra: &[&str]) -> Rec
         .arg(&btf)
         .args(extra);
     let recorder = Recorder::spawn(command, output);
-    assert_eq!(
-        program_types(recorder.pid()),
-        [
-            BPF_PROG_TYPE_CGROUP_SKB,
-            BPF_PROG_TYPE_CGROUP_SKB,
-            BPF_PROG_TYPE_RAW_TRACEPOINT
-        ],
-        "the raw tracepoint program and the two cgroup_skb programs"
+    assert_programs(
+        &recorder,
+        BPF_PROG_TYPE_RAW_TRACEPOINT,
+        "the raw tracepoint program",
     );
     recorder
 }
@@ -305,6 +301,20 @@ fn start_with_kernel_btf_elsewhere(dir: &std::path::Path, extra: &[&str]) -> Rec
 const BPF_PROG_TYPE_CGROUP_SKB: u32 = 8;
 const BPF_PROG_TYPE_RAW_TRACEPOINT: u32 = 17;
 const BPF_PROG_TYPE_TRACING: u32 = 26;
+
+/// Asserts that observer holds the two cgroup_skb programs and, on `net_dev_queue`, a
+/// program of type `forwarding` (`what`).
+fn assert_programs(recorder: &Recorder, forwarding: u32, what: &str) {
+    assert_eq!(
+        program_types(recorder.pid()),
+        [
+            BPF_PROG_TYPE_CGROUP_SKB,
+            BPF_PROG_TYPE_CGROUP_SKB,
+            forwarding
+        ],
+        "{what} and the two cgroup_skb programs"
+    );
+}
 
 /// The types of the BPF programs process `pid` holds, sorted (`prog_type` in fdinfo).
 fn program_types(pid: u32) -> Vec<u32> {
@@ -324,14 +334,10 @@ fn program_types(pid: u32) -> Vec<u32> {
 /// `observer record` as users start it: the BTF tracepoint program runs.
 fn start_normally(dir: &std::path::Path, extra: &[&str]) -> Recorder {
     let recorder = Recorder::start(dir, extra);
-    assert_eq!(
-        program_types(recorder.pid()),
-        [
-            BPF_PROG_TYPE_CGROUP_SKB,
-            BPF_PROG_TYPE_CGROUP_SKB,
-            BPF_PROG_TYPE_TRACING
-        ],
-        "the BTF tracepoint program and the two cgroup_skb programs"
+    assert_programs(
+        &recorder,
+        BPF_PROG_TYPE_TRACING,
+        "the BTF tracepoint program",
     );
     recorder
 }

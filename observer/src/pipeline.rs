@@ -8,7 +8,7 @@ use std::{
 
 use anyhow::Context as _;
 use chrono::{DateTime, Utc};
-use observer_common::conn::{ConnEvent, ConnState, EVENT_CLOSE};
+use observer_common::conn::{ConnEvent, ConnState, EVENT_CLOSE, EVENT_OPEN};
 use tokio::sync::mpsc;
 
 mod dns;
@@ -223,6 +223,13 @@ impl Session {
                 follower.view.on_kernel_event(event);
                 follower.watch(event.state.netns);
             }
+            // Only the live view shows connections before they end: without it, an open
+            // event makes no record.
+            if event.kind == EVENT_OPEN && self.updates.is_none() {
+                self.tracker.opened(event);
+                self.prime(event.state.netns);
+                continue;
+            }
             match self.tracker.on_event(event) {
                 Ok((id, record)) if record.end.is_some() => self.finished(id, record)?,
                 Ok((id, record)) => self.progress(id, record),
@@ -302,21 +309,24 @@ impl Session {
         }
     }
 
-    fn progress(&mut self, id: ConnId, record: ConnRecord) {
-        let (id, mut record) = match self.follower.as_mut() {
-            Some(follower) => follower.view.rewrite(id, record),
-            None => (id, record),
-        };
-        // A namespace's rules are read (and watched) from its first connection on, so
-        // that their changes are seen as they happen.
-        if self.netns_seen.insert(record.netns)
+    /// A namespace's rules are read (and watched) from its first connection on, so that
+    /// their changes are seen as they happen.
+    fn prime(&mut self, netns: u32) {
+        if self.netns_seen.insert(netns)
             && let Some(namer) = self.namer.as_mut()
         {
-            namer.prime(record.netns, Instant::now());
+            namer.prime(netns, Instant::now());
         }
+    }
+
+    fn progress(&mut self, mut id: ConnId, mut record: ConnRecord) {
+        self.prime(record.netns);
         // Only the live view shows connections before they end.
         if self.updates.is_none() {
             return;
+        }
+        if let Some(follower) = self.follower.as_mut() {
+            follower.view.rewrite(&mut id, &mut record);
         }
         match self.name(&mut record) {
             // Its namespace's rules are being read for the first time: rather than a row
@@ -337,16 +347,16 @@ impl Session {
 
     /// Names a finished connection and writes it, or holds it while the rules its name
     /// depends on are being read.
-    fn finished(&mut self, id: ConnId, record: ConnRecord) -> anyhow::Result<()> {
-        let (id, mut record) = match self.follower.as_mut() {
-            Some(follower) => follower.view.rewrite(id, record),
-            None => (id, record),
-        };
-        let wait_for = self.name(&mut record)?;
-        match self.held.push(id, record, wait_for, Instant::now()) {
-            Some((id, record)) => self.write(id, record),
-            None => Ok(()),
+    fn finished(&mut self, mut id: ConnId, mut record: ConnRecord) -> anyhow::Result<()> {
+        if let Some(follower) = self.follower.as_mut() {
+            follower.view.rewrite(&mut id, &mut record);
         }
+        let wait_for = self.name(&mut record)?;
+        if self.held.must_wait(wait_for) {
+            self.held.hold(id, record, wait_for, Instant::now());
+            return Ok(());
+        }
+        self.write(id, record)
     }
 
     fn write(&mut self, id: ConnId, record: ConnRecord) -> anyhow::Result<()> {

@@ -15,7 +15,7 @@ use observer_common::{
 use std::os::fd::AsFd as _;
 
 use crate::kernel::host::{Caps, kernel_release, raise_memlock, too_old};
-use crate::kernel::{btf::Btf, decode, decode::KernelEvent};
+use crate::kernel::{btf::Btf, decode};
 
 /// The compiled kernel programs, built by `build.rs` and embedded in the binary.
 static PROGRAMS: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/observer"));
@@ -358,10 +358,8 @@ impl Capture {
         let ring = self.events.get_mut();
         let mut malformed = 0;
         while let Some(item) = ring.next() {
-            match decode::kernel_event(&item) {
-                Ok(KernelEvent::Conn(event)) => out.push(event),
-                Ok(KernelEvent::Dns(event)) => dns.push(*event),
-                Err(_) => malformed += 1,
+            if decode::push_kernel_event(&item, out, dns).is_err() {
+                malformed += 1;
             }
         }
         malformed

@@ -15,22 +15,50 @@ pub enum DecodeError {
     Protocol(u8),
 }
 
-/// One ring-buffer record: the kinds share the first field (`kind`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum KernelEvent {
-    Conn(ConnEvent),
-    Dns(Box<DnsEvent>),
-}
-
-/// Decodes one ring-buffer record of either kind, checking its length first.
-pub fn kernel_event(bytes: &[u8]) -> Result<KernelEvent, DecodeError> {
+/// Decodes one ring-buffer record of either kind onto the end of `conns` or `dns`,
+/// checking its length first. Each record is copied once, from the ring buffer into
+/// its vector.
+pub fn push_kernel_event(
+    bytes: &[u8],
+    conns: &mut Vec<ConnEvent>,
+    dns: &mut Vec<DnsEvent>,
+) -> Result<(), DecodeError> {
     match bytes
         .get(..4)
         .map(|kind| u32::from_ne_bytes([kind[0], kind[1], kind[2], kind[3]]))
     {
-        Some(EVENT_DNS) => Ok(KernelEvent::Dns(Box::new(dns_event(bytes)?))),
-        _ => conn_event(bytes).map(KernelEvent::Conn),
+        Some(EVENT_DNS) => push_decoded(bytes, dns),
+        _ => push_decoded(bytes, conns),
     }
+}
+
+/// A `#[repr(C)]` type of plain data that every bit pattern is a valid value of.
+///
+/// # Safety
+/// Only for such types.
+unsafe trait PlainData: Sized {}
+
+// SAFETY: both are `#[repr(C)]` integers and byte arrays (asserted in observer-common).
+unsafe impl PlainData for ConnEvent {}
+// SAFETY: as above.
+unsafe impl PlainData for DnsEvent {}
+
+fn push_decoded<T: PlainData>(bytes: &[u8], out: &mut Vec<T>) -> Result<(), DecodeError> {
+    check_length::<T>(bytes)?;
+    out.reserve(1);
+    // SAFETY: `reserve` made room for one more element past `len`; the length of
+    // `bytes` is checked above; `T` is plain data, so its bytes make a valid value once
+    // copied (a byte copy has no alignment needs); `set_len` then covers exactly the
+    // element written.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            bytes.as_ptr(),
+            out.as_mut_ptr().add(out.len()).cast::<u8>(),
+            std::mem::size_of::<T>(),
+        );
+        out.set_len(out.len() + 1);
+    }
+    Ok(())
 }
 
 /// Decodes one connection record, checking its length first.
@@ -39,13 +67,6 @@ pub fn conn_event(bytes: &[u8]) -> Result<ConnEvent, DecodeError> {
     // SAFETY: the length is checked above, `ConnEvent` is `#[repr(C)]` plain data for
     // which every bit pattern is valid, and `read_unaligned` has no alignment needs.
     Ok(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<ConnEvent>()) })
-}
-
-/// Decodes one DNS record, checking its length first.
-pub fn dns_event(bytes: &[u8]) -> Result<DnsEvent, DecodeError> {
-    check_length::<DnsEvent>(bytes)?;
-    // SAFETY: as in `conn_event`: length checked, `DnsEvent` is `#[repr(C)]` plain data.
-    Ok(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<DnsEvent>()) })
 }
 
 fn check_length<T>(bytes: &[u8]) -> Result<(), DecodeError> {
@@ -128,22 +149,24 @@ mod tests {
                 std::mem::size_of::<DnsEvent>(),
             )
         };
+        let (mut conns, mut dns) = (Vec::new(), Vec::new());
         let mut unaligned = vec![0u8; bytes.len() + 1];
         unaligned[1..].copy_from_slice(bytes);
         assert_eq!(
-            kernel_event(&unaligned[1..]),
-            Ok(KernelEvent::Dns(Box::new(event)))
+            push_kernel_event(&unaligned[1..], &mut conns, &mut dns),
+            Ok(())
         );
         assert_eq!(
-            kernel_event(&bytes[..300]),
+            push_kernel_event(&bytes[..300], &mut conns, &mut dns),
             Err(DecodeError::Length {
                 got: 300,
                 expected: 336
             })
         );
-        assert!(kernel_event(&[]).is_err());
+        assert!(push_kernel_event(&[], &mut conns, &mut dns).is_err());
         let conn = ConnEvent {
             kind: EVENT_OPEN,
+            conntrack: 0xffff_8880_1234_5600,
             ..Default::default()
         };
         // SAFETY: as above.
@@ -153,7 +176,15 @@ mod tests {
                 std::mem::size_of::<ConnEvent>(),
             )
         };
-        assert_eq!(kernel_event(bytes), Ok(KernelEvent::Conn(conn)));
+        assert_eq!(push_kernel_event(bytes, &mut conns, &mut dns), Ok(()));
+        assert_eq!(
+            push_kernel_event(&bytes[..199], &mut conns, &mut dns),
+            Err(DecodeError::Length {
+                got: 199,
+                expected: 200
+            })
+        );
+        assert_eq!((conns, dns), (vec![conn], vec![event]));
     }
 
     #[test]

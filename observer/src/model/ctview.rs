@@ -269,19 +269,19 @@ impl ConntrackView {
 
     /// A record of the kernel programs' connection `id`, as the log and the view must see
     /// it: one that continues an entry found at start keeps that entry's id and start.
-    pub fn rewrite(&mut self, id: ConnId, mut record: ConnRecord) -> (ConnId, ConnRecord) {
+    pub fn rewrite(&mut self, id: &mut ConnId, record: &mut ConnRecord) {
         let adopted = if record.close == Close::Open {
-            self.adopted.get(&id).copied()
+            self.adopted.get(id).copied()
         } else {
-            self.adopted.remove(&id)
+            self.adopted.remove(id)
         };
         let Some((found_id, start)) = adopted else {
-            return (id, record);
+            return;
         };
         let earlier = (record.start - start).num_microseconds().unwrap_or(0);
         record.duration_ms += earlier.max(0) as f64 / 1e3;
         record.start = start.min(record.start);
-        (found_id, record)
+        *id = found_id;
     }
 
     /// At the end: entries found at start that nothing ended, still open.

@@ -83,6 +83,13 @@ impl Tracker {
         Ok((id, self.record(&event.state, close, event.state.last_ns)?))
     }
 
+    /// An open event when no record of it is wanted (nothing shows connections before
+    /// they end): only remembered as open.
+    pub fn opened(&mut self, event: &ConnEvent) {
+        let id = ConnId::of(event.conntrack, &event.state);
+        self.open.insert(id, event.state.last_ns);
+    }
+
     /// Compares the kernel's table with what is known: progress for the live view,
     /// idle connections to expire.
     pub fn sweep(&mut self, entries: &[(u64, ConnState)], now_ns: u64) -> Sweep {

@@ -50,18 +50,14 @@ impl<T> Hold<T> {
         self.queue.is_empty()
     }
 
-    /// Hands a named, finished connection back to be written now when nothing is held
-    /// and its name is final; otherwise queues it.
-    pub fn push(
-        &mut self,
-        item: T,
-        record: ConnRecord,
-        wait_for: Option<u64>,
-        now: Instant,
-    ) -> Option<(T, ConnRecord)> {
-        if wait_for.is_none() && self.queue.is_empty() {
-            return Some((item, record));
-        }
+    /// Whether a named, finished connection must wait (be held): its name is not final,
+    /// or connections that finished before it are held. Otherwise it is written now.
+    pub fn must_wait(&self, wait_for: Option<u64>) -> bool {
+        wait_for.is_some() || !self.queue.is_empty()
+    }
+
+    /// Queues a finished connection that `must_wait`.
+    pub fn hold(&mut self, item: T, record: ConnRecord, wait_for: Option<u64>, now: Instant) {
         let limit = if wait_for == Some(FIRST_READ) {
             self.first_read_limit
         } else {
@@ -73,7 +69,6 @@ impl<T> Hold<T> {
             wait_for,
             until: now + limit,
         });
-        None
     }
 
     /// The held connections that may be written now, in the order they finished: those

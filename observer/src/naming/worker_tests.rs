@@ -83,10 +83,12 @@ fn with_a_worker_lookups_never_wait_and_finished_connections_wait_for_their_rule
     assert_eq!(again.wait_for, Some(1));
     let mut hold = hold::Hold::new(Duration::from_secs(2), Duration::from_secs(10));
     let record = finished(NS, "10.96.35.226:80", "10.244.1.14:3000");
-    assert!(hold.push(1, record, first.wait_for, t0).is_none());
+    assert!(hold.must_wait(first.wait_for));
+    hold.hold(1, record, first.wait_for, t0);
     // A connection with nothing to wait for keeps its place behind it.
     let other = finished(9, "10.96.0.1:443", "10.244.1.1:6443");
-    assert!(hold.push(2, other, None, t0).is_none());
+    assert!(hold.must_wait(None));
+    hold.hold(2, other, None, t0);
     assert!(hold.release(&namer, t0).is_empty());
     // One read for both lookups, however many ask while it runs.
     std::thread::sleep(Duration::from_millis(50));
@@ -141,7 +143,8 @@ fn a_held_connection_is_written_unnamed_once_its_wait_is_over() {
     let record = finished(NS, "10.96.35.226:80", "10.244.1.14:3000");
     // The first read of a namespace: the longer limit.
     assert_eq!(lookup.wait_for, Some(1));
-    assert!(hold.push("a", record, lookup.wait_for, t0).is_none());
+    assert!(hold.must_wait(lookup.wait_for));
+    hold.hold("a", record, lookup.wait_for, t0);
     assert_eq!(hold.next_deadline(), Some(t0 + Duration::from_secs(10)));
     assert!(
         hold.release(&namer, t0 + Duration::from_millis(9999))
@@ -150,9 +153,8 @@ fn a_held_connection_is_written_unnamed_once_its_wait_is_over() {
     let released = hold.release(&namer, t0 + Duration::from_secs(10));
     assert_eq!(released.len(), 1);
     assert_eq!(released[0].1.service, None);
-    // Nothing held and a final name: handed straight back.
-    let record = finished(NS, "10.96.35.226:80", "10.244.1.14:3000");
-    assert!(hold.push("b", record, None, t0).is_some());
+    // Nothing held and a final name: written straight away.
+    assert!(!hold.must_wait(None));
 }
 
 /// A source that takes `delay` per read.
@@ -217,7 +219,8 @@ fn a_reread_that_does_not_come_in_time_leaves_the_earlier_name() {
     assert_eq!(lookup.naming, named("shop/checkout:http", true));
     let mut hold = hold::Hold::new(Duration::from_secs(2), Duration::from_secs(10));
     let record = finished(NS, "10.96.35.226:80", "10.244.1.14:3000");
-    assert!(hold.push(7, record, lookup.wait_for, later).is_none());
+    assert!(hold.must_wait(lookup.wait_for));
+    hold.hold(7, record, lookup.wait_for, later);
     assert!(
         hold.release(&namer, later + Duration::from_millis(1999))
             .is_empty()

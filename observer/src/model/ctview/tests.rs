@@ -136,16 +136,21 @@ fn a_found_connection_continues_as_the_kernels() {
     record.start = now() + chrono::Duration::seconds(2);
     record.duration_ms = 1000.0;
     record.requests = 2;
-    let (id, progress) = view.rewrite(kernel_id, record.clone());
+    let rewritten = |view: &mut ConntrackView, record: &ConnRecord| {
+        let (mut id, mut record) = (kernel_id, record.clone());
+        view.rewrite(&mut id, &mut record);
+        (id, record)
+    };
+    let (id, progress) = rewritten(&mut view, &record);
     assert_eq!(
         (id, progress.start, progress.duration_ms),
         (found_id, now(), 3000.0)
     );
     record.close = Close::Fin;
-    let (id, last) = view.rewrite(kernel_id, record.clone());
+    let (id, last) = rewritten(&mut view, &record);
     assert_eq!((id, last.requests), (found_id, 2));
     // Once final, the mapping is gone.
-    assert_eq!(view.rewrite(kernel_id, record).0, kernel_id);
+    assert_eq!(rewritten(&mut view, &record).0, kernel_id);
     assert!(view.finish(now()).is_empty(), "recorded once");
 }
 
@@ -163,12 +168,14 @@ fn a_connection_begun_after_attach_is_not_adopted() {
         conntrack: 0xffff_8880_0000_2000,
         start_ns: 5,
     };
-    let record =
+    let mut record =
         ConntrackView::default().found_at_start(NETNS, vec![entry(PROTO_TCP, 8, Some(3))], now())
             [0]
         .1
         .clone();
-    assert_eq!(view.rewrite(id, record).0, id);
+    let mut rewritten = id;
+    view.rewrite(&mut rewritten, &mut record);
+    assert_eq!(rewritten, id);
     assert!(view.finish(now()).is_empty());
 }
 

@@ -55,7 +55,10 @@ fn doors(topology: Topology, rules: RuleMode, tag: &str) {
             assert_eq!(conn.service.as_deref(), Some("shop/checkout:http"));
             assert_eq!(conn.frontend, Some(door), "{conn:?}");
             assert_eq!(conn.client_pod.as_deref(), Some("default/client"));
-            assert_eq!(conn.backend_pod, Some(format!("shop/{}", answer.pod)));
+            assert_eq!(
+                conn.backend_pod.as_deref(),
+                Some(format!("shop/{}", answer.pod).as_str())
+            );
         }
     }
 

@@ -136,9 +136,17 @@ fn scenario(topology: Topology, rules: RuleMode, tag: &str, start: StartRecorder
             Some("default/client"),
             "{conn:?}"
         );
-        assert_eq!(conn.client_pod, pod_of(conn.client), "{conn:?}");
+        assert_eq!(
+            conn.client_pod.as_deref(),
+            pod_of(conn.client).as_deref(),
+            "{conn:?}"
+        );
         assert!(conn.backend_pod.is_some(), "{conn:?}");
-        assert_eq!(conn.backend_pod, pod_of(conn.backend), "{conn:?}");
+        assert_eq!(
+            conn.backend_pod.as_deref(),
+            pod_of(conn.backend).as_deref(),
+            "{conn:?}"
+        );
     }
     // The log describes both Services with the rules' expected shares.
     let shares = |name: &str| -> Vec<(String, f64)> {
@@ -191,7 +199,10 @@ fn scenario(topology: Topology, rules: RuleMode, tag: &str, start: StartRecorder
         assert_eq!((conn.requests, conn.close), (1, Close::Fin));
         assert_eq!(conn.original_dst, SocketAddr::V4(checkout));
         // The pod that answered, by the name it answered with.
-        assert_eq!(conn.backend_pod, Some(format!("shop/{}", answer.pod)));
+        assert_eq!(
+            conn.backend_pod.as_deref(),
+            Some(format!("shop/{}", answer.pod).as_str())
+        );
         // http.client's request: GET, Host, Accept-Encoding and Connection: close lines.
         assert_eq!(conn.bytes_to_backend, 84, "each byte once");
     }
@@ -223,8 +234,8 @@ fn scenario(topology: Topology, rules: RuleMode, tag: &str, start: StartRecorder
         assert_eq!(conn.backend, pod_ip[&answer.pod]);
         assert_eq!(conn.original_dst, SocketAddr::V4(dns));
         assert_eq!(
-            conn.backend_pod,
-            Some(format!("kube-system/{}", answer.pod))
+            conn.backend_pod.as_deref(),
+            Some(format!("kube-system/{}", answer.pod).as_str())
         );
         assert_eq!(
             (

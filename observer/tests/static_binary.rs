@@ -199,14 +199,14 @@ fn alone_in_an_empty_root_with_the_daemonsets_capabilities_it_names_every_servic
     let mut recording = recorder.stop();
     only_node(&mut recording, lab.node_ns());
     assert_eq!(recording.conns.len(), fresh.len() + udp.len());
-    let named: BTreeSet<Option<String>> =
-        recording.conns.iter().map(|c| c.service.clone()).collect();
+    let named: BTreeSet<Option<&str>> = recording
+        .conns
+        .iter()
+        .map(|c| c.service.as_deref())
+        .collect();
     assert_eq!(
         named,
-        BTreeSet::from([
-            Some("shop/checkout:http".to_owned()),
-            Some("kube-system/kube-dns:dns".to_owned())
-        ])
+        BTreeSet::from([Some("shop/checkout:http"), Some("kube-system/kube-dns:dns")])
     );
 
     each_missing_capability_is_named(&root, &caps, lab.node_ns());

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use rustc_hash::FxHashMap;
 
-use crate::model::record::{ConnRecord, EndpointsRecord, FrontendKind, Proto, ServiceRecord};
+use crate::model::record::{ConnRecord, EndpointsRecord, FrontendKind, Name, Proto, ServiceRecord};
 use reader::{Request, RuleReader};
 use rules::ServiceMap;
 
@@ -44,7 +44,7 @@ pub use source::{NetnsInfo, SystemSource, list_namespaces, netns_inode};
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Naming {
     /// `ns/name:port`, or `None` when no rule in the namespace matches.
-    pub service: Option<String>,
+    pub service: Option<Name>,
     /// Whether the backend is still an endpoint in the rules; `None` with no service.
     pub endpoint_in_rules: Option<bool>,
     /// Which kind of Service address the client dialed; `None` with no service.
@@ -61,7 +61,7 @@ impl Naming {
 
     /// A connection named `service`; `endpoint_in_rules` says whether its backend is
     /// still an endpoint there.
-    pub fn named(service: impl Into<String>, endpoint_in_rules: bool) -> Naming {
+    pub fn named(service: impl Into<Name>, endpoint_in_rules: bool) -> Naming {
         Naming {
             service: Some(service.into()),
             endpoint_in_rules: Some(endpoint_in_rules),

@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::pods::{PodScan, parse_bundle};
+use crate::model::record::Name;
 
 mod hostnames;
 
@@ -244,7 +245,7 @@ impl Default for PodNamerConfig {
 
 #[derive(Default)]
 struct Shared {
-    pods: HashMap<IpAddr, String>,
+    pods: HashMap<IpAddr, Name>,
     /// Every cause seen, for warnings; `warned` marks how many were reported.
     skipped: Vec<String>,
     scans: u64,
@@ -301,7 +302,7 @@ impl PodNamer {
     }
 
     /// `namespace/name` of the pod that owns `ip`, as of the latest scan.
-    pub fn name(&mut self, ip: IpAddr, now: Instant) -> Option<String> {
+    pub fn name(&mut self, ip: IpAddr, now: Instant) -> Option<Name> {
         let name = self
             .shared
             .lock()
@@ -355,8 +356,13 @@ impl PodNamer {
 }
 
 fn store(shared: &Mutex<Shared>, scan: PodScan) {
+    let pods = scan
+        .pods
+        .into_iter()
+        .map(|(ip, name)| (ip, Name::from(name)))
+        .collect();
     let mut shared = shared.lock().unwrap_or_else(|e| e.into_inner());
-    shared.pods = scan.pods;
+    shared.pods = pods;
     shared.skipped = scan.skipped;
     shared.scans += 1;
 }

@@ -81,7 +81,9 @@ impl Session {
     fn write_dns(&mut self, records: Vec<DnsRecord>) -> anyhow::Result<()> {
         for mut record in records {
             if let Some(pods) = self.pods.as_mut() {
-                record.client_pod = pods.name(record.client.ip(), std::time::Instant::now());
+                record.client_pod = pods
+                    .name(record.client.ip(), std::time::Instant::now())
+                    .map(|pod| pod.to_string());
             }
             self.dns.written += 1;
             if let Some(log) = self.log.as_mut() {

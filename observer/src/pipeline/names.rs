@@ -62,7 +62,9 @@ impl Session {
             if let Some(pods) = self.pods.as_mut() {
                 let now = Instant::now();
                 for endpoint in &mut service.endpoints {
-                    endpoint.pod = pods.name(endpoint.addr.ip(), now);
+                    endpoint.pod = pods
+                        .name(endpoint.addr.ip(), now)
+                        .map(|pod| pod.to_string());
                 }
             }
             if let Some(log) = self.log.as_mut() {

@@ -247,7 +247,7 @@ mod tests {
             "1970-01-01T00:00:00Z",
             "+10000-01-01T00:00:00Z",
         ];
-        let services = [None, Some("shop/a \"quoted\" \\ name\u{1}:é".to_owned())];
+        let services = [None, Some("shop/a \"quoted\" \\ name\u{1}:é".into())];
         let floats = [0.0, 4087.655, 1e-7, 1e21, f64::NAN];
         for (index, addr) in addrs.iter().enumerate() {
             record.client = addr.parse().unwrap();
@@ -276,8 +276,16 @@ mod tests {
         }
         // Names: plain ones are copied, anything serde_json escapes is left to it.
         let names = [
-            "", "checkout-b", "shop/checkout:http", "a\"b", "a\\b", "tab\tx", "\u{1f}", "del\u{7f}",
-            "é/ü", "x\u{2028}y",
+            "",
+            "checkout-b",
+            "shop/checkout:http",
+            "a\"b",
+            "a\\b",
+            "tab\tx",
+            "\u{1f}",
+            "del\u{7f}",
+            "é/ü",
+            "x\u{2028}y",
         ];
         let frontends = [
             None,
@@ -287,9 +295,9 @@ mod tests {
             Some(FrontendKind::LoadBalancer),
         ];
         for (index, name) in names.iter().enumerate() {
-            record.service = Some((*name).to_owned());
-            record.client_pod = (index % 2 == 0).then(|| (*name).to_owned());
-            record.backend_pod = Some(names[names.len() - 1 - index].to_owned());
+            record.service = Some((*name).into());
+            record.client_pod = (index % 2 == 0).then(|| (*name).into());
+            record.backend_pod = Some(names[names.len() - 1 - index].into());
             record.frontend = frontends[index % frontends.len()];
             assert_eq!(line(&mut writer, &record), serde_line(&record));
         }

@@ -78,7 +78,7 @@ pub fn coverage(decisions: &[Decision], records: &[ConnRecord]) -> Coverage {
         if let Some(service) = &record.service {
             names.insert(
                 (record.netns, record.proto, record.original_dst),
-                service.clone(),
+                service.to_string(),
             );
         }
     }

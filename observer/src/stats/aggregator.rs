@@ -13,7 +13,7 @@ type ServiceKey = (String, Proto);
 
 fn service_key(record: &ConnRecord) -> (ServiceKey, bool) {
     match &record.service {
-        Some(name) => ((name.clone(), record.proto), true),
+        Some(name) => ((name.to_string(), record.proto), true),
         None => ((record.original_dst.to_string(), record.proto), false),
     }
 }
@@ -186,7 +186,7 @@ impl Aggregator {
         let backend = backend_acc(service, record.backend);
         backend.counts.add(&contribution);
         if record.backend_pod.is_some() {
-            backend.pod.clone_from(&record.backend_pod);
+            backend.pod = record.backend_pod.as_deref().map(str::to_owned);
         }
         if open {
             self.open.insert(id, contribution);

@@ -167,7 +167,7 @@ impl Timeline {
         let Some(name) = &record.service else {
             return;
         };
-        let key = (name.clone(), record.proto, record.netns);
+        let key = (name.to_string(), record.proto, record.netns);
         let (start, end) = (record.start, record.end);
         let last = self
             .last_start

@@ -63,10 +63,14 @@ pub fn assert_named_by_bundles(
             "{conn:?}"
         );
         assert_eq!(
-            conn.backend_pod,
-            Some(format!("{namespace}/{pod}")),
+            conn.backend_pod.as_deref(),
+            Some(format!("{namespace}/{pod}").as_str()),
             "{conn:?}"
         );
-        assert_eq!(conn.backend_pod, pod_of(conn.backend.ip()), "{conn:?}");
+        assert_eq!(
+            conn.backend_pod.as_deref(),
+            pod_of(conn.backend.ip()).as_deref(),
+            "{conn:?}"
+        );
     }
 }

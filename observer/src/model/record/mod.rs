@@ -59,6 +59,10 @@ pub enum Close {
     Open,
 }
 
+/// A Service or pod name as records carry it: shared, so that naming a connection
+/// copies a pointer, not the text.
+pub type Name = std::sync::Arc<str>;
+
 /// One connection that the node's NAT rules DNATed: what the client dialed, which
 /// backend conntrack pinned it to, for how long, and what it carried.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -68,16 +72,16 @@ pub struct ConnRecord {
     pub client: SocketAddr,
     /// `namespace/pod` of the client when it is a pod on a node observer sees; null otherwise.
     #[serde(default)]
-    pub client_pod: Option<String>,
+    pub client_pod: Option<Name>,
     /// What the client dialed: ClusterIP:port, NodeIP:NodePort, external IP...
     pub original_dst: SocketAddr,
     /// The backend the connection was pinned to: pod IP:targetPort.
     pub backend: SocketAddr,
     /// `namespace/pod` of the backend when it is a pod on a node observer sees; null otherwise.
     #[serde(default)]
-    pub backend_pod: Option<String>,
+    pub backend_pod: Option<Name>,
     /// `ns/name:port` as kube-proxy's rules name the Service port; null when unknown.
-    pub service: Option<String>,
+    pub service: Option<Name>,
     /// Which kind of Service address the client dialed (the rule that matched); null
     /// with no service.
     #[serde(default)]

@@ -7,7 +7,7 @@ use super::*;
 fn via(door: Option<FrontendKind>, backend: &str, pod: Option<&str>) -> ConnRecord {
     let mut record = conn(Some("shop/checkout:http"), backend, 1, 10.0);
     record.frontend = door;
-    record.backend_pod = pod.map(str::to_owned);
+    record.backend_pod = pod.map(Into::into);
     record
 }
 

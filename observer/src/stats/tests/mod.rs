@@ -27,7 +27,7 @@ pub(crate) fn conn(
         original_dst: addr("10.96.35.226:80"),
         backend: addr(backend),
         backend_pod: None,
-        service: service.map(str::to_owned),
+        service: service.map(Into::into),
         frontend: None,
         endpoint_in_rules: service.map(|_| true),
         netns: 4026532301,

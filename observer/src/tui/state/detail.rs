@@ -52,8 +52,8 @@ impl ConnRow {
         ConnRow {
             client: record.client,
             backend: record.backend,
-            client_pod: record.client_pod.clone(),
-            backend_pod: record.backend_pod.clone(),
+            client_pod: record.client_pod.as_deref().map(str::to_owned),
+            backend_pod: record.backend_pod.as_deref().map(str::to_owned),
             age_ms,
             requests: record.requests,
             idle_ms: Some((age_ms - record.duration_ms).max(0.0)),
@@ -65,8 +65,8 @@ impl ConnRow {
         ConnRow {
             client: record.client,
             backend: record.backend,
-            client_pod: record.client_pod.clone(),
-            backend_pod: record.backend_pod.clone(),
+            client_pod: record.client_pod.as_deref().map(str::to_owned),
+            backend_pod: record.backend_pod.as_deref().map(str::to_owned),
             age_ms: record.duration_ms,
             requests: record.requests,
             idle_ms: None,
@@ -105,7 +105,7 @@ impl App {
         let belongs = |record: &&ConnRecord| {
             record.proto == key.1
                 && match &record.service {
-                    Some(name) => *name == key.0,
+                    Some(name) => **name == *key.0,
                     None => Some(record.original_dst) == unnamed,
                 }
         };

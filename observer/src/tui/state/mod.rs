@@ -37,7 +37,7 @@ pub type ServiceKey = (String, Proto);
 
 fn conn_key(record: &ConnRecord) -> ServiceKey {
     let name = match &record.service {
-        Some(name) => name.clone(),
+        Some(name) => name.to_string(),
         None => record.original_dst.to_string(),
     };
     (name, record.proto)

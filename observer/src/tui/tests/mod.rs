@@ -80,7 +80,7 @@ fn conn(
         original_dst: addr("10.96.35.226:80"),
         backend: addr(pod),
         backend_pod: None,
-        service: Some(name.to_owned()),
+        service: Some(name.into()),
         frontend: None,
         endpoint_in_rules: Some(true),
         netns: 4026532301,

@@ -218,8 +218,8 @@ fn snapshot_pod_names_toggle() {
         Update::Service(service(CHECKOUT, "10.96.35.226:80", &PODS)),
     );
     let mut inside = keep_alive(4087.655, 30, Close::Open);
-    inside.client_pod = Some("shop/frontend-7d4b9c-x2x4k".to_owned());
-    inside.backend_pod = Some("shop/checkout-5f6d8-abcde".to_owned());
+    inside.client_pod = Some("shop/frontend-7d4b9c-x2x4k".into());
+    inside.backend_pod = Some("shop/checkout-5f6d8-abcde".into());
     inside.frontend = Some(FrontendKind::ClusterIp);
     live_conn(&mut app, 1, inside);
     let mut outside = conn(
@@ -232,7 +232,7 @@ fn snapshot_pod_names_toggle() {
         Close::Fin,
     );
     outside.original_dst = addr("172.18.0.2:30080");
-    outside.backend_pod = Some("shop/checkout-5f6d8-fghij".to_owned());
+    outside.backend_pod = Some("shop/checkout-5f6d8-fghij".into());
     outside.frontend = Some(FrontendKind::NodePort);
     live_conn(&mut app, 2, outside);
     live(&mut app, Update::Stats(stats()));

@@ -364,7 +364,9 @@ impl Session {
             log.conn(&record)
                 .with_context(|| format!("cannot write the connection log to {}", log.name))?;
         }
-        self.send(Update::Conn { id, record });
+        if self.updates.is_some() {
+            self.send(Update::Conn { id, record });
+        }
         Ok(())
     }
 

@@ -3,17 +3,19 @@
 //! and formats addresses and times through `fmt`, which was most of a connection's CPU.
 //! Only names that need escaping and the duration still go through serde_json.
 //!
-//! Variable-length pieces (digits, names) are appended as fixed-size blocks cut back to
-//! their length where they can be: a copy of unknown length is a `memcpy` call, which
-//! in the static musl build is a `rep movsq` with a start-up cost of its own, and a
-//! line had some thirty of them.
+//! Pieces of varying length are appended as fixed-size blocks cut back to their length
+//! (digits), or as one literal per match arm: a copy of unknown length is a `memcpy`
+//! call, which in the static musl build is a `rep movsq` with a start-up cost of its
+//! own, and a line had some thirty of them.
 
 use std::io::Write as _;
 use std::net::SocketAddr;
 
 use chrono::{DateTime, Utc};
 
-use crate::model::record::{Close, ConnRecord, Proto, TIME_LEN, format_time, write_time};
+use crate::model::record::{
+    Close, ConnRecord, FrontendKind, Proto, TIME_LEN, format_time, write_time,
+};
 
 /// Writes connection lines, remembering the last second's date and time text.
 #[derive(Default)]
@@ -29,10 +31,10 @@ impl ConnLine {
     /// Appends `record`'s line, without the newline, to `out`.
     pub fn write(&mut self, out: &mut Vec<u8>, record: &ConnRecord) -> serde_json::Result<()> {
         out.extend_from_slice(br#"{"type":"conn","proto":""#);
-        out.extend_from_slice(match record.proto {
-            Proto::Tcp => b"tcp",
-            Proto::Udp => b"udp",
-        });
+        match record.proto {
+            Proto::Tcp => out.extend_from_slice(b"tcp"),
+            Proto::Udp => out.extend_from_slice(b"udp"),
+        }
         out.extend_from_slice(br#"","client":"#);
         write_addr(out, &record.client)?;
         out.extend_from_slice(br#","client_pod":"#);
@@ -47,19 +49,18 @@ impl ConnLine {
         write_name(out, record.service.as_deref())?;
         out.extend_from_slice(br#","frontend":"#);
         match record.frontend {
-            Some(kind) => {
-                out.push(b'"');
-                out.extend_from_slice(kind.as_str().as_bytes());
-                out.push(b'"');
-            }
+            Some(FrontendKind::ClusterIp) => out.extend_from_slice(br#""cluster_ip""#),
+            Some(FrontendKind::NodePort) => out.extend_from_slice(br#""node_port""#),
+            Some(FrontendKind::ExternalIp) => out.extend_from_slice(br#""external_ip""#),
+            Some(FrontendKind::LoadBalancer) => out.extend_from_slice(br#""load_balancer""#),
             None => out.extend_from_slice(b"null"),
         }
         out.extend_from_slice(br#","endpoint_in_rules":"#);
-        out.extend_from_slice(match record.endpoint_in_rules {
-            None => b"null",
-            Some(true) => b"true",
-            Some(false) => b"false",
-        });
+        match record.endpoint_in_rules {
+            None => out.extend_from_slice(b"null"),
+            Some(true) => out.extend_from_slice(b"true"),
+            Some(false) => out.extend_from_slice(b"false"),
+        }
         out.extend_from_slice(br#","netns":"#);
         put_decimal(out, record.netns.into());
         out.extend_from_slice(br#","start":"#);
@@ -78,15 +79,19 @@ impl ConnLine {
         out.extend_from_slice(br#","bytes_from_backend":"#);
         put_decimal(out, record.bytes_from_backend);
         out.extend_from_slice(br#","close":""#);
-        out.extend_from_slice(match record.close {
-            Close::Fin => b"fin",
-            Close::Rst => b"rst",
-            Close::Timeout => b"timeout",
-            Close::Expired => b"expired",
-            Close::Open => b"open",
-        });
+        match record.close {
+            Close::Fin => out.extend_from_slice(b"fin"),
+            Close::Rst => out.extend_from_slice(b"rst"),
+            Close::Timeout => out.extend_from_slice(b"timeout"),
+            Close::Expired => out.extend_from_slice(b"expired"),
+            Close::Open => out.extend_from_slice(b"open"),
+        }
         out.extend_from_slice(br#"","start_seen":"#);
-        out.extend_from_slice(if record.start_seen { b"true" } else { b"false" });
+        if record.start_seen {
+            out.extend_from_slice(b"true");
+        } else {
+            out.extend_from_slice(b"false");
+        }
         out.push(b'}');
         Ok(())
     }
@@ -208,7 +213,7 @@ fn put_prefix<const N: usize>(out: &mut Vec<u8>, block: &[u8; N], len: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::record::{FrontendKind, LogLine, Recording};
+    use crate::model::record::{LogLine, Recording};
 
     fn serde_line(record: &ConnRecord) -> String {
         serde_json::to_string(&LogLine::Conn(record.clone())).unwrap()

@@ -71,7 +71,7 @@ struct Session {
     namer: Option<Namer>,
     pods: Option<PodNamer>,
     warn: Box<dyn FnMut(String) + Send>,
-    netns_seen: std::collections::HashSet<u32>,
+    netns_seen: rustc_hash::FxHashSet<u32>,
     /// Finished connections waiting (briefly) for their rules to be read.
     held: Hold<ConnId>,
     follower: Option<follow::Follower>,

@@ -51,7 +51,7 @@ pub struct Listener {
     thread: Option<std::thread::JoinHandle<()>>,
     groups: Vec<u32>,
     buffer: i32,
-    watched: std::collections::HashSet<u32>,
+    watched: rustc_hash::FxHashSet<u32>,
 }
 
 impl Listener {

@@ -3,7 +3,7 @@
 //! timeout) while the kernel programs saw no FIN or RST. Both are matched to the kernel
 //! programs' connections by network namespace and original tuple.
 
-use rustc_hash::FxHashMap as HashMap;
+use rustc_hash::FxHashMap;
 use std::net::SocketAddr;
 
 use chrono::{DateTime, Utc};
@@ -11,6 +11,7 @@ use observer_common::conn::{ConnEvent, ConnState, EVENT_OPEN, REPLY};
 
 use crate::conntrack::{CtEntry, CtTuple, tcp_state};
 use crate::kernel::decode;
+use crate::model::NetMap;
 use crate::model::record::{Close, ConnRecord, Proto};
 use crate::model::update::ConnId;
 
@@ -80,11 +81,11 @@ pub enum Destroyed {
 pub struct ConntrackView {
     /// The kernel programs' connections, by key: `nf_conn` address and start. The start
     /// tells a connection from a newer one the kernel placed at the same address.
-    kernel: HashMap<CtKey, ConnId>,
+    kernel: NetMap<CtKey, ConnId>,
     /// Entries found at start, not (yet) followed by the kernel programs.
-    found: HashMap<CtKey, Found>,
+    found: NetMap<CtKey, Found>,
     /// Kernel connections that continue an entry found at start: its id and start.
-    adopted: HashMap<ConnId, (ConnId, DateTime<Utc>)>,
+    adopted: FxHashMap<ConnId, (ConnId, DateTime<Utc>)>,
     superseded: Vec<(ConnId, CtKey)>,
     next_id: u64,
 }

@@ -2,6 +2,11 @@
 //! and table sweeps into records (`tracker`), and the updates the pipeline hands to its
 //! consumers (`update`). Plain data, no aya or tokio types.
 
+/// A hash map keyed by what the network chooses (addresses, ports): foldhash is fast and
+/// seeded per process, so keys cannot be picked to collide. Keys the kernel chooses
+/// (`nf_conn` addresses, namespace inodes) use the faster unseeded `rustc_hash`.
+pub type NetMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+
 pub mod ctview;
 pub mod record;
 pub mod tracker;

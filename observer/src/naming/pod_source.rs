@@ -5,7 +5,7 @@
 //! a process in them (`hostnames`). [`PodNamer`] keeps the result and refreshes it on a
 //! background thread, so naming a connection is a map lookup and never waits.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::net::IpAddr;
 use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
 use std::path::{Path, PathBuf};
@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::pods::{PodScan, parse_bundle};
+use crate::model::NetMap;
 use crate::model::record::Name;
 
 mod hostnames;
@@ -245,7 +246,7 @@ impl Default for PodNamerConfig {
 
 #[derive(Default)]
 struct Shared {
-    pods: HashMap<IpAddr, Name>,
+    pods: NetMap<IpAddr, Name>,
     /// Every cause seen, for warnings; `warned` marks how many were reported.
     skipped: Vec<String>,
     scans: u64,

@@ -101,7 +101,7 @@ fn sweep(c: &mut Criterion) {
     let before = rss_kib();
     let mut tracker = Tracker::new(clock, Duration::from_secs(30));
     let mut view = ConntrackView::default();
-    tracker.sweep(&entries, 101 * SECOND);
+    tracker.sweep(&entries, 101 * SECOND, true);
     view.on_sweep(&entries);
     eprintln!(
         "user-space state of {OPEN} open connections (tracker + conntrack view + one sweep's table copy): {} KiB resident",
@@ -123,11 +123,26 @@ fn sweep(c: &mut Criterion) {
     });
     group.bench_function("tracker_and_view", |b| {
         b.iter(|| {
-            let sweep = tracker.sweep(&entries, 101 * SECOND);
+            let sweep = tracker.sweep(&entries, 101 * SECOND, true);
             view.on_sweep(&entries);
             sweep.progress.len()
         })
     });
+    // Every connection carried traffic since the last sweep: its record is made only for
+    // a live view; the log alone (`observer record`) takes finished connections.
+    let mut moved = entries.clone();
+    let mut second = 101;
+    for (with_view, name) in [(true, "all_moved_live_view"), (false, "all_moved_log_only")] {
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                second += 1;
+                for (_, state) in &mut moved {
+                    state.last_ns += SECOND;
+                }
+                tracker.sweep(&moved, second * SECOND, with_view).progress.len()
+            })
+        });
+    }
     group.finish();
 }
 

@@ -244,7 +244,7 @@ impl Session {
         let entries = self.capture.connections();
         let now = monotonic_ns();
         self.expire_dns(now)?;
-        let sweep = self.tracker.sweep(&entries, now);
+        let sweep = self.tracker.sweep(&entries, now, self.updates.is_some());
         let checked = self.follower.as_mut().map(|follower| {
             follower.view.on_sweep(&entries);
             follower.rescan();

@@ -90,9 +90,9 @@ impl Tracker {
         self.open.insert(id, event.state.last_ns);
     }
 
-    /// Compares the kernel's table with what is known: progress for the live view,
-    /// idle connections to expire.
-    pub fn sweep(&mut self, entries: &[(u64, ConnState)], now_ns: u64) -> Sweep {
+    /// Compares the kernel's table with what is known: idle connections to expire, and
+    /// with `progress` (a live view shows open connections) records of those that moved.
+    pub fn sweep(&mut self, entries: &[(u64, ConnState)], now_ns: u64, progress: bool) -> Sweep {
         let mut sweep = Sweep::default();
         for (conntrack, state) in entries {
             let id = ConnId::of(*conntrack, state);
@@ -107,7 +107,10 @@ impl Tracker {
                 continue;
             }
             let moved = self.open.insert(id, state.last_ns) != Some(state.last_ns);
-            if moved && let Ok(record) = self.record(state, Close::Open, now_ns) {
+            if moved
+                && progress
+                && let Ok(record) = self.record(state, Close::Open, now_ns)
+            {
                 sweep.progress.push((id, record));
             }
         }
@@ -306,14 +309,17 @@ mod tests {
         let mut unanswered = state(PROTO_TCP, 100 * SECOND, 101 * SECOND);
         unanswered.seq_known = [1, 0];
         let entries = [(1, udp), (2, tcp), (3, unanswered)];
-        let early = tracker.sweep(&entries, 130 * SECOND);
+        let early = tracker.sweep(&entries, 130 * SECOND, true);
         assert!(early.ended.is_empty());
         assert_eq!(early.progress.len(), 3);
         assert!(
-            tracker.sweep(&entries, 130 * SECOND).progress.is_empty(),
+            tracker
+                .sweep(&entries, 130 * SECOND, true)
+                .progress
+                .is_empty(),
             "no change, no progress"
         );
-        let late = tracker.sweep(&entries, 131 * SECOND);
+        let late = tracker.sweep(&entries, 131 * SECOND, true);
         assert_eq!(
             late.ended
                 .iter()
@@ -324,6 +330,36 @@ mod tests {
         let (_, record) = tracker.end(1, &udp, Close::Timeout).unwrap();
         assert_eq!(record.close, Close::Timeout);
         assert_eq!(record.duration_ms, 1000.0);
+    }
+
+    /// Without a live view a sweep makes no progress records, and still counts and ends
+    /// connections as with one.
+    #[test]
+    fn a_sweep_without_progress_records_still_ends_and_counts() {
+        let mut tracker = tracker();
+        let udp = state(PROTO_UDP, 100 * SECOND, 101 * SECOND);
+        let tcp = state(PROTO_TCP, 100 * SECOND, 101 * SECOND);
+        let open = ConnEvent {
+            kind: EVENT_OPEN,
+            conntrack: 2,
+            time_ns: 100 * SECOND,
+            state: tcp,
+            ..Default::default()
+        };
+        tracker.opened(&open);
+        let entries = [(1, udp), (2, tcp)];
+        let early = tracker.sweep(&entries, 130 * SECOND, false);
+        assert_eq!(early, Sweep::default());
+        assert_eq!(tracker.open_count(), 2);
+        let late = tracker.sweep(&entries, 131 * SECOND, false);
+        assert!(late.progress.is_empty());
+        assert_eq!(
+            late.ended
+                .iter()
+                .map(|(ct, _, close)| (*ct, *close))
+                .collect::<Vec<_>>(),
+            vec![(1, Close::Timeout)]
+        );
     }
 
     #[test]
@@ -338,10 +374,10 @@ mod tests {
             ..Default::default()
         };
         tracker.on_event(&open).unwrap();
-        tracker.sweep(&[(5, state)], 102 * SECOND);
+        tracker.sweep(&[(5, state)], 102 * SECOND, true);
         assert_eq!(tracker.open_count(), 1);
         // Its close event was lost: the kernel removed the entry.
-        tracker.sweep(&[], 103 * SECOND);
+        tracker.sweep(&[], 103 * SECOND, true);
         assert_eq!(tracker.open_count(), 0);
     }
 
@@ -352,7 +388,7 @@ mod tests {
         let mut fin = state(PROTO_TCP, 100 * SECOND, 101 * SECOND);
         fin.closed = CLOSE_FIN as u8;
         let live = state(PROTO_TCP, 100 * SECOND, 101 * SECOND);
-        let sweep = tracker.sweep(&[(1, fin), (2, live)], 102 * SECOND);
+        let sweep = tracker.sweep(&[(1, fin), (2, live)], 102 * SECOND, true);
         assert_eq!(sweep.ended, vec![(1, fin, Close::Fin)]);
         let (_, record) = tracker.end(1, &fin, Close::Fin).unwrap();
         assert_eq!(

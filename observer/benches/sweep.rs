@@ -139,7 +139,10 @@ fn sweep(c: &mut Criterion) {
                 for (_, state) in &mut moved {
                     state.last_ns += SECOND;
                 }
-                tracker.sweep(&moved, second * SECOND, with_view).progress.len()
+                tracker
+                    .sweep(&moved, second * SECOND, with_view)
+                    .progress
+                    .len()
             })
         });
     }

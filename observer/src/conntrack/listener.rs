@@ -2,7 +2,7 @@
 //! thread of its own, so that reading them never waits on (or stalls) the session loop.
 
 use std::collections::HashMap;
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd, RawFd};
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,7 +13,9 @@ use tokio::sync::mpsc;
 use super::socket::{CtSocket, Received};
 use super::{CtEntry, CtKind, CtMessage};
 
-/// How long the thread waits for events before looking for new namespaces or a stop.
+/// How long the thread waits for events before looking for new namespaces or a stop,
+/// where it has no `Waker` (no eventfd): with one it sleeps until woken, so an idle
+/// observer does not wake 20 times a second.
 const POLL_MS: i32 = 50;
 /// After reading, the thread lets events gather this long: under churn it (and the
 /// session loop it hands them to) wakes about 20 times a second, not once per
@@ -43,10 +45,39 @@ enum Control {
     Remove(u32),
 }
 
+/// An eventfd that wakes the thread from `poll` when a socket is added or taken away,
+/// or when it is told to stop.
+struct Waker(OwnedFd);
+
+impl Waker {
+    fn new() -> Option<Waker> {
+        // SAFETY: eventfd(2) takes no pointers; a non-negative result is a new
+        // descriptor that nothing else owns.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        // SAFETY: as above: `fd` is open and owned by nothing else.
+        (fd >= 0).then(|| Waker(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    fn wake(&self) {
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: writes 8 bytes from a live array to an open descriptor. A full counter
+        // (EAGAIN) still leaves it readable, which is all a wake-up needs.
+        let _ = unsafe { libc::write(self.0.as_raw_fd(), one.as_ptr().cast(), one.len()) };
+    }
+
+    /// Resets the counter after a wake-up.
+    fn clear(&self) {
+        let mut count = [0u8; 8];
+        // SAFETY: reads at most 8 bytes into a live array of 8.
+        let _ = unsafe { libc::read(self.0.as_raw_fd(), count.as_mut_ptr().cast(), count.len()) };
+    }
+}
+
 /// The listening thread; stopping it (or dropping it) reads what is waiting first.
 pub struct Listener {
     notes: mpsc::UnboundedReceiver<Note>,
     control: std::sync::mpsc::Sender<Control>,
+    waker: Option<Arc<Waker>>,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
     groups: Vec<u32>,
@@ -62,13 +93,16 @@ impl Listener {
         let (control, controls) = std::sync::mpsc::channel();
         let stop = Arc::new(AtomicBool::new(false));
         let stopping = Arc::clone(&stop);
+        let waker = Waker::new().map(Arc::new);
+        let woken = waker.clone();
         let thread = std::thread::Builder::new()
             .name("conntrack-events".into())
-            .spawn(move || listen(&controls, &send, &stopping))
+            .spawn(move || listen(&controls, &send, &stopping, woken.as_deref()))
             .ok();
         Listener {
             notes,
             control,
+            waker,
             stop,
             thread,
             groups: groups.to_vec(),
@@ -87,13 +121,22 @@ impl Listener {
         self.watched.insert(netns);
         self.control
             .send(Control::Add(netns, socket))
-            .map_err(|_| std::io::Error::other("the conntrack listener thread is gone"))
+            .map_err(|_| std::io::Error::other("the conntrack listener thread is gone"))?;
+        self.wake();
+        Ok(())
+    }
+
+    fn wake(&self) {
+        if let Some(waker) = &self.waker {
+            waker.wake();
+        }
     }
 
     /// Stops following `netns` (its socket closes: a namespace is not kept alive).
     pub fn unwatch(&mut self, netns: u32) {
         if self.watched.remove(&netns) {
             let _ = self.control.send(Control::Remove(netns));
+            self.wake();
         }
     }
 
@@ -127,6 +170,7 @@ impl Listener {
 
     fn halt(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
+        self.wake();
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
@@ -143,6 +187,7 @@ fn listen(
     controls: &std::sync::mpsc::Receiver<Control>,
     send: &mpsc::UnboundedSender<Note>,
     stop: &AtomicBool,
+    waker: Option<&Waker>,
 ) {
     let mut sockets: HashMap<RawFd, (u32, CtSocket)> = HashMap::new();
     loop {
@@ -155,19 +200,34 @@ fn listen(
             }
         }
         let stopping = stop.load(Ordering::SeqCst);
-        let mut fds: Vec<libc::pollfd> = sockets
-            .keys()
-            .map(|&fd| libc::pollfd {
+        // The waker first (when there is one), then the sockets.
+        let woken_at = waker.map(|waker| waker.0.as_raw_fd());
+        let mut fds: Vec<libc::pollfd> = woken_at
+            .into_iter()
+            .chain(sockets.keys().copied())
+            .map(|fd| libc::pollfd {
                 fd,
                 events: libc::POLLIN,
                 revents: 0,
             })
             .collect();
+        // Stopping: one more pass without waiting. Otherwise wait until woken.
+        let timeout = match (stopping, waker) {
+            (true, _) => 0,
+            (false, Some(_)) => -1,
+            (false, None) => POLL_MS,
+        };
         // SAFETY: `fds` is a live array of the length passed.
-        let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, POLL_MS) };
+        let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
         if ready < 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
             std::thread::sleep(Duration::from_millis(POLL_MS as u64));
         }
+        if let Some(waker) = waker
+            && fds[0].revents != 0
+        {
+            waker.clear();
+        }
+        let fds = &fds[usize::from(waker.is_some())..];
         // After a stop, one more pass reads everything already queued.
         let mut read = false;
         for pollfd in fds.iter().filter(|p| stopping || p.revents != 0) {

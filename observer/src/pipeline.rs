@@ -364,6 +364,8 @@ impl Session {
             log.conn(&record)
                 .with_context(|| format!("cannot write the connection log to {}", log.name))?;
         }
+        // `send` checks this too; checked here, no update is even built without a live
+        // view (a record is 240 bytes to move).
         if self.updates.is_some() {
             self.send(Update::Conn { id, record });
         }

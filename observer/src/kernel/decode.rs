@@ -63,10 +63,14 @@ fn push_decoded<T: PlainData>(bytes: &[u8], out: &mut Vec<T>) -> Result<(), Deco
 
 /// Decodes one connection record, checking its length first.
 pub fn conn_event(bytes: &[u8]) -> Result<ConnEvent, DecodeError> {
-    check_length::<ConnEvent>(bytes)?;
-    // SAFETY: the length is checked above, `ConnEvent` is `#[repr(C)]` plain data for
-    // which every bit pattern is valid, and `read_unaligned` has no alignment needs.
-    Ok(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<ConnEvent>()) })
+    decoded(bytes)
+}
+
+fn decoded<T: PlainData>(bytes: &[u8]) -> Result<T, DecodeError> {
+    check_length::<T>(bytes)?;
+    // SAFETY: the length is checked above, `T` is plain data (every bit pattern is a
+    // value), and `read_unaligned` has no alignment needs.
+    Ok(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<T>()) })
 }
 
 fn check_length<T>(bytes: &[u8]) -> Result<(), DecodeError> {

@@ -75,7 +75,7 @@ impl Tracker {
         let id = ConnId::of(event.conntrack, &event.state);
         if event.kind == EVENT_OPEN {
             let record = self.record(&event.state, Close::Open, event.time_ns)?;
-            self.open.insert(id, event.state.last_ns);
+            self.opened(event);
             return Ok((id, record));
         }
         self.open.remove(&id);

@@ -29,8 +29,10 @@ use crate::model::record::{ConnRecord, EndpointsRecord, FrontendKind, Name, Prot
 use reader::{Request, RuleReader};
 use rules::ServiceMap;
 
+pub mod announce;
 pub mod hold;
 pub mod legacy;
+mod parsed;
 pub mod pod_source;
 pub mod pods;
 mod reader;
@@ -114,24 +116,19 @@ pub trait DumpSource: Send {
     fn netns_path(&mut self, _netns: u32) -> Option<PathBuf> {
         None
     }
+
+    /// What `iptables -t TABLE -S CHAIN` prints for one iptables-nft chain of `netns`;
+    /// `Err` (fixtures) says why not, and the namespace is read whole instead.
+    fn chain(&mut self, _netns: u32, _chain: &announce::ChainRef) -> Result<String, String> {
+        Err("this source reads no single chains".to_owned())
+    }
 }
 
 /// Parses and merges every dump. Parse errors are returned as messages naming the
 /// command; the other dumps still count.
 pub fn parse_dumps(dumps: &Dumps) -> (ServiceMap, Vec<String>) {
-    let mut map = ServiceMap::default();
-    let mut errors = Vec::new();
-    for dump in &dumps.dumps {
-        let parsed = match dump.format {
-            DumpFormat::IptablesSave => ServiceMap::from_iptables_save(&dump.text),
-            DumpFormat::NftJson => ServiceMap::from_nft_json(&dump.text),
-        };
-        match parsed {
-            Ok(parsed) => map.merge(parsed),
-            Err(err) => errors.push(format!("{}: {err}", dump.command)),
-        }
-    }
-    (map, errors)
+    let (parsed, errors) = parsed::ParsedRules::parse(dumps);
+    (parsed.map(), errors)
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -224,7 +221,7 @@ impl Namer {
     pub fn spawn(config: NamerConfig, source: Box<dyn DumpSource>) -> Self {
         let reads = match reader::spawn(RuleReader::new(source)) {
             Ok(worker) => Reads::Worker(worker),
-            Err(reader) => Reads::Inline(reader),
+            Err(reader) => Reads::Inline(*reader),
         };
         Namer::with_reads(config, reads)
     }
@@ -355,12 +352,15 @@ impl Namer {
     fn request(&mut self, netns: u32, now: Instant) {
         match &mut self.reads {
             Reads::Inline(reader) => {
-                let snapshot = reader.read(netns, now);
+                let snapshot = reader.read(netns, now, &announce::Changes::everything());
                 self.absorb(snapshot);
             }
             Reads::Worker(worker) => {
                 if self.in_flight.insert(netns)
-                    && worker.requests.send(Request::Read(netns)).is_err()
+                    && worker
+                        .requests
+                        .send(Request::Read(netns, announce::Changes::everything()))
+                        .is_err()
                 {
                     // The worker is gone (it cannot end on its own): keep what is known.
                     self.in_flight.remove(&netns);

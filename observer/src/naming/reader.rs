@@ -10,9 +10,11 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 
+use super::announce::Changes;
+use super::parsed::ParsedRules;
 use super::rules::ServiceMap;
 use super::watch::{Seen, Watches};
-use super::{DumpSource, Dumps, parse_dumps};
+use super::{DumpSource, Dumps};
 use crate::model::record::{EndpointShare, EndpointsRecord, Frontend, Proto, ServiceRecord};
 
 /// What one read of a namespace's rules produced.
@@ -37,6 +39,8 @@ pub struct Snapshot {
     pub watched: bool,
     /// How many changes the watcher had seen when the read began.
     pub seen: u64,
+    /// How many chains were read one by one instead of every table (0: a full read).
+    pub patched: usize,
 }
 
 type Published = (Vec<Frontend>, Vec<EndpointShare>);
@@ -45,6 +49,9 @@ pub struct RuleReader {
     source: Box<dyn DumpSource>,
     published: HashMap<(u32, Proto, String), Published>,
     warned: HashSet<(u32, String)>,
+    /// Each namespace's rules as last read whole (and patched since), with whether
+    /// they are (also) in legacy tables.
+    parsed: HashMap<u32, (ParsedRules, bool)>,
 }
 
 impl RuleReader {
@@ -53,30 +60,43 @@ impl RuleReader {
             source,
             published: HashMap::new(),
             warned: HashSet::new(),
+            parsed: HashMap::new(),
         }
     }
 
-    /// Reads and parses the rules of `netns`; `read_at` stamps the snapshot.
-    pub fn read(&mut self, netns: u32, read_at: Instant) -> Snapshot {
+    /// Reads and parses the rules of `netns`; `read_at` stamps the snapshot. When only
+    /// iptables-nft chains changed since the last read, only they are read.
+    pub fn read(&mut self, netns: u32, read_at: Instant, changes: &Changes) -> Snapshot {
         let started = Instant::now();
         // Endpoint changes are dated by when the read began: the rules had changed by then.
         let wall = Utc::now();
         let mut warnings = Vec::new();
         let mut legacy = false;
-        let map = match self.source.dump(netns) {
-            Ok(dumps) => {
-                legacy = uses_legacy(&dumps);
-                let (map, errors) = parse_dumps(&dumps);
-                warnings.extend(errors);
-                if map.is_empty() {
-                    warnings.extend(dumps.problems);
-                }
+        let mut patched = 0;
+        let map = match self.patch(netns, changes) {
+            Some((chains, map, in_legacy)) => {
+                patched = chains;
+                legacy = in_legacy;
                 Some(map)
             }
-            Err(cause) => {
-                warnings.push(cause);
-                None
-            }
+            None => match self.source.dump(netns) {
+                Ok(dumps) => {
+                    legacy = uses_legacy(&dumps);
+                    let (parsed, errors) = ParsedRules::parse(&dumps);
+                    let map = parsed.map();
+                    self.parsed.insert(netns, (parsed, legacy));
+                    warnings.extend(errors);
+                    if map.is_empty() {
+                        warnings.extend(dumps.problems);
+                    }
+                    Some(map)
+                }
+                Err(cause) => {
+                    self.parsed.remove(&netns);
+                    warnings.push(cause);
+                    None
+                }
+            },
         };
         let warnings = warnings
             .into_iter()
@@ -102,6 +122,25 @@ impl RuleReader {
             legacy,
             watched: false,
             seen: 0,
+            patched,
+        }
+    }
+
+    /// Patches the last read of `netns` with the chains `changes` names: (chains read,
+    /// the map, legacy). `None` when it needs a full read (no earlier read, a change
+    /// that is not a chain's, a chain that cannot be read).
+    fn patch(&mut self, netns: u32, changes: &Changes) -> Option<(usize, ServiceMap, bool)> {
+        if changes.everything {
+            return None;
+        }
+        let (parsed, legacy) = self.parsed.get_mut(&netns)?;
+        match parsed.patch(changes, self.source.as_mut(), netns) {
+            Ok(chains) => Some((chains, parsed.map(), *legacy)),
+            Err(why) => {
+                log::debug!("reading all rules of netns {netns}: {why}");
+                self.parsed.remove(&netns);
+                None
+            }
         }
     }
 
@@ -179,8 +218,9 @@ fn uses_legacy(dumps: &Dumps) -> bool {
 
 /// What the worker is asked for.
 pub enum Request {
-    /// Read a namespace's rules (on a lookup, or because they changed).
-    Read(u32),
+    /// Read a namespace's rules: on a lookup (everything), or because the changes
+    /// announced changed.
+    Read(u32, Changes),
     /// The namer is gone.
     Stop,
 }
@@ -204,7 +244,7 @@ impl Drop for Worker {
 /// and watches each namespace it read for announced changes (which it then re-reads
 /// unasked). It ends on [`Request::Stop`]. If no thread can be started, the reader is
 /// handed back to be used inline.
-pub fn spawn(reader: RuleReader) -> Result<Worker, RuleReader> {
+pub fn spawn(reader: RuleReader) -> Result<Worker, Box<RuleReader>> {
     let (requests, requested) = mpsc::channel::<Request>();
     let (publish, snapshots) = mpsc::channel();
     let (hand_over, handed) = mpsc::channel::<RuleReader>();
@@ -219,12 +259,12 @@ pub fn spawn(reader: RuleReader) -> Result<Worker, RuleReader> {
             };
             let mut watches = Watches::new(shared);
             while let Some(batch) = next_batch(&requested) {
-                for netns in batch {
+                for (netns, changes) in batch {
                     // Watch before reading: a change during the read is then announced.
                     let path = reader.source.netns_path(netns);
                     let announced = watches.ensure(netns, path.clone(), changed(&again));
                     let seen = watches.seen(netns);
-                    let mut snapshot = reader.read(netns, Instant::now());
+                    let mut snapshot = reader.read(netns, Instant::now(), &changes);
                     snapshot.seen = seen;
                     // Legacy tables are polled from their first read on (the first poll
                     // re-reads once: they may have changed since this read began).
@@ -233,7 +273,13 @@ pub fn spawn(reader: RuleReader) -> Result<Worker, RuleReader> {
                     } else {
                         announced
                     };
-                    log::debug!("read the rules of netns {netns} in {:?}", snapshot.took);
+                    match snapshot.patched {
+                        0 => log::debug!("read the rules of netns {netns} in {:?}", snapshot.took),
+                        chains => log::debug!(
+                            "read {chains} changed chains of netns {netns} in {:?}",
+                            snapshot.took
+                        ),
+                    }
                     if publish.send(snapshot).is_err() {
                         return;
                     }
@@ -250,7 +296,7 @@ pub fn spawn(reader: RuleReader) -> Result<Worker, RuleReader> {
                 seen,
             })
         }
-        Err(_) => Err(reader),
+        Err(_) => Err(Box::new(reader)),
     }
 }
 
@@ -258,22 +304,26 @@ pub fn spawn(reader: RuleReader) -> Result<Worker, RuleReader> {
 /// (false once the worker is gone).
 fn changed(
     requests: &mpsc::Sender<Request>,
-) -> impl FnOnce() -> Box<dyn FnMut(u32) -> bool + Send> + use<> {
+) -> impl FnOnce() -> Box<dyn FnMut(u32, Changes) -> bool + Send> + use<> {
     let requests = requests.clone();
-    move || Box::new(move |netns| requests.send(Request::Read(netns)).is_ok())
+    move || Box::new(move |netns, changes| requests.send(Request::Read(netns, changes)).is_ok())
 }
 
-/// The next namespaces to read, each once however often it was asked for; `None` when
-/// the worker should end.
-fn next_batch(requested: &mpsc::Receiver<Request>) -> Option<Vec<u32>> {
-    let mut batch = match requested.recv().ok()? {
-        Request::Read(netns) => vec![netns],
+/// The next namespaces to read, each once however often it was asked for (with
+/// everything each request named); `None` when the worker should end.
+fn next_batch(requested: &mpsc::Receiver<Request>) -> Option<Vec<(u32, Changes)>> {
+    let mut batch: Vec<(u32, Changes)> = match requested.recv().ok()? {
+        Request::Read(netns, changes) => vec![(netns, changes)],
         Request::Stop => return None,
     };
     while let Ok(request) = requested.try_recv() {
         match request {
-            Request::Read(netns) if !batch.contains(&netns) => batch.push(netns),
-            Request::Read(_) => {}
+            Request::Read(netns, changes) => {
+                match batch.iter_mut().find(|(asked, _)| *asked == netns) {
+                    Some((_, pending)) => pending.merge(changes),
+                    None => batch.push((netns, changes)),
+                }
+            }
             Request::Stop => return None,
         }
     }

@@ -8,6 +8,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use super::announce::{ChainRef, Family};
 use super::{Dump, DumpFormat, DumpSource, Dumps};
 use crate::kernel::host::{Cap, Caps};
 
@@ -315,5 +316,33 @@ impl DumpSource for SystemSource {
 
     fn netns_path(&mut self, netns: u32) -> Option<PathBuf> {
         self.path_of(netns)
+    }
+
+    fn chain(&mut self, netns: u32, chain: &ChainRef) -> Result<String, String> {
+        let path = self
+            .path_of(netns)
+            .ok_or_else(|| "no process or /run/netns entry is in this namespace".to_owned())?;
+        let own = netns_inode(Path::new("/proc/self/ns/net")).ok();
+        let netns = (own != Some(netns)).then_some(path.as_path());
+        // The nf_tables variant by name: plain `iptables` may be the legacy one.
+        let program = match chain.family {
+            Family::V4 => "iptables-nft",
+            Family::V6 => "ip6tables-nft",
+        };
+        let tool = Tool::find(program).ok_or_else(|| format!("{program} not found"))?;
+        let table = chain.table.name();
+        let shown = format!("{program} -t {table} -S {}", chain.chain);
+        let output = tool
+            .command(netns)?
+            .args(["-t", table, "-S", &chain.chain])
+            .stdin(std::process::Stdio::piped())
+            .output()
+            .map_err(|e| format!("{shown}: {e}"))?;
+        if !output.status.success() {
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            let first = stderr.lines().next().unwrap_or("").trim();
+            return Err(format!("{shown} failed ({}): {first}", output.status));
+        }
+        String::from_utf8(output.stdout).map_err(|_| format!("{shown}: not UTF-8"))
     }
 }

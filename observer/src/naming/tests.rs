@@ -339,3 +339,87 @@ fn endpoint_changes_are_reported_between_reads() {
             .all(|c| c.added.is_empty() && !c.removed.is_empty())
     );
 }
+
+/// Serves one iptables-nft dump whole, and single chains of another text.
+struct ChainSource {
+    fake: Fake,
+    chains: Arc<Mutex<Vec<String>>>,
+    after: String,
+}
+
+impl DumpSource for ChainSource {
+    fn dump(&mut self, netns: u32) -> Result<Dumps, String> {
+        self.fake.dump(netns)
+    }
+
+    fn chain(&mut self, _netns: u32, chain: &announce::ChainRef) -> Result<String, String> {
+        self.chains.lock().unwrap().push(chain.chain.clone());
+        test_support::listing(&self.after, chain.table.name(), &chain.chain)
+            .ok_or_else(|| format!("no chain {}", chain.chain))
+    }
+}
+
+#[test]
+fn announced_chains_are_read_alone_and_report_what_changed() {
+    use announce::{ChainRef, Changes, Family, Table};
+    let fake = Fake::default();
+    fake.set(NS, iptables(test_support::FULL_V4));
+    let chains = Arc::new(Mutex::new(Vec::new()));
+    let mut reader = reader::RuleReader::new(Box::new(ChainSource {
+        fake: fake.clone(),
+        chains: chains.clone(),
+        after: test_support::without_third_checkout_endpoint(),
+    }));
+    let nat = |chain: &str| ChainRef {
+        family: Family::V4,
+        table: Table::Nat,
+        chain: chain.to_owned(),
+    };
+    // Nothing read yet: even a chain's change needs a full read.
+    let first = reader.read(
+        NS,
+        Instant::now(),
+        &Changes {
+            everything: false,
+            chains: [(nat("KUBE-SERVICES"), true)].into(),
+        },
+    );
+    assert_eq!((first.patched, fake.reads()), (0, 1));
+    assert!(chains.lock().unwrap().is_empty());
+    assert!(!first.updates.is_empty());
+
+    let announced = Changes {
+        everything: false,
+        chains: [
+            (nat("KUBE-SVC-CHKHTTP0000000000"), true),
+            (nat("KUBE-SEP-CHK3"), false),
+        ]
+        .into(),
+    };
+    let patched = reader.read(NS, Instant::now(), &announced);
+    assert_eq!((patched.patched, fake.reads()), (2, 1), "no full read");
+    assert_eq!(*chains.lock().unwrap(), ["KUBE-SVC-CHKHTTP0000000000"]);
+    let updated: Vec<&str> = patched.updates.iter().map(|u| u.service.as_str()).collect();
+    assert_eq!(updated, ["shop/checkout:http"]);
+    let change: Vec<(&str, &[SocketAddr], &[SocketAddr])> = patched
+        .changes
+        .iter()
+        .map(|c| (c.service.as_str(), &c.added[..], &c.removed[..]))
+        .collect();
+    assert_eq!(
+        change,
+        [("shop/checkout:http", &[][..], &[sa("10.244.2.7:3000")][..])]
+    );
+    assert!(patched.map.is_some() && patched.warnings.is_empty());
+
+    // A chain that cannot be read alone: the whole namespace is read again.
+    let again = reader.read(
+        NS,
+        Instant::now(),
+        &Changes {
+            everything: false,
+            chains: [(nat("KUBE-SEP-NONE"), true)].into(),
+        },
+    );
+    assert_eq!((again.patched, fake.reads()), (0, 2));
+}

@@ -3,11 +3,14 @@
 //! the netlink multicast group `NFNLGRP_NFTABLES`; that covers nftables mode and
 //! iptables-nft (what kind and Debian's iptables 1.8.9 use). One socket per namespace
 //! is opened inside it (a socket keeps the namespace it was created in), and a thread
-//! waits on all of them: after a burst of messages has been quiet for [`QUIET`] (a
+//! waits on all of them. The announcements say which chains changed
+//! ([`super::announce`]); after a burst of them has been quiet for [`QUIET`] (a
 //! transaction arrives at once, ending with `NFT_MSG_NEWGEN`), the namespace is
-//! re-read. Legacy iptables announces nothing: where kube-proxy's rules are in legacy
-//! tables, the same thread compares a fingerprint of them every [`LEGACY_POLL`]
-//! ([`super::legacy`]) and re-reads when it changes.
+//! re-read: only those chains where they are iptables-nft's, everything otherwise.
+//! Announcements about tables observer does not read are ignored. Legacy iptables
+//! announces nothing: where kube-proxy's rules are in legacy tables, the same thread
+//! compares a fingerprint of them every [`LEGACY_POLL`] ([`super::legacy`]) and
+//! re-reads everything when it changes.
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -18,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 
+use super::announce::Changes;
 use super::legacy::Sockets;
 use nix::sys::socket::{
     AddressFamily, MsgFlags, NetlinkAddr, SockFlag, SockProtocol, SockType, bind, recv, setsockopt,
@@ -89,16 +93,16 @@ pub fn subscribe(path: &Path) -> Result<OwnedFd, String> {
     })
 }
 
-/// Reads everything queued on `fd` without waiting. Returns whether anything (or an
-/// overflow, which also means changes) was announced.
-fn drain(fd: &OwnedFd, buffer: &mut [u8]) -> bool {
-    let mut announced = false;
+/// Reads everything queued on `fd` without waiting into `changes`. An overflow means
+/// announcements were lost: a full read.
+fn drain(fd: &OwnedFd, buffer: &mut [u8], changes: &mut Changes) {
     loop {
         match recv(fd.as_raw_fd(), buffer, MsgFlags::MSG_DONTWAIT) {
-            Ok(0) => return announced,
-            Ok(_) | Err(Errno::ENOBUFS) => announced = true,
+            Ok(0) => return,
+            Ok(length) => changes.read_datagram(&buffer[..length]),
+            Err(Errno::ENOBUFS) => changes.merge(Changes::everything()),
             Err(Errno::EINTR) => {}
-            Err(_) => return announced,
+            Err(_) => return,
         }
     }
 }
@@ -126,6 +130,8 @@ struct Feed {
     source: Source,
     /// (first, last) change of a burst not yet answered by a re-read.
     burst: Option<(Instant, Instant)>,
+    /// What the burst changed.
+    pending: Changes,
     /// Changes seen, and how many of them are published in [`Seen`].
     seen: u64,
     published: u64,
@@ -146,7 +152,8 @@ impl Feed {
         self.due().into_iter().chain(poll).min()
     }
 
-    fn saw_change(&mut self, now: Instant) {
+    fn saw_change(&mut self, now: Instant, changes: Changes) {
+        self.pending.merge(changes);
         let first = self.burst.map_or(now, |(first, _)| first);
         self.burst = Some((first, now));
         self.seen += 1;
@@ -173,17 +180,17 @@ impl Feed {
         *last = print;
         *next = now + LEGACY_POLL;
         if changed {
-            self.saw_change(now);
+            self.saw_change(now, Changes::everything());
         }
     }
 }
 
 /// Starts the thread that waits on the watched namespaces' sockets. New sockets
 /// arrive on the returned sender; `changed` is called with a namespace whose rules
-/// changed and returns false when nobody needs them any more. The thread ends then, or
+/// changed and what changed, and returns false when nobody needs them any more. The thread ends then, or
 /// when the sender is dropped.
 pub fn spawn(
-    mut changed: impl FnMut(u32) -> bool + Send + 'static,
+    mut changed: impl FnMut(u32, Changes) -> bool + Send + 'static,
     seen: Seen,
 ) -> std::io::Result<mpsc::Sender<(u32, Source)>> {
     let (register, registered) = mpsc::channel::<(u32, Source)>();
@@ -199,6 +206,7 @@ pub fn spawn(
                             netns,
                             source,
                             burst: None,
+                            pending: Changes::default(),
                             seen: 0,
                             published: 0,
                         }),
@@ -216,7 +224,7 @@ pub fn spawn(
                 for feed in &mut feeds {
                     if feed.due().is_some_and(|due| due <= now) {
                         feed.burst = None;
-                        if !changed(feed.netns) {
+                        if !changed(feed.netns, std::mem::take(&mut feed.pending)) {
                             return;
                         }
                     }
@@ -287,9 +295,13 @@ fn wait(feeds: &mut [Feed], buffer: &mut [u8]) {
         let feed = &mut feeds[index];
         if let Source::Announced(fd) = &feed.source
             && polled.revents != 0
-            && drain(fd, buffer)
         {
-            feed.saw_change(now);
+            let mut changes = Changes::default();
+            drain(fd, buffer, &mut changes);
+            // Announcements about tables observer does not read change nothing.
+            if !changes.is_empty() {
+                feed.saw_change(now, changes);
+            }
         }
     }
 }
@@ -329,7 +341,7 @@ impl Watches {
         &mut self,
         netns: u32,
         path: Option<PathBuf>,
-        changed: impl FnOnce() -> Box<dyn FnMut(u32) -> bool + Send>,
+        changed: impl FnOnce() -> Box<dyn FnMut(u32, Changes) -> bool + Send>,
     ) -> bool {
         if let Some(&polled) = self.polled.get(&netns) {
             return polled;
@@ -360,7 +372,7 @@ impl Watches {
         &mut self,
         netns: u32,
         path: Option<PathBuf>,
-        changed: impl FnOnce() -> Box<dyn FnMut(u32) -> bool + Send>,
+        changed: impl FnOnce() -> Box<dyn FnMut(u32, Changes) -> bool + Send>,
     ) -> bool {
         if let Some(&watched) = self.tried.get(&netns) {
             return watched;
@@ -380,7 +392,7 @@ impl Watches {
         &mut self,
         netns: u32,
         source: Source,
-        changed: impl FnOnce() -> Box<dyn FnMut(u32) -> bool + Send>,
+        changed: impl FnOnce() -> Box<dyn FnMut(u32, Changes) -> bool + Send>,
     ) -> bool {
         if self.register.is_none() {
             self.register = spawn(changed(), self.seen.clone()).ok();

@@ -57,6 +57,11 @@ impl Recorder {
         Recorder { observer, output }
     }
 
+    /// The stderr lines observer wrote so far.
+    pub fn stderr(&self) -> Vec<String> {
+        self.observer.stderr()
+    }
+
     /// observer's process id.
     pub fn pid(&self) -> u32 {
         self.observer.pid()

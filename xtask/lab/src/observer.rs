@@ -4,7 +4,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc;
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
@@ -17,6 +17,8 @@ const ATTACH_TIMEOUT: Duration = Duration::from_secs(60);
 /// An observer process that has attached; killed on drop.
 pub struct Observer {
     child: Child,
+    /// Every stderr line so far.
+    stderr: Arc<Mutex<Vec<String>>>,
 }
 
 impl Observer {
@@ -31,12 +33,19 @@ impl Observer {
             .with_context(|| format!("could not start {:?}", command.get_program()))?;
         let pipe = child.stderr.take().context("observer's stderr")?;
         // From here on, dropping `observer` on an error kills the process.
-        let observer = Observer { child };
+        let observer = Observer {
+            child,
+            stderr: Arc::default(),
+        };
         let (send, lines) = mpsc::channel();
+        let kept = observer.stderr.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(pipe).lines().map_while(Result::ok) {
                 if echo {
                     eprintln!("[observer] {line}");
+                }
+                if let Ok(mut kept) = kept.lock() {
+                    kept.push(line.clone());
                 }
                 // Nobody listens after `attached`: the line is only drained.
                 let _ = send.send(line);
@@ -55,6 +64,14 @@ impl Observer {
                 }
             }
         }
+    }
+
+    /// The stderr lines observer wrote so far.
+    pub fn stderr(&self) -> Vec<String> {
+        self.stderr
+            .lock()
+            .map(|kept| kept.clone())
+            .unwrap_or_default()
     }
 
     /// The process id: to signal it (SIGSTOP/SIGCONT) or read its CPU and memory.
@@ -100,6 +117,12 @@ mod tests {
         .unwrap();
         let status = observer.terminate().unwrap();
         assert_eq!(status.signal(), Some(Signal::SIGTERM as i32));
+        // The reader thread has seen the end of the pipe once the process is reaped.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while observer.stderr().len() < 2 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(observer.stderr(), ["loading", "2 programs attached"]);
     }
 
     #[test]

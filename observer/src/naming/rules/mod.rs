@@ -6,6 +6,8 @@
 mod iptables;
 mod nft;
 
+pub use iptables::Tables as IptablesTables;
+
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
 
@@ -92,6 +94,11 @@ impl ServiceMap {
     /// filter table adds Services that have no endpoints.
     pub fn from_iptables_save(text: &str) -> Result<ServiceMap, RulesError> {
         Ok(ServiceMap::from_ports(iptables::parse(text)?))
+    }
+
+    /// The Service ports of parsed `iptables-save` tables.
+    pub fn from_iptables_tables(tables: &IptablesTables) -> Result<ServiceMap, RulesError> {
+        Ok(ServiceMap::from_ports(tables.ports()?))
     }
 
     /// Parses `nft -j list table ip kube-proxy` (or `ip6`) output.

@@ -32,9 +32,79 @@ struct Rule {
     dst_local: bool,
 }
 
-#[derive(Default)]
+#[derive(Debug, Default)]
 struct Table {
     chains: BTreeMap<String, Vec<Rule>>,
+}
+
+/// Every table of one `iptables-save` dump, parsed, so that chains can be replaced one
+/// by one as they change (`iptables -t TABLE -S CHAIN`) without parsing the rest again.
+#[derive(Debug, Default)]
+pub struct Tables(HashMap<String, Table>);
+
+impl Tables {
+    pub fn parse(text: &str) -> Result<Tables, RulesError> {
+        read_tables(text).map(Tables)
+    }
+
+    /// The Service ports the tables define.
+    pub fn ports(&self) -> Result<Vec<ServicePort>, RulesError> {
+        let mut ports = match self.0.get("nat") {
+            Some(nat) => services::from_nat(nat)?,
+            None => Vec::new(),
+        };
+        if let Some(filter) = self.0.get("filter") {
+            services::add_no_endpoint_services(filter, &mut ports)?;
+        }
+        Ok(ports)
+    }
+
+    /// Replaces one chain with what `iptables -t table -S chain` printed: `-N chain` or
+    /// `-P chain POLICY`, then its `-A chain` rules.
+    pub fn replace_chain(
+        &mut self,
+        table: &str,
+        chain: &str,
+        listing: &str,
+    ) -> Result<(), RulesError> {
+        let mut rules = Vec::new();
+        let mut declared = false;
+        for (index, raw) in listing.lines().enumerate() {
+            let line = index + 1;
+            let trimmed = raw.trim();
+            let mut words = trimmed.split_whitespace();
+            match (words.next(), words.next()) {
+                (None, _) => {}
+                (Some("-N" | "-P"), Some(name)) if name == chain => declared = true,
+                (Some("-A"), Some(name)) if name == chain => {
+                    let words = tokenize::tokenize(trimmed, line)?;
+                    rules.push(tokenize::parse_rule(&words, line)?.1);
+                }
+                _ => {
+                    return Err(err(
+                        line,
+                        format!("not a line of chain {chain}: {}", clip(trimmed)),
+                    ));
+                }
+            }
+        }
+        if !declared {
+            return Err(err(1, format!("chain {chain} is not declared")));
+        }
+        self.0
+            .entry(table.to_owned())
+            .or_default()
+            .chains
+            .insert(chain.to_owned(), rules);
+        Ok(())
+    }
+
+    /// Forgets a chain that was deleted.
+    pub fn remove_chain(&mut self, table: &str, chain: &str) {
+        if let Some(table) = self.0.get_mut(table) {
+            table.chains.remove(chain);
+        }
+    }
 }
 
 fn err(line: usize, message: impl Into<String>) -> RulesError {
@@ -45,15 +115,7 @@ fn err(line: usize, message: impl Into<String>) -> RulesError {
 }
 
 pub(super) fn parse(text: &str) -> Result<Vec<ServicePort>, RulesError> {
-    let tables = read_tables(text)?;
-    let mut ports = match tables.get("nat") {
-        Some(nat) => services::from_nat(nat)?,
-        None => Vec::new(),
-    };
-    if let Some(filter) = tables.get("filter") {
-        services::add_no_endpoint_services(filter, &mut ports)?;
-    }
-    Ok(ports)
+    Tables::parse(text)?.ports()
 }
 
 /// Every `*table` ... `COMMIT` block, by table name.

@@ -1,0 +1,369 @@
+//! What nf_tables' announcements say changed, so that a change is read chain by chain
+//! instead of dumping every table again. Each announcement is a netlink message
+//! (`struct nlmsghdr`, `struct nfgenmsg`, then attributes) of the nf_tables subsystem;
+//! rule and chain messages name their table and chain, which is all that is kept here.
+//! Only iptables-nft's `nat` and `filter` tables (families ip and ip6) are patched
+//! chain by chain. Any other change of a table observer reads (those, kube-proxy's
+//! nftables table `kube-proxy`) asks for a full read; changes of tables observer does
+//! not read (`mangle`, `raw`, other programs' tables, other families) are ignored.
+
+use std::collections::BTreeMap;
+
+/// `NFNL_SUBSYS_NFTABLES`: the high byte of an nf_tables message type.
+const SUBSYS_NFTABLES: u16 = 10;
+/// `NLMSG_HDRLEN` and `sizeof(struct nfgenmsg)`.
+const NLMSG_HEADER: usize = 16;
+const NFGENMSG: usize = 4;
+/// `NFPROTO_IPV4`, `NFPROTO_IPV6`.
+const NFPROTO_IPV4: u8 = 2;
+const NFPROTO_IPV6: u8 = 10;
+
+/// `enum nf_tables_msg_types` (include/uapi/linux/netfilter/nf_tables.h).
+const NFT_MSG_NEWCHAIN: u16 = 3;
+const NFT_MSG_DELCHAIN: u16 = 5;
+const NFT_MSG_NEWRULE: u16 = 6;
+const NFT_MSG_DELRULE: u16 = 8;
+const NFT_MSG_NEWGEN: u16 = 15;
+const NFT_MSG_DESTROYCHAIN: u16 = 27;
+const NFT_MSG_DESTROYRULE: u16 = 28;
+
+/// The first attribute of every nf_tables object message is its table's name
+/// (`NFTA_TABLE_NAME`, `NFTA_CHAIN_TABLE`, `NFTA_RULE_TABLE`, `NFTA_SET_TABLE`, ...).
+const NFTA_TABLE: u16 = 1;
+/// `NFTA_CHAIN_NAME`; `NFTA_RULE_CHAIN`.
+const NFTA_CHAIN_NAME: u16 = 3;
+const NFTA_RULE_CHAIN: u16 = 2;
+/// `NLA_TYPE_MASK`: the attribute type without the nested / byte-order flags.
+const NLA_TYPE_MASK: u16 = 0x3fff;
+
+/// The address family of an iptables-nft table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Family {
+    V4,
+    V6,
+}
+
+/// An iptables-nft table observer patches chain by chain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Table {
+    Nat,
+    Filter,
+}
+
+impl Table {
+    pub fn name(self) -> &'static str {
+        match self {
+            Table::Nat => "nat",
+            Table::Filter => "filter",
+        }
+    }
+}
+
+/// One chain of an iptables-nft table.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ChainRef {
+    pub family: Family,
+    pub table: Table,
+    pub chain: String,
+}
+
+/// What a burst of announcements changed in one namespace.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Changes {
+    /// Something that cannot be patched chain by chain changed (or announcements were
+    /// lost): the namespace needs a full read.
+    pub everything: bool,
+    /// Chains whose rules changed, and whether the last announcement left them in
+    /// place (false: the chain was deleted).
+    pub chains: BTreeMap<ChainRef, bool>,
+}
+
+impl Changes {
+    /// A full read.
+    pub fn everything() -> Changes {
+        Changes {
+            everything: true,
+            chains: BTreeMap::new(),
+        }
+    }
+
+    /// Whether anything observer reads changed.
+    pub fn is_empty(&self) -> bool {
+        !self.everything && self.chains.is_empty()
+    }
+
+    /// Adds later changes to these: a later announcement about a chain wins.
+    pub fn merge(&mut self, later: Changes) {
+        self.everything |= later.everything;
+        self.chains.extend(later.chains);
+        if self.everything {
+            self.chains.clear();
+        }
+    }
+
+    /// Reads every message of one datagram. A message that cannot be read makes the
+    /// whole burst a full read: it may have been about anything.
+    pub fn read_datagram(&mut self, mut datagram: &[u8]) {
+        while datagram.len() >= NLMSG_HEADER {
+            let length = u32::from_ne_bytes(datagram[0..4].try_into().expect("4 bytes")) as usize;
+            if length < NLMSG_HEADER || length > datagram.len() {
+                self.everything = true;
+                break;
+            }
+            let kind = u16::from_ne_bytes(datagram[4..6].try_into().expect("2 bytes"));
+            self.read_message(kind, &datagram[NLMSG_HEADER..length]);
+            // NLMSG_ALIGN: messages start on 4-byte boundaries.
+            datagram = datagram
+                .get(length.next_multiple_of(4)..)
+                .unwrap_or_default();
+        }
+        if self.everything {
+            self.chains.clear();
+        }
+    }
+
+    fn read_message(&mut self, kind: u16, payload: &[u8]) {
+        if kind >> 8 != SUBSYS_NFTABLES {
+            // Not nf_tables (NLMSG_DONE, an error): nothing about rules.
+            return;
+        }
+        let message = kind & 0xff;
+        if message == NFT_MSG_NEWGEN {
+            // Ends every transaction; says nothing about what changed.
+            return;
+        }
+        let Some((&family, attributes)) = payload
+            .split_first()
+            .filter(|_| payload.len() >= NFGENMSG)
+            .map(|(family, _)| (family, &payload[NFGENMSG..]))
+        else {
+            self.everything = true;
+            return;
+        };
+        let Some(table) = attribute(attributes, NFTA_TABLE) else {
+            self.everything = true;
+            return;
+        };
+        let family = match family {
+            NFPROTO_IPV4 => Family::V4,
+            NFPROTO_IPV6 => Family::V6,
+            // inet, bridge, arp, netdev: no table observer reads.
+            _ => return,
+        };
+        let table = match table {
+            b"nat" => Table::Nat,
+            b"filter" => Table::Filter,
+            b"kube-proxy" => {
+                self.everything = true;
+                return;
+            }
+            _ => return,
+        };
+        let (name, present) = match message {
+            NFT_MSG_NEWCHAIN => (attribute(attributes, NFTA_CHAIN_NAME), true),
+            NFT_MSG_DELCHAIN | NFT_MSG_DESTROYCHAIN => {
+                (attribute(attributes, NFTA_CHAIN_NAME), false)
+            }
+            NFT_MSG_NEWRULE | NFT_MSG_DELRULE | NFT_MSG_DESTROYRULE => {
+                (attribute(attributes, NFTA_RULE_CHAIN), true)
+            }
+            // The table itself, a set, an object, a flowtable: read everything.
+            _ => (None, true),
+        };
+        match name.and_then(|name| std::str::from_utf8(name).ok()) {
+            Some(chain) => {
+                let chain = ChainRef {
+                    family,
+                    table,
+                    chain: chain.to_owned(),
+                };
+                self.chains.insert(chain, present);
+            }
+            None => self.everything = true,
+        }
+    }
+}
+
+/// The value of the first top-level attribute of type `wanted`, without the NUL that
+/// ends netlink strings.
+fn attribute(mut attributes: &[u8], wanted: u16) -> Option<&[u8]> {
+    while attributes.len() >= 4 {
+        let length = u16::from_ne_bytes([attributes[0], attributes[1]]) as usize;
+        let kind = u16::from_ne_bytes([attributes[2], attributes[3]]) & NLA_TYPE_MASK;
+        if length < 4 || length > attributes.len() {
+            return None;
+        }
+        if kind == wanted {
+            let value = &attributes[4..length];
+            return Some(value.strip_suffix(&[0]).unwrap_or(value));
+        }
+        attributes = attributes.get(length.next_multiple_of(4)..)?;
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One attribute, padded to 4 bytes.
+    fn attr(kind: u16, value: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        out.extend(((4 + value.len()) as u16).to_ne_bytes());
+        out.extend(kind.to_ne_bytes());
+        out.extend(value);
+        out.resize(out.len().next_multiple_of(4), 0);
+        out
+    }
+
+    fn string(kind: u16, value: &str) -> Vec<u8> {
+        let mut bytes = value.as_bytes().to_vec();
+        bytes.push(0);
+        attr(kind, &bytes)
+    }
+
+    /// One nf_tables message: header, nfgenmsg, attributes.
+    fn message(kind: u16, family: u8, attributes: &[Vec<u8>]) -> Vec<u8> {
+        let body: Vec<u8> = attributes.concat();
+        let length = NLMSG_HEADER + NFGENMSG + body.len();
+        let mut out = Vec::new();
+        out.extend((length as u32).to_ne_bytes());
+        out.extend(((SUBSYS_NFTABLES << 8) | kind).to_ne_bytes());
+        out.extend([0u8; 10]);
+        out.extend([family, 0, 0, 0]);
+        out.extend(body);
+        out
+    }
+
+    fn rule(kind: u16, family: u8, table: &str, chain: &str) -> Vec<u8> {
+        // A handle and an expression list between the names, as the kernel sends them.
+        message(
+            kind,
+            family,
+            &[
+                string(NFTA_TABLE, table),
+                string(NFTA_RULE_CHAIN, chain),
+                attr(3, &7u64.to_be_bytes()),
+                attr(4 | 0x8000, &attr(1, b"exprs")),
+            ],
+        )
+    }
+
+    fn chain(kind: u16, family: u8, table: &str, chain: &str) -> Vec<u8> {
+        message(
+            kind,
+            family,
+            &[
+                string(NFTA_TABLE, table),
+                attr(2, &9u64.to_be_bytes()),
+                string(NFTA_CHAIN_NAME, chain),
+            ],
+        )
+    }
+
+    fn read(datagrams: &[Vec<u8>]) -> Changes {
+        let mut changes = Changes::default();
+        for datagram in datagrams {
+            changes.read_datagram(datagram);
+        }
+        changes
+    }
+
+    fn nat(chain: &str) -> ChainRef {
+        ChainRef {
+            family: Family::V4,
+            table: Table::Nat,
+            chain: chain.to_owned(),
+        }
+    }
+
+    #[test]
+    fn a_partial_sync_names_its_chains_and_the_last_word_on_each_wins() {
+        // iptables-restore --noflush: KUBE-SERVICES flushed and refilled, a Service
+        // chain rewritten, a stale endpoint chain flushed and deleted; several messages
+        // share a datagram, as the kernel batches them.
+        let batch = [
+            rule(NFT_MSG_DELRULE, NFPROTO_IPV4, "nat", "KUBE-SERVICES"),
+            rule(NFT_MSG_NEWRULE, NFPROTO_IPV4, "nat", "KUBE-SERVICES"),
+            chain(NFT_MSG_NEWCHAIN, NFPROTO_IPV4, "nat", "KUBE-SEP-NEW"),
+            rule(NFT_MSG_NEWRULE, NFPROTO_IPV4, "nat", "KUBE-SVC-A"),
+            rule(NFT_MSG_DELRULE, NFPROTO_IPV4, "nat", "KUBE-SEP-OLD"),
+            chain(NFT_MSG_DELCHAIN, NFPROTO_IPV4, "nat", "KUBE-SEP-OLD"),
+            rule(NFT_MSG_NEWRULE, NFPROTO_IPV6, "filter", "KUBE-SERVICES"),
+        ]
+        .concat();
+        let changes = read(&[batch, message(NFT_MSG_NEWGEN, 0, &[attr(1, &[0; 4])])]);
+        assert!(!changes.everything);
+        let expected: BTreeMap<ChainRef, bool> = [
+            (nat("KUBE-SERVICES"), true),
+            (nat("KUBE-SEP-NEW"), true),
+            (nat("KUBE-SVC-A"), true),
+            (nat("KUBE-SEP-OLD"), false),
+            (
+                ChainRef {
+                    family: Family::V6,
+                    table: Table::Filter,
+                    chain: "KUBE-SERVICES".to_owned(),
+                },
+                true,
+            ),
+        ]
+        .into();
+        assert_eq!(changes.chains, expected);
+        // Deleted, then made again: it is there.
+        let again = read(&[
+            chain(NFT_MSG_DESTROYCHAIN, NFPROTO_IPV4, "nat", "KUBE-SEP-X"),
+            chain(NFT_MSG_NEWCHAIN, NFPROTO_IPV4, "nat", "KUBE-SEP-X"),
+        ]);
+        assert_eq!(again.chains, [(nat("KUBE-SEP-X"), true)].into());
+    }
+
+    #[test]
+    fn tables_observer_does_not_read_are_ignored() {
+        let changes = read(&[
+            rule(
+                NFT_MSG_NEWRULE,
+                NFPROTO_IPV4,
+                "mangle",
+                "KUBE-KUBELET-CANARY",
+            ),
+            rule(NFT_MSG_NEWRULE, 1, "nat", "POSTROUTING"), // inet
+            rule(NFT_MSG_NEWRULE, NFPROTO_IPV4, "cilium", "x"),
+            message(NFT_MSG_NEWGEN, 0, &[]),
+        ]);
+        assert!(changes.is_empty(), "{changes:?}");
+    }
+
+    #[test]
+    fn what_cannot_be_patched_asks_for_a_full_read() {
+        let kube_proxy = read(&[rule(NFT_MSG_NEWRULE, NFPROTO_IPV4, "kube-proxy", "x")]);
+        assert!(kube_proxy.everything);
+        // A set element of the nat table (type 12, NFT_MSG_NEWSETELEM).
+        let set = read(&[message(12, NFPROTO_IPV4, &[string(NFTA_TABLE, "nat")])]);
+        assert!(set.everything);
+        let table = read(&[message(0, NFPROTO_IPV6, &[string(NFTA_TABLE, "filter")])]);
+        assert!(table.everything);
+        let no_chain = read(&[message(
+            NFT_MSG_NEWRULE,
+            NFPROTO_IPV4,
+            &[string(NFTA_TABLE, "nat")],
+        )]);
+        assert!(no_chain.everything);
+        let mut cut = rule(NFT_MSG_NEWRULE, NFPROTO_IPV4, "nat", "KUBE-SVC-A");
+        cut.truncate(30);
+        let truncated = read(&[rule(NFT_MSG_NEWRULE, NFPROTO_IPV4, "nat", "A"), cut]);
+        assert!(truncated.everything);
+        assert!(truncated.chains.is_empty(), "a full read needs no chains");
+    }
+
+    #[test]
+    fn merging_keeps_the_later_word_and_everything_absorbs() {
+        let mut first = read(&[rule(NFT_MSG_NEWRULE, NFPROTO_IPV4, "nat", "A")]);
+        first.merge(read(&[chain(NFT_MSG_DELCHAIN, NFPROTO_IPV4, "nat", "A")]));
+        assert_eq!(first.chains, [(nat("A"), false)].into());
+        first.merge(Changes::everything());
+        assert_eq!(first, Changes::everything());
+        first.merge(read(&[rule(NFT_MSG_NEWRULE, NFPROTO_IPV4, "nat", "B")]));
+        assert_eq!(first, Changes::everything());
+    }
+}

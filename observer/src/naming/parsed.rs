@@ -1,0 +1,145 @@
+//! One namespace's rules as last read, kept parsed so that an announced change is read
+//! chain by chain: `iptables -t nat -S KUBE-SVC-...` takes milliseconds where
+//! `iptables-save` of 5,000 Services takes a second, and only the chains read are
+//! parsed again. Only iptables-nft dumps are patched (their changes are announced
+//! chain by chain); kube-proxy's nftables table and legacy tables are read whole.
+
+use super::announce::{Changes, Family};
+use super::rules::{IptablesTables, ServiceMap};
+use super::{DumpFormat, DumpSource, Dumps};
+
+/// Beyond this many changed chains a full read is cheaper (each chain is one command).
+pub const MAX_PATCHED_CHAINS: usize = 100;
+
+/// One dump, parsed.
+enum Part {
+    /// `iptables-save` / `ip6tables-save` of nf_tables-backed tables.
+    Patchable {
+        family: Family,
+        command: String,
+        tables: IptablesTables,
+        map: ServiceMap,
+    },
+    /// Anything else: read whole when it changes.
+    Fixed(ServiceMap),
+}
+
+/// The parsed dumps of one namespace.
+pub struct ParsedRules {
+    parts: Vec<Part>,
+}
+
+impl ParsedRules {
+    /// Parses every dump. Parse errors are returned as messages naming the command;
+    /// the other dumps still count.
+    pub fn parse(dumps: &Dumps) -> (ParsedRules, Vec<String>) {
+        let mut parts = Vec::new();
+        let mut errors = Vec::new();
+        for dump in &dumps.dumps {
+            let parsed = match (dump.format, patchable_family(&dump.command, &dump.text)) {
+                (DumpFormat::IptablesSave, Some(family)) => IptablesTables::parse(&dump.text)
+                    .and_then(|tables| {
+                        let map = ServiceMap::from_iptables_tables(&tables)?;
+                        Ok(Part::Patchable {
+                            family,
+                            command: dump.command.clone(),
+                            tables,
+                            map,
+                        })
+                    }),
+                (DumpFormat::IptablesSave, None) => {
+                    ServiceMap::from_iptables_save(&dump.text).map(Part::Fixed)
+                }
+                (DumpFormat::NftJson, _) => ServiceMap::from_nft_json(&dump.text).map(Part::Fixed),
+            };
+            match parsed {
+                Ok(part) => parts.push(part),
+                Err(err) => errors.push(format!("{}: {err}", dump.command)),
+            }
+        }
+        (ParsedRules { parts }, errors)
+    }
+
+    /// Every dump's Services, merged.
+    pub fn map(&self) -> ServiceMap {
+        let mut map = ServiceMap::default();
+        for part in &self.parts {
+            let (Part::Patchable { map: part, .. } | Part::Fixed(part)) = part;
+            map.merge(part.clone());
+        }
+        map
+    }
+
+    /// Reads the chains `changes` names from `source` and puts them in place. `Err`
+    /// says why the namespace needs a full read instead (the parts may then be half
+    /// patched: they are to be replaced).
+    pub fn patch(
+        &mut self,
+        changes: &Changes,
+        source: &mut dyn DumpSource,
+        netns: u32,
+    ) -> Result<usize, String> {
+        if changes.everything {
+            return Err("a change that is not a chain's".to_owned());
+        }
+        if changes.chains.len() > MAX_PATCHED_CHAINS {
+            return Err(format!("{} chains changed", changes.chains.len()));
+        }
+        let mut touched = Vec::new();
+        for (chain, present) in &changes.chains {
+            let index = self
+                .parts
+                .iter()
+                .position(|part| matches!(part, Part::Patchable { family, .. } if *family == chain.family))
+                .ok_or_else(|| format!("no {:?} iptables-nft tables were read", chain.family))?;
+            let Part::Patchable {
+                tables, command, ..
+            } = &mut self.parts[index]
+            else {
+                unreachable!("found as patchable");
+            };
+            let table = chain.table.name();
+            if *present {
+                let listing = source.chain(netns, chain)?;
+                tables
+                    .replace_chain(table, &chain.chain, &listing)
+                    .map_err(|e| format!("{command} -t {table} -S {}: {e}", chain.chain))?;
+            } else {
+                tables.remove_chain(table, &chain.chain);
+            }
+            if !touched.contains(&index) {
+                touched.push(index);
+            }
+        }
+        for index in touched {
+            if let Part::Patchable {
+                tables,
+                map,
+                command,
+                ..
+            } = &mut self.parts[index]
+            {
+                *map = ServiceMap::from_iptables_tables(tables)
+                    .map_err(|e| format!("{command} patched: {e}"))?;
+            }
+        }
+        Ok(changes.chains.len())
+    }
+}
+
+/// The family of an iptables-nft dump (`# Generated by iptables-save v1.8.9
+/// (nf_tables)`), whose changes nf_tables announces chain by chain.
+fn patchable_family(command: &str, text: &str) -> Option<Family> {
+    let family = match command {
+        "iptables-save" => Family::V4,
+        "ip6tables-save" => Family::V6,
+        _ => return None,
+    };
+    text.lines()
+        .take_while(|line| line.starts_with('#'))
+        .any(|line| line.contains("(nf_tables)"))
+        .then_some(family)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,13 +1,16 @@
 //! What nf_tables' announcements say changed, so that a change is read chain by chain
 //! instead of dumping every table again. Each announcement is a netlink message
 //! (`struct nlmsghdr`, `struct nfgenmsg`, then attributes) of the nf_tables subsystem;
-//! rule and chain messages name their table and chain, which is all that is kept here.
-//! Only iptables-nft's `nat` and `filter` tables (families ip and ip6) are patched
-//! chain by chain. Any other change of a table observer reads (those, kube-proxy's
-//! nftables table `kube-proxy`) asks for a full read; changes of tables observer does
-//! not read (`mangle`, `raw`, other programs' tables, other families) are ignored.
+//! rule, chain, set and set element messages name their table and chain or set, which
+//! is all that is kept here. Patched one by one: the chains of iptables-nft's `nat` and
+//! `filter` tables, and the chains and named sets and maps of kube-proxy's nftables
+//! table `kube-proxy` (families ip and ip6). Any other change of a table observer reads
+//! asks for a full read; changes of tables observer does not read (`mangle`, `raw`,
+//! other programs' tables, other families) are ignored.
 
 use std::collections::BTreeMap;
+
+mod nftables;
 
 /// `NFNL_SUBSYS_NFTABLES`: the high byte of an nf_tables message type.
 const SUBSYS_NFTABLES: u16 = 10;
@@ -23,16 +26,23 @@ const NFT_MSG_NEWCHAIN: u16 = 3;
 const NFT_MSG_DELCHAIN: u16 = 5;
 const NFT_MSG_NEWRULE: u16 = 6;
 const NFT_MSG_DELRULE: u16 = 8;
+const NFT_MSG_NEWSET: u16 = 9;
+const NFT_MSG_DELSET: u16 = 11;
+const NFT_MSG_NEWSETELEM: u16 = 12;
+const NFT_MSG_DELSETELEM: u16 = 14;
 const NFT_MSG_NEWGEN: u16 = 15;
 const NFT_MSG_DESTROYCHAIN: u16 = 27;
 const NFT_MSG_DESTROYRULE: u16 = 28;
+const NFT_MSG_DESTROYSET: u16 = 29;
+const NFT_MSG_DESTROYSETELEM: u16 = 30;
 
 /// The first attribute of every nf_tables object message is its table's name
 /// (`NFTA_TABLE_NAME`, `NFTA_CHAIN_TABLE`, `NFTA_RULE_TABLE`, `NFTA_SET_TABLE`, ...).
 const NFTA_TABLE: u16 = 1;
-/// `NFTA_CHAIN_NAME`; `NFTA_RULE_CHAIN`.
+/// `NFTA_CHAIN_NAME`; `NFTA_RULE_CHAIN`; `NFTA_SET_NAME`, `NFTA_SET_ELEM_LIST_SET`.
 const NFTA_CHAIN_NAME: u16 = 3;
 const NFTA_RULE_CHAIN: u16 = 2;
+const NFTA_SET_NAME: u16 = 2;
 /// `NLA_TYPE_MASK`: the attribute type without the nested / byte-order flags.
 const NLA_TYPE_MASK: u16 = 0x3fff;
 
@@ -67,15 +77,20 @@ pub struct ChainRef {
     pub chain: String,
 }
 
+pub use nftables::{NftEvent, NftExpr, NftVerdict};
+
 /// What a burst of announcements changed in one namespace.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Changes {
     /// Something that cannot be patched chain by chain changed (or announcements were
     /// lost): the namespace needs a full read.
     pub everything: bool,
-    /// Chains whose rules changed, and whether the last announcement left them in
-    /// place (false: the chain was deleted).
+    /// iptables-nft chains whose rules changed, and whether the last announcement left
+    /// them in place (false: the chain was deleted).
     pub chains: BTreeMap<ChainRef, bool>,
+    /// What changed in kube-proxy's nftables table, in the order announced: rules
+    /// carry what the parser needs of them, so only named maps are read again.
+    pub nft: Vec<(Family, NftEvent)>,
 }
 
 impl Changes {
@@ -83,21 +98,34 @@ impl Changes {
     pub fn everything() -> Changes {
         Changes {
             everything: true,
-            chains: BTreeMap::new(),
+            ..Changes::default()
         }
     }
 
     /// Whether anything observer reads changed.
     pub fn is_empty(&self) -> bool {
-        !self.everything && self.chains.is_empty()
+        !self.everything && self.chains.is_empty() && self.nft.is_empty()
     }
 
-    /// Adds later changes to these: a later announcement about a chain wins.
+    /// How many objects a patch reads or removes.
+    pub fn len(&self) -> usize {
+        self.chains.len() + self.nft.len()
+    }
+
+    /// Adds later changes to these: a later announcement about a chain wins; nftables
+    /// events queue up in order.
     pub fn merge(&mut self, later: Changes) {
         self.everything |= later.everything;
         self.chains.extend(later.chains);
+        self.nft.extend(later.nft);
+        self.forget_parts();
+    }
+
+    /// A full read needs no names.
+    fn forget_parts(&mut self) {
         if self.everything {
             self.chains.clear();
+            self.nft.clear();
         }
     }
 
@@ -153,10 +181,7 @@ impl Changes {
         let table = match table {
             b"nat" => Table::Nat,
             b"filter" => Table::Filter,
-            b"kube-proxy" => {
-                self.everything = true;
-                return;
-            }
+            b"kube-proxy" => return self.read_kube_proxy(family, message, attributes),
             _ => return,
         };
         let (name, present) = match message {
@@ -180,6 +205,17 @@ impl Changes {
                 self.chains.insert(chain, present);
             }
             None => self.everything = true,
+        }
+    }
+}
+
+impl Changes {
+    /// A message about kube-proxy's nftables table.
+    fn read_kube_proxy(&mut self, family: Family, message: u16, attributes: &[u8]) {
+        match nftables::event(message, attributes) {
+            Ok(Some(event)) => self.nft.push((family, event)),
+            Ok(None) => {}
+            Err(()) => self.everything = true,
         }
     }
 }
@@ -318,6 +354,200 @@ mod tests {
         assert_eq!(again.chains, [(nat("KUBE-SEP-X"), true)].into());
     }
 
+    fn nested(kind: u16, parts: &[Vec<u8>]) -> Vec<u8> {
+        attr(kind | 0x8000, &parts.concat())
+    }
+
+    fn be32(kind: u16, value: u32) -> Vec<u8> {
+        attr(kind, &value.to_be_bytes())
+    }
+
+    /// One expression of a rule: `NFTA_LIST_ELEM { NFTA_EXPR_NAME, NFTA_EXPR_DATA }`.
+    fn expr(name: &str, data: &[Vec<u8>]) -> Vec<u8> {
+        nested(1, &[string(1, name), nested(2, data)])
+    }
+
+    /// `immediate reg DREG VALUE`.
+    fn immediate(dreg: u32, value: &[u8]) -> Vec<u8> {
+        expr("immediate", &[be32(1, dreg), nested(2, &[attr(1, value)])])
+    }
+
+    fn new_rule(chain: &str, handle: u64, exprs: &[Vec<u8>]) -> Vec<u8> {
+        message(
+            NFT_MSG_NEWRULE,
+            NFPROTO_IPV4,
+            &[
+                string(NFTA_TABLE, "kube-proxy"),
+                string(NFTA_RULE_CHAIN, chain),
+                attr(3, &handle.to_be_bytes()),
+                nested(4, exprs),
+            ],
+        )
+    }
+
+    fn set_message(kind: u16, set: &str, elements: &[Vec<u8>]) -> Vec<u8> {
+        let mut attributes = vec![string(NFTA_TABLE, "kube-proxy"), string(NFTA_SET_NAME, set)];
+        if !elements.is_empty() {
+            attributes.push(nested(3, elements));
+        }
+        message(kind, NFPROTO_IPV4, &attributes)
+    }
+
+    /// An anonymous map element: numgen number -> goto chain.
+    fn goto_element(key: u32, chain: &str) -> Vec<u8> {
+        let verdict = nested(2, &[be32(1, (-4i32) as u32), string(2, chain)]);
+        nested(
+            1,
+            &[
+                nested(1, &[attr(1, &key.to_ne_bytes())]),
+                nested(2, &[verdict]),
+            ],
+        )
+    }
+
+    const SERVICE: &str = "service-2EUJKCR2-shop/checkout/tcp/http";
+    const ENDPOINT: &str = "endpoint-OJUIMDOZ-shop/checkout/tcp/http__10.244.1.12/8080";
+
+    /// `numgen random mod 2 vmap @__map12`, as nft sends it.
+    fn numgen_vmap(numgen_type: u32) -> Vec<u8> {
+        new_rule(
+            SERVICE,
+            90,
+            &[
+                expr(
+                    "numgen",
+                    &[be32(1, 8), be32(2, 2), be32(3, numgen_type), be32(4, 0)],
+                ),
+                expr(
+                    "lookup",
+                    &[string(1, "__map12"), be32(2, 8), be32(3, 0), be32(4, 12)],
+                ),
+            ],
+        )
+    }
+
+    /// `meta l4proto tcp dnat to 10.244.1.12:8080`: the match is ignored.
+    fn dnat(addr_register: u32) -> Vec<u8> {
+        new_rule(
+            ENDPOINT,
+            91,
+            &[
+                expr("meta", &[be32(2, 16), be32(1, 1)]),
+                expr("cmp", &[be32(1, 1), be32(2, 0)]),
+                immediate(1, &[10, 244, 1, 12]),
+                immediate(2, &8080u16.to_be_bytes()),
+                expr(
+                    "nat",
+                    &[
+                        be32(1, 1),
+                        be32(2, 2),
+                        be32(3, addr_register),
+                        be32(5, 2),
+                        be32(7, 0),
+                    ],
+                ),
+            ],
+        )
+    }
+
+    #[test]
+    fn kube_proxys_nftables_changes_carry_their_rules() {
+        use nftables::{NftEvent::*, NftExpr};
+        // One `nft -f` transaction, as the kernel announces it: a Service chain's vmap
+        // rule replaced (its anonymous map first), an endpoint chain's dnat rule, a
+        // ClusterIP's map element, a stale endpoint chain flushed and deleted.
+        let old = "endpoint-XPEISVAJ-shop/checkout/tcp/http__10.244.1.13/8080";
+        let changes = read(&[[
+            rule(NFT_MSG_DELRULE, NFPROTO_IPV4, "kube-proxy", SERVICE),
+            set_message(NFT_MSG_DELSET, "__map7", &[]),
+            set_message(NFT_MSG_NEWSET, "__map12", &[]),
+            set_message(
+                NFT_MSG_NEWSETELEM,
+                "__map12",
+                &[goto_element(0, ENDPOINT), goto_element(1, "endpoint-B")],
+            ),
+            numgen_vmap(1),
+            chain(NFT_MSG_NEWCHAIN, NFPROTO_IPV4, "kube-proxy", ENDPOINT),
+            dnat(1),
+            set_message(NFT_MSG_NEWSETELEM, "service-ips", &[attr(1, b"elem")]),
+            rule(NFT_MSG_DELRULE, NFPROTO_IPV4, "kube-proxy", old),
+            chain(NFT_MSG_DELCHAIN, NFPROTO_IPV4, "kube-proxy", old),
+        ]
+        .concat()]);
+        assert!(!changes.everything && changes.chains.is_empty());
+        let goto = |chain: &str| {
+            Some(NftVerdict {
+                goto: true,
+                chain: chain.to_owned(),
+            })
+        };
+        let expected = [
+            RuleGone {
+                chain: SERVICE.to_owned(),
+                handle: 7,
+            },
+            AnonGone {
+                set: "__map7".to_owned(),
+            },
+            AnonElements {
+                set: "__map12".to_owned(),
+                elements: vec![(0, goto(ENDPOINT)), (1, goto("endpoint-B"))],
+            },
+            Rule {
+                chain: SERVICE.to_owned(),
+                handle: 90,
+                exprs: vec![NftExpr::NumgenVmap {
+                    modulus: 2,
+                    offset: 0,
+                    set: "__map12".to_owned(),
+                }],
+            },
+            Rule {
+                chain: ENDPOINT.to_owned(),
+                handle: 91,
+                exprs: vec![NftExpr::Dnat {
+                    addr: "10.244.1.12".parse().unwrap(),
+                    port: 8080,
+                }],
+            },
+            Set {
+                name: "service-ips".to_owned(),
+            },
+            RuleGone {
+                chain: old.to_owned(),
+                handle: 7,
+            },
+            ChainGone {
+                chain: old.to_owned(),
+            },
+        ];
+        let events: Vec<&NftEvent> = changes.nft.iter().map(|(_, event)| event).collect();
+        assert_eq!(events, expected.iter().collect::<Vec<_>>());
+        assert!(changes.nft.iter().all(|(family, _)| *family == Family::V4));
+        assert_eq!(changes.len(), expected.len());
+    }
+
+    #[test]
+    fn nftables_rules_that_cannot_be_read_ask_for_a_full_read() {
+        assert!(read(&[numgen_vmap(0)]).everything, "numgen inc");
+        assert!(read(&[dnat(3)]).everything, "an address from no immediate");
+        let mut cut = dnat(1);
+        let length = cut.len();
+        cut[0..4].copy_from_slice(&((length - 8) as u32).to_ne_bytes());
+        cut.truncate(length - 8);
+        assert!(read(&[cut]).everything, "a rule cut short");
+        assert!(!read(&[dnat(1), numgen_vmap(1)]).everything);
+        let ranges = set_message(
+            NFT_MSG_NEWSETELEM,
+            "__map3",
+            &[nested(
+                1,
+                &[nested(1, &[attr(1, &0u32.to_ne_bytes())]), be32(3, 1)],
+            )],
+        );
+        assert!(read(&[ranges]).everything, "an interval map");
+    }
+
     #[test]
     fn tables_observer_does_not_read_are_ignored() {
         let changes = read(&[
@@ -336,8 +566,18 @@ mod tests {
 
     #[test]
     fn what_cannot_be_patched_asks_for_a_full_read() {
-        let kube_proxy = read(&[rule(NFT_MSG_NEWRULE, NFPROTO_IPV4, "kube-proxy", "x")]);
-        assert!(kube_proxy.everything);
+        let object = read(&[message(
+            18,
+            NFPROTO_IPV4,
+            &[string(NFTA_TABLE, "kube-proxy")],
+        )]);
+        assert!(object.everything, "a stateful object (NFT_MSG_NEWOBJ)");
+        let table = read(&[message(
+            0,
+            NFPROTO_IPV4,
+            &[string(NFTA_TABLE, "kube-proxy")],
+        )]);
+        assert!(table.everything);
         // A set element of the nat table (type 12, NFT_MSG_NEWSETELEM).
         let set = read(&[message(12, NFPROTO_IPV4, &[string(NFTA_TABLE, "nat")])]);
         assert!(set.everything);

@@ -122,6 +122,18 @@ pub trait DumpSource: Send {
     fn chain(&mut self, _netns: u32, _chain: &announce::ChainRef) -> Result<String, String> {
         Err("this source reads no single chains".to_owned())
     }
+
+    /// What `nft -j list VERB ip|ip6 kube-proxy NAME` prints for one chain, map or set
+    /// (`verb`) of kube-proxy's nftables table in `netns`; `None` when it does not exist.
+    fn nft_object(
+        &mut self,
+        _netns: u32,
+        _family: announce::Family,
+        _verb: &str,
+        _name: &str,
+    ) -> Result<Option<String>, String> {
+        Err("this source reads no single nftables objects".to_owned())
+    }
 }
 
 /// Parses and merges every dump. Parse errors are returned as messages naming the

@@ -1,15 +1,23 @@
 //! One namespace's rules as last read, kept parsed so that an announced change is read
 //! chain by chain: `iptables -t nat -S KUBE-SVC-...` takes milliseconds where
 //! `iptables-save` of 5,000 Services takes a second, and only the chains read are
-//! parsed again. Only iptables-nft dumps are patched (their changes are announced
-//! chain by chain); kube-proxy's nftables table and legacy tables are read whole.
+//! parsed again. kube-proxy's nftables table is patched from the announcements
+//! themselves, which carry each new rule (only a changed named map is read again,
+//! `nft -j list map`). Legacy tables are read whole.
 
-use super::announce::{Changes, Family};
-use super::rules::{IptablesTables, ServiceMap};
+use std::collections::BTreeSet;
+
+use super::announce::{Changes, Family, NftEvent};
+use super::rules::{IptablesTables, NftTable, ServiceMap};
 use super::{DumpFormat, DumpSource, Dumps};
 
-/// Beyond this many changed chains a full read is cheaper (each chain is one command).
+/// Beyond this many changed iptables chains a full read is cheaper (each chain is one
+/// `iptables -S`, milliseconds).
 pub const MAX_PATCHED_CHAINS: usize = 100;
+
+/// Beyond this many changed named sets or maps of kube-proxy's nftables table a full
+/// read is as cheap (kube-proxy has seven).
+pub const MAX_NFT_SETS: usize = 4;
 
 /// One dump, parsed.
 enum Part {
@@ -18,6 +26,12 @@ enum Part {
         family: Family,
         command: String,
         tables: IptablesTables,
+        map: ServiceMap,
+    },
+    /// `nft -j list table ip kube-proxy` / `ip6`.
+    Nft {
+        family: Family,
+        table: NftTable,
         map: ServiceMap,
     },
     /// Anything else: read whole when it changes.
@@ -50,7 +64,13 @@ impl ParsedRules {
                 (DumpFormat::IptablesSave, None) => {
                     ServiceMap::from_iptables_save(&dump.text).map(Part::Fixed)
                 }
-                (DumpFormat::NftJson, _) => ServiceMap::from_nft_json(&dump.text).map(Part::Fixed),
+                (DumpFormat::NftJson, _) => NftTable::parse(&dump.text).and_then(|table| {
+                    let map = ServiceMap::from_nft_table(&table)?;
+                    Ok(match nft_family(&dump.command) {
+                        Some(family) => Part::Nft { family, table, map },
+                        None => Part::Fixed(map),
+                    })
+                }),
             };
             match parsed {
                 Ok(part) => parts.push(part),
@@ -64,7 +84,9 @@ impl ParsedRules {
     pub fn map(&self) -> ServiceMap {
         let mut map = ServiceMap::default();
         for part in &self.parts {
-            let (Part::Patchable { map: part, .. } | Part::Fixed(part)) = part;
+            let (Part::Patchable { map: part, .. }
+            | Part::Nft { map: part, .. }
+            | Part::Fixed(part)) = part;
             map.merge(part.clone());
         }
         map
@@ -84,6 +106,17 @@ impl ParsedRules {
         }
         if changes.chains.len() > MAX_PATCHED_CHAINS {
             return Err(format!("{} chains changed", changes.chains.len()));
+        }
+        let sets: BTreeSet<(Family, &str)> = changes
+            .nft
+            .iter()
+            .filter_map(|(family, event)| match event {
+                NftEvent::Set { name } => Some((*family, name.as_str())),
+                _ => None,
+            })
+            .collect();
+        if sets.len() > MAX_NFT_SETS {
+            return Err(format!("{} nftables sets or maps changed", sets.len()));
         }
         let mut touched = Vec::new();
         for (chain, present) in &changes.chains {
@@ -111,19 +144,71 @@ impl ParsedRules {
                 touched.push(index);
             }
         }
-        for index in touched {
-            if let Part::Patchable {
-                tables,
-                map,
-                command,
-                ..
-            } = &mut self.parts[index]
+        for (family, event) in &changes.nft {
+            let index = self.nft_part(*family)?;
+            if let Part::Nft { table, .. } = &mut self.parts[index]
+                && !matches!(event, NftEvent::Set { .. })
             {
-                *map = ServiceMap::from_iptables_tables(tables)
-                    .map_err(|e| format!("{command} patched: {e}"))?;
+                table.apply(event)?;
+            }
+            if !touched.contains(&index) {
+                touched.push(index);
             }
         }
-        Ok(changes.chains.len())
+        // Named sets and maps as they are now, whatever the announcements said.
+        for (family, name) in sets {
+            let index = self.nft_part(family)?;
+            let Part::Nft { table, .. } = &mut self.parts[index] else {
+                unreachable!("found as an nftables table");
+            };
+            // A set the table has is listed as one; anything else is most likely a map.
+            let listing = match table.is_set(name) {
+                true => source.nft_object(netns, family, "set", name)?,
+                false => match source.nft_object(netns, family, "map", name)? {
+                    Some(listing) => Some(listing),
+                    None => source.nft_object(netns, family, "set", name)?,
+                },
+            };
+            table
+                .replace_set(name, listing.as_deref())
+                .map_err(|e| format!("nft -j list map {name}: {e}"))?;
+        }
+        for index in touched {
+            match &mut self.parts[index] {
+                Part::Patchable {
+                    tables,
+                    map,
+                    command,
+                    ..
+                } => {
+                    *map = ServiceMap::from_iptables_tables(tables)
+                        .map_err(|e| format!("{command} patched: {e}"))?;
+                }
+                Part::Nft { table, map, .. } => {
+                    *map = ServiceMap::from_nft_table(table)
+                        .map_err(|e| format!("kube-proxy's nftables table patched: {e}"))?;
+                }
+                Part::Fixed(_) => {}
+            }
+        }
+        Ok(changes.len())
+    }
+
+    /// The part holding kube-proxy's nftables table of `family`.
+    fn nft_part(&self, family: Family) -> Result<usize, String> {
+        self.parts
+            .iter()
+            .position(|part| matches!(part, Part::Nft { family: f, .. } if *f == family))
+            .ok_or_else(|| format!("no {family:?} nftables table kube-proxy was read"))
+    }
+}
+
+/// The family of kube-proxy's nftables table a dump lists.
+fn nft_family(command: &str) -> Option<Family> {
+    match command {
+        "nft -j list table ip kube-proxy" => Some(Family::V4),
+        "nft -j list table ip6 kube-proxy" => Some(Family::V6),
+        _ => None,
     }
 }
 

@@ -39,7 +39,8 @@ pub struct Snapshot {
     pub watched: bool,
     /// How many changes the watcher had seen when the read began.
     pub seen: u64,
-    /// How many chains were read one by one instead of every table (0: a full read).
+    /// How many announced changes were applied instead of reading every table (0: a
+    /// full read).
     pub patched: usize,
 }
 
@@ -275,8 +276,8 @@ pub fn spawn(reader: RuleReader) -> Result<Worker, Box<RuleReader>> {
                     };
                     match snapshot.patched {
                         0 => log::debug!("read the rules of netns {netns} in {:?}", snapshot.took),
-                        chains => log::debug!(
-                            "read {chains} changed chains of netns {netns} in {:?}",
+                        changes => log::debug!(
+                            "patched the rules of netns {netns} with {changes} announced changes in {:?}",
                             snapshot.took
                         ),
                     }

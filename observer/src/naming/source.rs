@@ -319,11 +319,8 @@ impl DumpSource for SystemSource {
     }
 
     fn chain(&mut self, netns: u32, chain: &ChainRef) -> Result<String, String> {
-        let path = self
-            .path_of(netns)
-            .ok_or_else(|| "no process or /run/netns entry is in this namespace".to_owned())?;
-        let own = netns_inode(Path::new("/proc/self/ns/net")).ok();
-        let netns = (own != Some(netns)).then_some(path.as_path());
+        let path = self.entered_path(netns)?;
+        let netns = path.as_deref();
         // The nf_tables variant by name: plain `iptables` may be the legacy one.
         let program = match chain.family {
             Family::V4 => "iptables-nft",
@@ -344,5 +341,51 @@ impl DumpSource for SystemSource {
             return Err(format!("{shown} failed ({}): {first}", output.status));
         }
         String::from_utf8(output.stdout).map_err(|_| format!("{shown}: not UTF-8"))
+    }
+
+    fn nft_object(
+        &mut self,
+        netns: u32,
+        family: Family,
+        verb: &str,
+        name: &str,
+    ) -> Result<Option<String>, String> {
+        let path = self.entered_path(netns)?;
+        let tool = Tool::find("nft").ok_or_else(|| "nft not found".to_owned())?;
+        let family = match family {
+            Family::V4 => "ip",
+            Family::V6 => "ip6",
+        };
+        let args = ["-j", "list", verb, family, "kube-proxy", name];
+        let shown = format!("nft {}", args.join(" "));
+        let output = tool
+            .command(path.as_deref())?
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .output()
+            .map_err(|e| format!("{shown}: {e}"))?;
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        if output.status.success() {
+            String::from_utf8(output.stdout)
+                .map(Some)
+                .map_err(|_| format!("{shown}: not UTF-8"))
+        } else if stderr.contains("No such file or directory") {
+            Ok(None)
+        } else {
+            let first = stderr.lines().next().unwrap_or("").trim();
+            Err(format!("{shown} failed ({}): {first}", output.status))
+        }
+    }
+}
+
+impl SystemSource {
+    /// The path to enter to run a tool in `netns`; `None` when that is this process's
+    /// own namespace.
+    fn entered_path(&mut self, netns: u32) -> Result<Option<PathBuf>, String> {
+        let path = self
+            .path_of(netns)
+            .ok_or_else(|| "no process or /run/netns entry is in this namespace".to_owned())?;
+        let own = netns_inode(Path::new("/proc/self/ns/net")).ok();
+        Ok((own != Some(netns)).then_some(path))
     }
 }

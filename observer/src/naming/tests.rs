@@ -382,6 +382,7 @@ fn announced_chains_are_read_alone_and_report_what_changed() {
         &Changes {
             everything: false,
             chains: [(nat("KUBE-SERVICES"), true)].into(),
+            ..Changes::default()
         },
     );
     assert_eq!((first.patched, fake.reads()), (0, 1));
@@ -395,6 +396,7 @@ fn announced_chains_are_read_alone_and_report_what_changed() {
             (nat("KUBE-SEP-CHK3"), false),
         ]
         .into(),
+        ..Changes::default()
     };
     let patched = reader.read(NS, Instant::now(), &announced);
     assert_eq!((patched.patched, fake.reads()), (2, 1), "no full read");
@@ -419,6 +421,7 @@ fn announced_chains_are_read_alone_and_report_what_changed() {
         &Changes {
             everything: false,
             chains: [(nat("KUBE-SEP-NONE"), true)].into(),
+            ..Changes::default()
         },
     );
     assert_eq!((again.patched, fake.reads()), (0, 2));

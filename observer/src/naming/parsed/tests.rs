@@ -46,6 +46,7 @@ fn changes(chains: &[(ChainRef, bool)]) -> Changes {
     Changes {
         everything: false,
         chains: chains.iter().cloned().collect(),
+        ..Changes::default()
     }
 }
 
@@ -185,4 +186,264 @@ fn only_iptables_nft_dumps_are_patched() {
             "{command}"
         );
     }
+}
+
+const NFT_V4: &str = crate::naming::test_support::fixture!("nftables/mixed-v4.json");
+const CHECKOUT: &str = "service-AAAAAAA1-shop/checkout/tcp/http";
+const THIRD: &str = "endpoint-E0000003-shop/checkout/tcp/http__10.244.2.7/3000";
+
+fn nft_dumps(text: &str) -> Dumps {
+    Dumps {
+        dumps: vec![Dump {
+            command: "nft -j list table ip kube-proxy".to_owned(),
+            format: DumpFormat::NftJson,
+            text: text.to_owned(),
+        }],
+        problems: Vec::new(),
+    }
+}
+
+/// The fixture edited with serde_json: `edit` gets the `nftables` array.
+fn edited(edit: impl FnOnce(&mut Vec<serde_json::Value>)) -> String {
+    let mut dump: serde_json::Value = serde_json::from_str(NFT_V4).unwrap();
+    edit(dump["nftables"].as_array_mut().unwrap());
+    dump.to_string()
+}
+
+/// Serves `nft -j list map` of one map of a dump; chains and full reads are not
+/// expected.
+struct Maps {
+    text: String,
+    listed: Vec<String>,
+}
+
+impl DumpSource for Maps {
+    fn dump(&mut self, _netns: u32) -> Result<Dumps, String> {
+        panic!("a patch must not read every table");
+    }
+
+    fn nft_object(
+        &mut self,
+        _netns: u32,
+        _family: Family,
+        verb: &str,
+        name: &str,
+    ) -> Result<Option<String>, String> {
+        self.listed.push(format!("{verb} {name}"));
+        let dump: serde_json::Value = serde_json::from_str(&self.text).unwrap();
+        let found: Vec<serde_json::Value> = dump["nftables"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|o| o.get(verb).and_then(|m| m.get("name")) == Some(&name.into()))
+            .cloned()
+            .collect();
+        Ok((!found.is_empty()).then(|| serde_json::json!({ "nftables": found }).to_string()))
+    }
+}
+
+fn nft_changes(events: Vec<NftEvent>) -> Changes {
+    Changes {
+        nft: events.into_iter().map(|e| (Family::V4, e)).collect(),
+        ..Changes::default()
+    }
+}
+
+#[test]
+fn announced_nftables_rules_give_what_a_full_read_of_the_new_table_gives() {
+    use crate::naming::announce::{NftExpr, NftVerdict};
+    // kube-proxy's partial sync for 10.244.2.7 leaving shop/checkout:http: the vmap rule
+    // replaced by one over two endpoints, the endpoint chain deleted.
+    let after = edited(|objects| {
+        objects.retain(|o| o["rule"]["chain"] != THIRD);
+        let rule = objects
+            .iter_mut()
+            .find(|o| o["rule"]["chain"] == CHECKOUT)
+            .unwrap();
+        let vmap = &mut rule["rule"]["expr"][0]["vmap"];
+        vmap["key"]["numgen"]["mod"] = 2.into();
+        vmap["data"]["set"].as_array_mut().unwrap().truncate(2);
+    });
+    let expected = ServiceMap::from_nft_json(&after).unwrap();
+    let (mut parsed, errors) = ParsedRules::parse(&nft_dumps(NFT_V4));
+    assert!(errors.is_empty(), "{errors:?}");
+    assert_ne!(parsed.map(), expected);
+    let goto = |chain: &str| {
+        Some(NftVerdict {
+            goto: true,
+            chain: chain.to_owned(),
+        })
+    };
+    let events = vec![
+        NftEvent::RuleGone {
+            chain: CHECKOUT.to_owned(),
+            handle: 58,
+        },
+        // Listed out of order: nft lists them by key, as the fixture has them.
+        NftEvent::AnonElements {
+            set: "__map9".to_owned(),
+            elements: vec![
+                (
+                    1,
+                    goto("endpoint-E0000002-shop/checkout/tcp/http__10.244.1.14/3000"),
+                ),
+                (
+                    0,
+                    goto("endpoint-E0000001-shop/checkout/tcp/http__10.244.1.13/3000"),
+                ),
+            ],
+        },
+        NftEvent::Rule {
+            chain: CHECKOUT.to_owned(),
+            handle: 200,
+            exprs: vec![NftExpr::NumgenVmap {
+                modulus: 2,
+                offset: 0,
+                set: "__map9".to_owned(),
+            }],
+        },
+        NftEvent::ChainGone {
+            chain: THIRD.to_owned(),
+        },
+    ];
+    let mut source = Maps {
+        text: after.clone(),
+        listed: Vec::new(),
+    };
+    assert_eq!(parsed.patch(&nft_changes(events), &mut source, 1), Ok(4));
+    assert_eq!(parsed.map(), expected);
+    assert!(
+        source.listed.is_empty(),
+        "rules come with their announcements"
+    );
+
+    // A new dnat rule for the third endpoint, and its return to the vmap.
+    let (mut parsed, _) = ParsedRules::parse(&nft_dumps(&after));
+    let back = vec![
+        NftEvent::Rule {
+            chain: THIRD.to_owned(),
+            handle: 300,
+            exprs: vec![NftExpr::Dnat {
+                addr: "10.244.2.7".parse().unwrap(),
+                port: 3000,
+            }],
+        },
+        NftEvent::AnonElements {
+            set: "__map10".to_owned(),
+            elements: vec![
+                (
+                    0,
+                    goto("endpoint-E0000001-shop/checkout/tcp/http__10.244.1.13/3000"),
+                ),
+                (
+                    1,
+                    goto("endpoint-E0000002-shop/checkout/tcp/http__10.244.1.14/3000"),
+                ),
+                (2, goto(THIRD)),
+            ],
+        },
+        NftEvent::RuleGone {
+            chain: CHECKOUT.to_owned(),
+            handle: 200,
+        },
+        NftEvent::RuleGone {
+            chain: CHECKOUT.to_owned(),
+            handle: 58,
+        },
+        NftEvent::Rule {
+            chain: CHECKOUT.to_owned(),
+            handle: 201,
+            exprs: vec![NftExpr::NumgenVmap {
+                modulus: 3,
+                offset: 0,
+                set: "__map10".to_owned(),
+            }],
+        },
+    ];
+    parsed.patch(&nft_changes(back), &mut source, 1).unwrap();
+    assert_eq!(
+        parsed.map(),
+        ServiceMap::from_nft_json(NFT_V4).unwrap(),
+        "back to the start"
+    );
+}
+
+#[test]
+fn a_changed_nftables_map_is_read_again_and_nothing_else() {
+    // A Service port's ClusterIP leaves service-ips (its chains stay for a while).
+    let after = edited(|objects| {
+        let map = objects
+            .iter_mut()
+            .find(|o| o["map"]["name"] == "service-ips")
+            .unwrap();
+        map["map"]["elem"]
+            .as_array_mut()
+            .unwrap()
+            .retain(|e| e[1]["goto"]["target"] != "service-AAAAAAA2-shop/checkout/tcp/metrics");
+    });
+    let (mut parsed, _) = ParsedRules::parse(&nft_dumps(NFT_V4));
+    let mut source = Maps {
+        text: after.clone(),
+        listed: Vec::new(),
+    };
+    let changed = nft_changes(vec![
+        NftEvent::Set {
+            name: "service-ips".to_owned(),
+        };
+        3
+    ]);
+    parsed.patch(&changed, &mut source, 1).unwrap();
+    assert_eq!(parsed.map(), ServiceMap::from_nft_json(&after).unwrap());
+    assert_eq!(
+        source.listed,
+        ["map service-ips"],
+        "once, however often announced"
+    );
+}
+
+#[test]
+fn nftables_changes_that_cannot_be_applied_say_why() {
+    let (mut parsed, _) = ParsedRules::parse(&nft_dumps(NFT_V4));
+    let mut source = Maps {
+        text: NFT_V4.to_owned(),
+        listed: Vec::new(),
+    };
+    let unknown_map = nft_changes(vec![NftEvent::Rule {
+        chain: CHECKOUT.to_owned(),
+        handle: 9,
+        exprs: vec![crate::naming::announce::NftExpr::NumgenVmap {
+            modulus: 2,
+            offset: 0,
+            set: "__map77".to_owned(),
+        }],
+    }]);
+    assert_eq!(
+        parsed.patch(&unknown_map, &mut source, 1),
+        Err("the elements of __map77 were not announced".to_owned())
+    );
+    let sets: Vec<NftEvent> = (0..=MAX_NFT_SETS)
+        .map(|i| NftEvent::Set {
+            name: format!("set-{i}"),
+        })
+        .collect();
+    assert_eq!(
+        parsed.patch(&nft_changes(sets), &mut source, 1),
+        Err(format!(
+            "{} nftables sets or maps changed",
+            MAX_NFT_SETS + 1
+        ))
+    );
+    let v6 = Changes {
+        nft: vec![(
+            Family::V6,
+            NftEvent::ChainGone {
+                chain: "x".to_owned(),
+            },
+        )],
+        ..Changes::default()
+    };
+    assert_eq!(
+        parsed.patch(&v6, &mut source, 1),
+        Err("no V6 nftables table kube-proxy was read".to_owned())
+    );
 }

@@ -7,6 +7,7 @@ mod iptables;
 mod nft;
 
 pub use iptables::Tables as IptablesTables;
+pub use nft::Table as NftTable;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
@@ -99,6 +100,11 @@ impl ServiceMap {
     /// The Service ports of parsed `iptables-save` tables.
     pub fn from_iptables_tables(tables: &IptablesTables) -> Result<ServiceMap, RulesError> {
         Ok(ServiceMap::from_ports(tables.ports()?))
+    }
+
+    /// The Service ports of a parsed nftables table.
+    pub fn from_nft_table(table: &NftTable) -> Result<ServiceMap, RulesError> {
+        Ok(ServiceMap::from_ports(table.ports()?))
     }
 
     /// Parses `nft -j list table ip kube-proxy` (or `ip6`) output.

@@ -32,6 +32,9 @@ pub(super) struct NftMap {
 #[derive(Deserialize)]
 pub(super) struct NftRule {
     pub(super) chain: String,
+    /// The kernel's handle, by which an announcement removes the rule.
+    #[serde(default)]
+    pub(super) handle: Option<u64>,
     #[serde(default)]
     pub(super) expr: Vec<Expr>,
 }

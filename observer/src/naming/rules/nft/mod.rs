@@ -9,11 +9,17 @@
 mod dispatch;
 mod json;
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 
 use dispatch::{Chains, dispatch};
-use json::{Dump, NftMap, chain_name, elements, ip_proto_port, proto_port};
+use json::{
+    Dnat, Dump, Expr, NftMap, NftRule, Object, Vmap, chain_name, elements, ip_proto_port,
+    proto_port,
+};
+use serde_json::{Value, json};
+
+use crate::naming::announce::{NftEvent, NftExpr, NftVerdict};
 
 use super::{RulesError, ServicePort, frontend};
 use crate::model::record::{Frontend, FrontendKind, Proto};
@@ -29,9 +35,9 @@ struct Index<'a> {
     chains: Chains<'a>,
 }
 
-fn index(dump: &Dump) -> Index<'_> {
+fn index(objects: &[Object]) -> Index<'_> {
     let mut index = Index::default();
-    for (position, object) in dump.nftables.iter().enumerate() {
+    for (position, object) in objects.iter().enumerate() {
         if let Some(map) = &object.map {
             index.maps.insert(map.name.as_str(), (position, map));
         }
@@ -64,12 +70,160 @@ struct Builder {
 type Builders = BTreeMap<String, Builder>;
 
 pub(super) fn parse(text: &str) -> Result<Vec<ServicePort>, RulesError> {
+    Table::parse(text)?.ports()
+}
+
+/// The maps, sets and rules of one `nft -j list table`, parsed, so that announced rule
+/// changes can be applied and named maps or sets replaced one by one as they change
+/// (`nft -j list map`) without reading or parsing the rest again. (Error paths name
+/// positions in this patched list.)
+#[derive(Default)]
+pub struct Table {
+    objects: Vec<Object>,
+    /// Anonymous maps' elements announced since the read, for the rules that use them.
+    anonymous: HashMap<String, Vec<(u32, Option<NftVerdict>)>>,
+}
+
+fn read_dump(text: &str) -> Result<Vec<Object>, RulesError> {
     let dump: Dump = serde_json::from_str(text).map_err(|e| RulesError::NftSyntax {
         line: e.line(),
         column: e.column(),
         message: e.to_string(),
     })?;
-    let index = index(&dump);
+    // Table, chain and metainfo objects say nothing the parser uses, but are kept:
+    // error paths name positions in the dump.
+    Ok(dump.nftables)
+}
+
+impl Table {
+    pub fn parse(text: &str) -> Result<Table, RulesError> {
+        Ok(Table {
+            objects: read_dump(text)?,
+            anonymous: HashMap::new(),
+        })
+    }
+
+    /// Applies one announcement about a chain's rules or an anonymous map; a named set
+    /// or map is [`Table::replace_set`]'s. `Err` says why the table must be read whole.
+    pub fn apply(&mut self, event: &NftEvent) -> Result<(), String> {
+        match event {
+            NftEvent::Rule {
+                chain,
+                handle,
+                exprs,
+            } => {
+                let expr = exprs
+                    .iter()
+                    .map(|expr| self.expr(expr))
+                    .collect::<Result<Vec<Expr>, String>>()?;
+                self.remove_rules(|rule| rule.chain == *chain && rule.handle == Some(*handle));
+                self.objects.push(Object {
+                    map: None,
+                    set: None,
+                    rule: Some(NftRule {
+                        chain: chain.clone(),
+                        handle: Some(*handle),
+                        expr,
+                    }),
+                });
+            }
+            NftEvent::RuleGone { chain, handle } => {
+                self.remove_rules(|rule| rule.chain == *chain && rule.handle == Some(*handle));
+            }
+            NftEvent::ChainGone { chain } => self.remove_rules(|rule| rule.chain == *chain),
+            NftEvent::AnonElements { set, elements } => {
+                self.anonymous
+                    .entry(set.clone())
+                    .or_default()
+                    .extend(elements.iter().cloned());
+            }
+            NftEvent::AnonGone { set } => {
+                self.anonymous.remove(set);
+            }
+            NftEvent::Set { name } => {
+                return Err(format!(
+                    "set {name} is read with nft, not from announcements"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn remove_rules(&mut self, matches: impl Fn(&NftRule) -> bool) {
+        self.objects
+            .retain(|o| o.rule.as_ref().is_none_or(|rule| !matches(rule)));
+    }
+
+    /// A decoded expression as nft's JSON has it.
+    fn expr(&self, expr: &NftExpr) -> Result<Expr, String> {
+        Ok(match expr {
+            NftExpr::NumgenVmap {
+                modulus,
+                offset,
+                set,
+            } => {
+                let mut elements = self
+                    .anonymous
+                    .get(set)
+                    .ok_or_else(|| format!("the elements of {set} were not announced"))?
+                    .clone();
+                // nft lists a map's elements by key.
+                elements.sort_by_key(|(key, _)| *key);
+                let entries: Vec<Value> = elements
+                    .into_iter()
+                    .map(|(key, verdict)| {
+                        let verdict = match verdict {
+                            Some(v) if v.goto => json!({"goto": {"target": v.chain}}),
+                            Some(v) => json!({"jump": {"target": v.chain}}),
+                            None => json!({}),
+                        };
+                        json!([key, verdict])
+                    })
+                    .collect();
+                Expr {
+                    vmap: Some(Vmap {
+                        key: json!({"numgen": {"mode": "random", "mod": modulus, "offset": offset}}),
+                        data: json!({ "set": entries }),
+                    }),
+                    dnat: None,
+                }
+            }
+            NftExpr::Dnat { addr, port } => Expr {
+                vmap: None,
+                dnat: Some(Dnat {
+                    addr: Some(json!(addr.to_string())),
+                    port: Some(json!(port)),
+                }),
+            },
+        })
+    }
+
+    /// Replaces the named map or set `name` with that of `listing` (`nft -j list map`
+    /// or `list set`); `None`: it is gone.
+    pub fn replace_set(&mut self, name: &str, listing: Option<&str>) -> Result<(), RulesError> {
+        let fresh = listing.map(read_dump).transpose()?.unwrap_or_default();
+        let named =
+            |o: &Object| o.map.iter().chain(&o.set).any(|set| set.name == name) && o.rule.is_none();
+        self.objects.retain(|o| !named(o));
+        self.objects.extend(fresh.into_iter().filter(named));
+        Ok(())
+    }
+
+    /// Whether the table has a set (not a map) named `name`.
+    pub fn is_set(&self, name: &str) -> bool {
+        self.objects
+            .iter()
+            .any(|o| o.set.as_ref().is_some_and(|set| set.name == name))
+    }
+
+    /// The Service ports the table defines.
+    pub fn ports(&self) -> Result<Vec<ServicePort>, RulesError> {
+        ports(&self.objects)
+    }
+}
+
+fn ports(objects: &[Object]) -> Result<Vec<ServicePort>, RulesError> {
+    let index = index(objects);
     let mut builders = map_frontends(&index.maps)?;
     // Service ports whose chains exist without a map element still have endpoints.
     for chain in index.chains.keys() {

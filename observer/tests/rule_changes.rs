@@ -195,6 +195,6 @@ fn iptables_changes_are_read_chain_by_chain() {
 }
 
 #[test]
-fn nftables_changes_are_read_chain_by_chain() {
+fn nftables_changes_are_patched_from_their_announcements() {
     changes_are_read(RuleMode::Nftables, "rn");
 }

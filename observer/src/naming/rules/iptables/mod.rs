@@ -44,7 +44,14 @@ pub struct Tables(HashMap<String, Table>);
 
 impl Tables {
     pub fn parse(text: &str) -> Result<Tables, RulesError> {
-        read_tables(text).map(Tables)
+        let mut tables = read_tables(text)?;
+        for (name, table) in &mut tables {
+            for (chain, rules) in &mut table.chains {
+                rules.retain(|rule| services::is_read(name, chain, rule));
+                rules.shrink_to_fit();
+            }
+        }
+        Ok(Tables(tables))
     }
 
     /// The Service ports the tables define.
@@ -78,7 +85,10 @@ impl Tables {
                 (Some("-N" | "-P"), Some(name)) if name == chain => declared = true,
                 (Some("-A"), Some(name)) if name == chain => {
                     let words = tokenize::tokenize(trimmed, line)?;
-                    rules.push(tokenize::parse_rule(&words, line)?.1);
+                    let rule = tokenize::parse_rule(&words, line)?.1;
+                    if services::is_read(table, chain, &rule) {
+                        rules.push(rule);
+                    }
                 }
                 _ => {
                     return Err(err(

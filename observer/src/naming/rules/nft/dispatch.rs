@@ -6,7 +6,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use serde_json::Value;
 
-use super::json::{NftRule, Verdict, Vmap, as_port, path_err};
+use super::json::{NftRule, Verdict, as_port, path_err};
 use crate::model::record::EndpointShare;
 use crate::naming::rules::RulesError;
 
@@ -28,16 +28,21 @@ pub(super) fn dispatch(
             let Some(vmap) = &expr.vmap else {
                 continue;
             };
-            let Some(modulus) = vmap
-                .key
+            let path = format!("nftables[{index}].rule({chain}).expr[{expr_index}].vmap");
+            let parse = |raw: &serde_json::value::RawValue, part: &str| {
+                serde_json::from_str::<Value>(raw.get())
+                    .map_err(|e| path_err(format!("{path}.{part}"), e.to_string()))
+            };
+            let key = parse(&vmap.key, "key")?;
+            let Some(modulus) = key
                 .get("numgen")
                 .and_then(|n| n.get("mod"))
                 .and_then(Value::as_u64)
             else {
                 continue;
             };
-            let path = format!("nftables[{index}].rule({chain}).expr[{expr_index}].vmap");
-            add_vmap_shares(chains, vmap, modulus, &path, &mut endpoints)?;
+            let data = parse(&vmap.data, "data")?;
+            add_vmap_shares(chains, &data, modulus, &path, &mut endpoints)?;
         }
     }
     Ok(Some(endpoints))
@@ -46,13 +51,12 @@ pub(super) fn dispatch(
 /// Adds each endpoint of one numgen vmap with its share of the `modulus` numbers.
 fn add_vmap_shares(
     chains: &Chains<'_>,
-    vmap: &Vmap,
+    data: &Value,
     modulus: u64,
     path: &str,
     endpoints: &mut Vec<EndpointShare>,
 ) -> Result<(), RulesError> {
-    let entries = vmap
-        .data
+    let entries = data
         .get("set")
         .and_then(Value::as_array)
         .ok_or_else(|| path_err(path.to_owned(), "numgen vmap without an inline set"))?;

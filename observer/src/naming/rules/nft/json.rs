@@ -5,6 +5,7 @@ use std::net::IpAddr;
 
 use serde::Deserialize;
 use serde_json::Value;
+use serde_json::value::RawValue;
 
 use crate::model::record::Proto;
 use crate::naming::rules::{RulesError, parse_proto, service_port_name};
@@ -17,16 +18,34 @@ pub(super) struct Dump {
 /// One entry of the `nftables` array: an object with one key naming its kind.
 #[derive(Deserialize)]
 pub(super) struct Object {
-    pub(super) map: Option<NftMap>,
-    pub(super) set: Option<NftMap>,
-    pub(super) rule: Option<NftRule>,
+    // Boxed: a table keeps tens of thousands of these, each one of the three.
+    pub(super) map: Option<Box<NftMap>>,
+    pub(super) set: Option<Box<NftMap>>,
+    pub(super) rule: Option<Box<NftRule>>,
 }
 
 #[derive(Deserialize)]
 pub(super) struct NftMap {
     pub(super) name: String,
+    /// The elements' JSON text, parsed when read ([`NftMap::values`]): a table keeps its
+    /// maps, and 5,000 elements as a tree of JSON maps take megabytes.
     #[serde(default)]
-    pub(super) elem: Vec<Value>,
+    pub(super) elem: Option<Box<RawValue>>,
+}
+
+impl NftMap {
+    /// The elements; `object_index` is the map's position, for error paths.
+    pub(super) fn values(&self, object_index: usize) -> Result<Vec<Value>, RulesError> {
+        match &self.elem {
+            Some(elem) => serde_json::from_str(elem.get()).map_err(|e| {
+                path_err(
+                    format!("nftables[{object_index}].map({}).elem", self.name),
+                    e.to_string(),
+                )
+            }),
+            None => Ok(Vec::new()),
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -46,10 +65,11 @@ pub(super) struct Expr {
     pub(super) dnat: Option<Dnat>,
 }
 
+/// A vmap's key and data as JSON text (see [`NftMap::elem`]), parsed when read.
 #[derive(Deserialize)]
 pub(super) struct Vmap {
-    pub(super) key: Value,
-    pub(super) data: Value,
+    pub(super) key: Box<RawValue>,
+    pub(super) data: Box<RawValue>,
 }
 
 #[derive(Deserialize)]
@@ -143,11 +163,12 @@ pub(super) struct Element<'a> {
 }
 
 pub(super) fn elements<'a>(
-    map: &'a NftMap,
+    map: &NftMap,
+    values: &'a [Value],
     object_index: usize,
 ) -> Result<Vec<Element<'a>>, RulesError> {
     let mut out = Vec::new();
-    for (index, elem) in map.elem.iter().enumerate() {
+    for (index, elem) in values.iter().enumerate() {
         let path = format!("nftables[{object_index}].map({}).elem[{index}]", map.name);
         let pair = elem
             .as_array()

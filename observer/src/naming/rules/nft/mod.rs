@@ -35,20 +35,22 @@ struct Index<'a> {
     chains: Chains<'a>,
 }
 
-fn index(objects: &[Object]) -> Index<'_> {
+fn index(objects: &[(usize, Object)]) -> Index<'_> {
     let mut index = Index::default();
-    for (position, object) in objects.iter().enumerate() {
-        if let Some(map) = &object.map {
+    for (position, object) in objects {
+        let position = *position;
+        if let Some(map) = object.map.as_deref() {
             index.maps.insert(map.name.as_str(), (position, map));
         }
         if let Some(set) = object.set.as_ref().filter(|s| s.name == "cluster-ips") {
             index.cluster_ips.extend(
-                set.elem
+                set.values(position)
+                    .unwrap_or_default()
                     .iter()
                     .filter_map(|v| v.as_str().and_then(|s| s.parse::<IpAddr>().ok())),
             );
         }
-        if let Some(rule) = &object.rule {
+        if let Some(rule) = object.rule.as_deref() {
             index
                 .chains
                 .entry(rule.chain.as_str())
@@ -79,28 +81,60 @@ pub(super) fn parse(text: &str) -> Result<Vec<ServicePort>, RulesError> {
 /// positions in this patched list.)
 #[derive(Default)]
 pub struct Table {
-    objects: Vec<Object>,
+    /// What the parser uses, each with its position in the dump (objects added since
+    /// get positions after the dump's last).
+    objects: Vec<(usize, Object)>,
+    next_position: usize,
     /// Anonymous maps' elements announced since the read, for the rules that use them.
     anonymous: HashMap<String, Vec<(u32, Option<NftVerdict>)>>,
 }
 
-fn read_dump(text: &str) -> Result<Vec<Object>, RulesError> {
+/// The objects of a dump the parser uses, with their positions in it, and how many
+/// objects the dump had. Kept: maps, sets, rules that dispatch (`vmap`) or DNAT (with
+/// just those statements), and every rule of a `service-` or `local-` chain (a Service
+/// port's chain exists even without endpoints).
+fn read_dump(text: &str) -> Result<(Vec<(usize, Object)>, usize), RulesError> {
     let dump: Dump = serde_json::from_str(text).map_err(|e| RulesError::NftSyntax {
         line: e.line(),
         column: e.column(),
         message: e.to_string(),
     })?;
-    // Table, chain and metainfo objects say nothing the parser uses, but are kept:
-    // error paths name positions in the dump.
-    Ok(dump.nftables)
+    let count = dump.nftables.len();
+    let mut kept = Vec::new();
+    for (position, mut object) in dump.nftables.into_iter().enumerate() {
+        if let Some(rule) = object.rule.as_deref_mut() {
+            rule.expr.retain(|e| e.vmap.is_some() || e.dnat.is_some());
+            rule.expr.shrink_to_fit();
+            if rule.expr.is_empty() && !names_port(&rule.chain) {
+                continue;
+            }
+        }
+        if object.map.is_some() || object.set.is_some() || object.rule.is_some() {
+            kept.push((position, object));
+        }
+    }
+    kept.shrink_to_fit();
+    Ok((kept, count))
+}
+
+/// Whether `chain` is a Service port's `service-` or `local-` chain.
+fn names_port(chain: &str) -> bool {
+    chain_name(chain).is_some_and(|parsed| parsed.prefix == "service-" || parsed.prefix == "local-")
 }
 
 impl Table {
     pub fn parse(text: &str) -> Result<Table, RulesError> {
+        let (objects, next_position) = read_dump(text)?;
         Ok(Table {
-            objects: read_dump(text)?,
+            objects,
+            next_position,
             anonymous: HashMap::new(),
         })
+    }
+
+    fn push(&mut self, object: Object) {
+        self.objects.push((self.next_position, object));
+        self.next_position += 1;
     }
 
     /// Applies one announcement about a chain's rules or an anonymous map; a named set
@@ -117,14 +151,18 @@ impl Table {
                     .map(|expr| self.expr(expr))
                     .collect::<Result<Vec<Expr>, String>>()?;
                 self.remove_rules(|rule| rule.chain == *chain && rule.handle == Some(*handle));
-                self.objects.push(Object {
+                if expr.is_empty() && !names_port(chain) {
+                    // Kept no more than a read would keep it.
+                    return Ok(());
+                }
+                self.push(Object {
                     map: None,
                     set: None,
-                    rule: Some(NftRule {
+                    rule: Some(Box::new(NftRule {
                         chain: chain.clone(),
                         handle: Some(*handle),
                         expr,
-                    }),
+                    })),
                 });
             }
             NftEvent::RuleGone { chain, handle } => {
@@ -151,7 +189,7 @@ impl Table {
 
     fn remove_rules(&mut self, matches: impl Fn(&NftRule) -> bool) {
         self.objects
-            .retain(|o| o.rule.as_ref().is_none_or(|rule| !matches(rule)));
+            .retain(|(_, o)| o.rule.as_deref().is_none_or(|rule| !matches(rule)));
     }
 
     /// A decoded expression as nft's JSON has it.
@@ -180,10 +218,15 @@ impl Table {
                         json!([key, verdict])
                     })
                     .collect();
+                let raw = |value: Value| {
+                    serde_json::value::to_raw_value(&value).map_err(|e| e.to_string())
+                };
                 Expr {
                     vmap: Some(Vmap {
-                        key: json!({"numgen": {"mode": "random", "mod": modulus, "offset": offset}}),
-                        data: json!({ "set": entries }),
+                        key: raw(
+                            json!({"numgen": {"mode": "random", "mod": modulus, "offset": offset}}),
+                        )?,
+                        data: raw(json!({ "set": entries }))?,
                     }),
                     dnat: None,
                 }
@@ -201,11 +244,18 @@ impl Table {
     /// Replaces the named map or set `name` with that of `listing` (`nft -j list map`
     /// or `list set`); `None`: it is gone.
     pub fn replace_set(&mut self, name: &str, listing: Option<&str>) -> Result<(), RulesError> {
-        let fresh = listing.map(read_dump).transpose()?.unwrap_or_default();
+        let fresh = match listing {
+            Some(listing) => read_dump(listing)?.0,
+            None => Vec::new(),
+        };
         let named =
             |o: &Object| o.map.iter().chain(&o.set).any(|set| set.name == name) && o.rule.is_none();
-        self.objects.retain(|o| !named(o));
-        self.objects.extend(fresh.into_iter().filter(named));
+        self.objects.retain(|(_, o)| !named(o));
+        for (_, object) in fresh {
+            if named(&object) {
+                self.push(object);
+            }
+        }
         Ok(())
     }
 
@@ -213,7 +263,7 @@ impl Table {
     pub fn is_set(&self, name: &str) -> bool {
         self.objects
             .iter()
-            .any(|o| o.set.as_ref().is_some_and(|set| set.name == name))
+            .any(|(_, o)| o.set.as_ref().is_some_and(|set| set.name == name))
     }
 
     /// The Service ports the table defines.
@@ -222,7 +272,7 @@ impl Table {
     }
 }
 
-fn ports(objects: &[Object]) -> Result<Vec<ServicePort>, RulesError> {
+fn ports(objects: &[(usize, Object)]) -> Result<Vec<ServicePort>, RulesError> {
     let index = index(objects);
     let mut builders = map_frontends(&index.maps)?;
     // Service ports whose chains exist without a map element still have endpoints.
@@ -254,7 +304,7 @@ fn map_frontends(maps: &Maps<'_>) -> Result<Builders, RulesError> {
         builder.frontends.insert(frontend);
     };
     if let Some((index, map)) = maps.get("service-ips") {
-        for element in elements(map, *index)? {
+        for element in elements(map, &map.values(*index)?, *index)? {
             let (ip, proto, port) = ip_proto_port(&element)?;
             let Some(chain) = element.chain.as_deref() else {
                 continue;
@@ -272,7 +322,7 @@ fn map_frontends(maps: &Maps<'_>) -> Result<Builders, RulesError> {
         }
     }
     if let Some((index, map)) = maps.get("service-nodeports") {
-        for element in elements(map, *index)? {
+        for element in elements(map, &map.values(*index)?, *index)? {
             let (proto, port) = proto_port(&element)?;
             if let Some(chain) = element.chain.as_deref() {
                 add(chain, frontend(FrontendKind::NodePort, None, port), proto);
@@ -287,7 +337,7 @@ fn map_frontends(maps: &Maps<'_>) -> Result<Builders, RulesError> {
 fn firewalled(maps: &Maps<'_>) -> Result<HashSet<(IpAddr, u16)>, RulesError> {
     let mut firewalled = HashSet::new();
     if let Some((index, map)) = maps.get("firewall-ips") {
-        for element in elements(map, *index)? {
+        for element in elements(map, &map.values(*index)?, *index)? {
             let (ip, _, port) = ip_proto_port(&element)?;
             firewalled.insert((ip, port));
         }
@@ -331,7 +381,7 @@ fn add_no_endpoint_services(
     let known: HashSet<(Proto, String)> = ports.iter().map(|p| (p.proto, p.name.clone())).collect();
     let mut extra: BTreeMap<(Proto, String), BTreeSet<Frontend>> = BTreeMap::new();
     if let Some((index, map)) = maps.get("no-endpoint-services") {
-        for element in elements(map, *index)? {
+        for element in elements(map, &map.values(*index)?, *index)? {
             let (ip, proto, port) = ip_proto_port(&element)?;
             let (Some(name), Some(proto)) = (element.comment, proto) else {
                 continue;
@@ -348,7 +398,7 @@ fn add_no_endpoint_services(
         }
     }
     if let Some((index, map)) = maps.get("no-endpoint-nodeports") {
-        for element in elements(map, *index)? {
+        for element in elements(map, &map.values(*index)?, *index)? {
             let (proto, port) = proto_port(&element)?;
             let (Some(name), Some(proto)) = (element.comment, proto) else {
                 continue;

@@ -45,11 +45,9 @@ pub struct Tables(HashMap<String, Table>);
 impl Tables {
     pub fn parse(text: &str) -> Result<Tables, RulesError> {
         let mut tables = read_tables(text)?;
-        for (name, table) in &mut tables {
-            for (chain, rules) in &mut table.chains {
-                rules.retain(|rule| services::is_read(name, chain, rule));
-                rules.shrink_to_fit();
-            }
+        // Kept for long: no room for rules that will not come (a chain has one to three).
+        for table in tables.values_mut() {
+            table.chains.values_mut().for_each(Vec::shrink_to_fit);
         }
         Ok(Tables(tables))
     }
@@ -101,6 +99,7 @@ impl Tables {
         if !declared {
             return Err(err(1, format!("chain {chain} is not declared")));
         }
+        rules.shrink_to_fit();
         self.0
             .entry(table.to_owned())
             .or_default()
@@ -164,7 +163,7 @@ fn read_tables(text: &str) -> Result<HashMap<String, Table>, RulesError> {
             current = None;
         } else {
             let table = tables.entry(table_name.clone()).or_default();
-            read_line(table, trimmed, line)?;
+            read_line(table_name, table, trimmed, line)?;
         }
     }
     if let Some(name) = current {
@@ -177,7 +176,12 @@ fn read_tables(text: &str) -> Result<HashMap<String, Table>, RulesError> {
 }
 
 /// A chain declaration or an `-A` rule inside a table.
-fn read_line(table: &mut Table, trimmed: &str, line: usize) -> Result<(), RulesError> {
+fn read_line(
+    table_name: &str,
+    table: &mut Table,
+    trimmed: &str,
+    line: usize,
+) -> Result<(), RulesError> {
     if let Some(declaration) = trimmed.strip_prefix(':') {
         let chain = declaration.split_whitespace().next().unwrap_or_default();
         if chain.is_empty() {
@@ -187,7 +191,12 @@ fn read_line(table: &mut Table, trimmed: &str, line: usize) -> Result<(), RulesE
     } else if trimmed.starts_with("-A ") {
         let words = tokenize::tokenize(trimmed, line)?;
         let (chain, rule) = tokenize::parse_rule(&words, line)?;
-        table.chains.entry(chain).or_default().push(rule);
+        // Only what the parsers read is kept (the chain's name always is).
+        let keep = services::is_read(table_name, &chain, &rule);
+        let rules = table.chains.entry(chain).or_default();
+        if keep {
+            rules.push(rule);
+        }
     } else {
         return Err(err(
             line,

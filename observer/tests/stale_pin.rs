@@ -184,7 +184,6 @@ fn readiness_flip(rules: RuleMode, tag: &str) {
         &service,
         pinned_addr,
         (before_removal, before_return),
-        returned_at,
     );
 
     timeline_is_told(
@@ -206,7 +205,6 @@ fn definitions_around_the_flip(
     service: &Service,
     pinned_addr: SocketAddr,
     (before_removal, before_return): (DateTime<Utc>, DateTime<Utc>),
-    returned_at: DateTime<Utc>,
 ) {
     let name = service.port_name_string();
     let definition = |from: DateTime<Utc>, to: DateTime<Utc>| {
@@ -218,8 +216,10 @@ fn definitions_around_the_flip(
         assert_eq!(found.len(), 1, "one definition expected: {found:?}");
         found[0].clone()
     };
+    // From before the lab applied the return: a read that patches the change in takes
+    // well under a millisecond, so its line can be dated before the lab's own call returned.
     let mut all: Vec<SocketAddr> =
-        definition(returned_at, Utc::now() + chrono::TimeDelta::hours(1))
+        definition(before_return, Utc::now() + chrono::TimeDelta::hours(1))
             .endpoints
             .iter()
             .map(|e| e.addr)

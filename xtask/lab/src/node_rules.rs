@@ -92,8 +92,13 @@ impl Lab {
         run_with_input(&mut nft_f(), &sync.script)
             .context("could not load kube-proxy's nftables rules")?;
         let now = Instant::now();
-        self.stale_nft_chains
-            .extend(sync.stale_chains.into_iter().map(|c| (c, now)));
+        // A chain still waiting for its deletion is listed stale again by every sync
+        // until then: it keeps its first date (deleting it twice would fail).
+        for chain in sync.stale_chains {
+            if !self.stale_nft_chains.iter().any(|(c, _)| *c == chain) {
+                self.stale_nft_chains.push((chain, now));
+            }
+        }
         Ok(())
     }
 }

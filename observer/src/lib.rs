@@ -23,6 +23,7 @@ pub mod dns;
 pub mod kernel;
 pub mod model;
 pub mod naming;
+pub mod netlink;
 pub mod pipeline;
 pub mod sinks;
 pub mod stats;

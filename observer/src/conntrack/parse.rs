@@ -5,6 +5,7 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use super::{CtEntry, CtKind, CtMessage, CtTuple};
+use crate::netlink::{self, Attrs, HEADER_LEN, Messages, NFGENMSG_LEN, Overrun, align, find};
 
 /// Netlink's own message types and flags (include/uapi/linux/netlink.h).
 const NLMSG_NOOP: u16 = 1;
@@ -14,9 +15,6 @@ const NLM_F_REQUEST: u16 = 0x1;
 const NLM_F_ACK: u16 = 0x4;
 const NLM_F_DUMP: u16 = 0x300;
 const NLM_F_CREATE: u16 = 0x400;
-const HEADER_LEN: usize = 16;
-const NFGENMSG_LEN: usize = 4;
-const NLA_TYPE_MASK: u16 = 0x3fff;
 const NLA_F_NESTED: u16 = 0x8000;
 
 /// nfnetlink: subsystem in the high byte of the message type.
@@ -66,30 +64,12 @@ pub enum ParseError {
 /// Reads every message in one datagram. A header that does not fit ends the datagram
 /// (nothing after it can be located); a message whose body is malformed is one error.
 pub fn messages(buf: &[u8]) -> Vec<Result<CtMessage, ParseError>> {
-    let mut out = Vec::new();
-    let mut rest = buf;
-    while !rest.is_empty() {
-        let Some(header) = rest.get(..HEADER_LEN) else {
-            out.push(Err(ParseError::Length {
-                len: HEADER_LEN,
-                left: rest.len(),
-            }));
-            break;
-        };
-        let len = u32::from_ne_bytes([header[0], header[1], header[2], header[3]]) as usize;
-        if len < HEADER_LEN || len > rest.len() {
-            out.push(Err(ParseError::Length {
-                len,
-                left: rest.len(),
-            }));
-            break;
-        }
-        let kind = u16::from_ne_bytes([header[4], header[5]]);
-        let flags = u16::from_ne_bytes([header[6], header[7]]);
-        out.push(message(kind, flags, &rest[HEADER_LEN..len]));
-        rest = rest.get(align(len)..).unwrap_or_default();
-    }
-    out
+    Messages(buf)
+        .map(|read| match read {
+            Ok(netlink::Message { kind, flags, body }) => message(kind, flags, body),
+            Err(Overrun { len, left }) => Err(ParseError::Length { len, left }),
+        })
+        .collect()
 }
 
 fn message(kind: u16, flags: u16, body: &[u8]) -> Result<CtMessage, ParseError> {
@@ -217,44 +197,10 @@ fn be_u64(value: &[u8]) -> Result<u64, ParseError> {
         .map_err(|_| ParseError::Size("CTA_TIMESTAMP_START"))
 }
 
-/// The value of the first attribute of type `wanted`.
-fn find(attrs: &[u8], wanted: u16) -> Result<Option<&[u8]>, ParseError> {
-    for attr in Attrs(attrs) {
-        let (kind, value) = attr?;
-        if kind == wanted {
-            return Ok(Some(value));
-        }
+impl From<Overrun> for ParseError {
+    fn from(Overrun { len, left }: Overrun) -> Self {
+        ParseError::Attribute { len, left }
     }
-    Ok(None)
-}
-
-/// Netlink attributes: (type without flag bits, value); an error ends the walk.
-struct Attrs<'a>(&'a [u8]);
-
-impl<'a> Iterator for Attrs<'a> {
-    type Item = Result<(u16, &'a [u8]), ParseError>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        if self.0.is_empty() {
-            return None;
-        }
-        let left = self.0.len();
-        let len = self
-            .0
-            .get(..2)
-            .map_or(0, |h| u16::from_ne_bytes([h[0], h[1]]) as usize);
-        let (Some(header), Some(value)) = (self.0.get(..4), self.0.get(4..len)) else {
-            self.0 = &[];
-            return Some(Err(ParseError::Attribute { len, left }));
-        };
-        let kind = u16::from_ne_bytes([header[2], header[3]]) & NLA_TYPE_MASK;
-        self.0 = self.0.get(align(len)..).unwrap_or_default();
-        Some(Ok((kind, value)))
-    }
-}
-
-fn align(len: usize) -> usize {
-    (len + 3) & !3
 }
 
 /// A request: netlink header, `nfgenmsg` for `family`, then `attrs`.

@@ -10,13 +10,12 @@
 
 use std::collections::BTreeMap;
 
+use crate::netlink::{self, Messages, NFGENMSG_LEN};
+
 mod nftables;
 
 /// `NFNL_SUBSYS_NFTABLES`: the high byte of an nf_tables message type.
 const SUBSYS_NFTABLES: u16 = 10;
-/// `NLMSG_HDRLEN` and `sizeof(struct nfgenmsg)`.
-const NLMSG_HEADER: usize = 16;
-const NFGENMSG: usize = 4;
 /// `NFPROTO_IPV4`, `NFPROTO_IPV6`.
 const NFPROTO_IPV4: u8 = 2;
 const NFPROTO_IPV6: u8 = 10;
@@ -43,8 +42,6 @@ const NFTA_TABLE: u16 = 1;
 const NFTA_CHAIN_NAME: u16 = 3;
 const NFTA_RULE_CHAIN: u16 = 2;
 const NFTA_SET_NAME: u16 = 2;
-/// `NLA_TYPE_MASK`: the attribute type without the nested / byte-order flags.
-const NLA_TYPE_MASK: u16 = 0x3fff;
 
 /// The address family of an iptables-nft table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -131,23 +128,14 @@ impl Changes {
 
     /// Reads every message of one datagram. A message that cannot be read makes the
     /// whole burst a full read: it may have been about anything.
-    pub fn read_datagram(&mut self, mut datagram: &[u8]) {
-        while datagram.len() >= NLMSG_HEADER {
-            let length = u32::from_ne_bytes(datagram[0..4].try_into().expect("4 bytes")) as usize;
-            if length < NLMSG_HEADER || length > datagram.len() {
-                self.everything = true;
-                break;
+    pub fn read_datagram(&mut self, datagram: &[u8]) {
+        for message in Messages(datagram) {
+            match message {
+                Ok(message) => self.read_message(message.kind, message.body),
+                Err(_) => self.everything = true,
             }
-            let kind = u16::from_ne_bytes(datagram[4..6].try_into().expect("2 bytes"));
-            self.read_message(kind, &datagram[NLMSG_HEADER..length]);
-            // NLMSG_ALIGN: messages start on 4-byte boundaries.
-            datagram = datagram
-                .get(length.next_multiple_of(4)..)
-                .unwrap_or_default();
         }
-        if self.everything {
-            self.chains.clear();
-        }
+        self.forget_parts();
     }
 
     fn read_message(&mut self, kind: u16, payload: &[u8]) {
@@ -160,15 +148,12 @@ impl Changes {
             // Ends every transaction; says nothing about what changed.
             return;
         }
-        let Some((&family, attributes)) = payload
-            .split_first()
-            .filter(|_| payload.len() >= NFGENMSG)
-            .map(|(family, _)| (family, &payload[NFGENMSG..]))
+        let (Some(&family), Some(attributes)) = (payload.first(), payload.get(NFGENMSG_LEN..))
         else {
             self.everything = true;
             return;
         };
-        let Some(table) = attribute(attributes, NFTA_TABLE) else {
+        let Ok(table) = string(attributes, NFTA_TABLE) else {
             self.everything = true;
             return;
         };
@@ -178,33 +163,31 @@ impl Changes {
             // inet, bridge, arp, netdev: no table observer reads.
             _ => return,
         };
-        let table = match table {
-            b"nat" => Table::Nat,
-            b"filter" => Table::Filter,
-            b"kube-proxy" => return self.read_kube_proxy(family, message, attributes),
+        let table = match table.as_str() {
+            "nat" => Table::Nat,
+            "filter" => Table::Filter,
+            "kube-proxy" => return self.read_kube_proxy(family, message, attributes),
             _ => return,
         };
         let (name, present) = match message {
-            NFT_MSG_NEWCHAIN => (attribute(attributes, NFTA_CHAIN_NAME), true),
-            NFT_MSG_DELCHAIN | NFT_MSG_DESTROYCHAIN => {
-                (attribute(attributes, NFTA_CHAIN_NAME), false)
-            }
+            NFT_MSG_NEWCHAIN => (string(attributes, NFTA_CHAIN_NAME), true),
+            NFT_MSG_DELCHAIN | NFT_MSG_DESTROYCHAIN => (string(attributes, NFTA_CHAIN_NAME), false),
             NFT_MSG_NEWRULE | NFT_MSG_DELRULE | NFT_MSG_DESTROYRULE => {
-                (attribute(attributes, NFTA_RULE_CHAIN), true)
+                (string(attributes, NFTA_RULE_CHAIN), true)
             }
             // The table itself, a set, an object, a flowtable: read everything.
-            _ => (None, true),
+            _ => (Err(()), true),
         };
-        match name.and_then(|name| std::str::from_utf8(name).ok()) {
-            Some(chain) => {
+        match name {
+            Ok(chain) => {
                 let chain = ChainRef {
                     family,
                     table,
-                    chain: chain.to_owned(),
+                    chain,
                 };
                 self.chains.insert(chain, present);
             }
-            None => self.everything = true,
+            Err(()) => self.everything = true,
         }
     }
 }
@@ -220,22 +203,12 @@ impl Changes {
     }
 }
 
-/// The value of the first top-level attribute of type `wanted`, without the NUL that
-/// ends netlink strings.
-fn attribute(mut attributes: &[u8], wanted: u16) -> Option<&[u8]> {
-    while attributes.len() >= 4 {
-        let length = u16::from_ne_bytes([attributes[0], attributes[1]]) as usize;
-        let kind = u16::from_ne_bytes([attributes[2], attributes[3]]) & NLA_TYPE_MASK;
-        if length < 4 || length > attributes.len() {
-            return None;
-        }
-        if kind == wanted {
-            let value = &attributes[4..length];
-            return Some(value.strip_suffix(&[0]).unwrap_or(value));
-        }
-        attributes = attributes.get(length.next_multiple_of(4)..)?;
-    }
-    None
+/// A NUL-terminated string attribute; `Err` when it is missing, not UTF-8, or the block
+/// is malformed before it.
+fn string(block: &[u8], wanted: u16) -> Result<String, ()> {
+    let value = netlink::find(block, wanted).map_err(drop)?.ok_or(())?;
+    let text = value.strip_suffix(&[0]).unwrap_or(value);
+    std::str::from_utf8(text).map(str::to_owned).map_err(drop)
 }
 
 #[cfg(test)]
@@ -261,7 +234,7 @@ mod tests {
     /// One nf_tables message: header, nfgenmsg, attributes.
     fn message(kind: u16, family: u8, attributes: &[Vec<u8>]) -> Vec<u8> {
         let body: Vec<u8> = attributes.concat();
-        let length = NLMSG_HEADER + NFGENMSG + body.len();
+        let length = netlink::HEADER_LEN + NFGENMSG_LEN + body.len();
         let mut out = Vec::new();
         out.extend((length as u32).to_ne_bytes());
         out.extend(((SUBSYS_NFTABLES << 8) | kind).to_ne_bytes());

@@ -17,8 +17,9 @@ use super::{
     NFT_MSG_DELCHAIN, NFT_MSG_DELRULE, NFT_MSG_DELSET, NFT_MSG_DELSETELEM, NFT_MSG_DESTROYCHAIN,
     NFT_MSG_DESTROYRULE, NFT_MSG_DESTROYSET, NFT_MSG_DESTROYSETELEM, NFT_MSG_NEWCHAIN,
     NFT_MSG_NEWRULE, NFT_MSG_NEWSET, NFT_MSG_NEWSETELEM, NFTA_CHAIN_NAME, NFTA_RULE_CHAIN,
-    NFTA_SET_NAME, NLA_TYPE_MASK,
+    NFTA_SET_NAME, string,
 };
+use crate::netlink::{self, Attrs};
 
 /// `NFTA_RULE_HANDLE`, `NFTA_RULE_EXPRESSIONS`.
 const NFTA_RULE_HANDLE: u16 = 3;
@@ -172,8 +173,9 @@ fn expressions(list: &[u8]) -> Result<Vec<NftExpr>, ()> {
         registers.iter().rposition(|(n, _)| *n == number)
     };
     let mut exprs = Vec::new();
-    for (kind, element) in attributes(list) {
-        if kind? != NFTA_LIST_ELEM {
+    for attr in Attrs(list) {
+        let (kind, element) = attr.map_err(drop)?;
+        if kind != NFTA_LIST_ELEM {
             return Err(());
         }
         let name = string(element, NFTA_EXPR_NAME)?;
@@ -253,8 +255,9 @@ fn expressions(list: &[u8]) -> Result<Vec<NftExpr>, ()> {
 /// An anonymous map's elements: a 4-byte numgen number each, and its verdict.
 fn elements(list: &[u8]) -> Result<Vec<(u32, Option<NftVerdict>)>, ()> {
     let mut out = Vec::new();
-    for (kind, element) in attributes(list) {
-        if kind? != NFTA_LIST_ELEM {
+    for attr in Attrs(list) {
+        let (kind, element) = attr.map_err(drop)?;
+        if kind != NFTA_LIST_ELEM {
             return Err(());
         }
         let flags = optional(element, NFTA_SET_ELEM_FLAGS)?.map_or(Ok(0), be32)?;
@@ -287,46 +290,14 @@ fn elements(list: &[u8]) -> Result<Vec<(u32, Option<NftVerdict>)>, ()> {
     Ok(out)
 }
 
-/// The attributes of a block: (type, value) in order; an `Err` type for a malformed one
-/// (which ends the walk).
-fn attributes(mut block: &[u8]) -> impl Iterator<Item = (Result<u16, ()>, &[u8])> {
-    std::iter::from_fn(move || {
-        if block.len() < 4 {
-            return None;
-        }
-        let length = u16::from_ne_bytes([block[0], block[1]]) as usize;
-        let kind = u16::from_ne_bytes([block[2], block[3]]) & NLA_TYPE_MASK;
-        if length < 4 || length > block.len() {
-            block = &[];
-            return Some((Err(()), &[][..]));
-        }
-        let value = &block[4..length];
-        block = block.get(length.next_multiple_of(4)..).unwrap_or_default();
-        Some((Ok(kind), value))
-    })
-}
-
 /// The value of the first attribute of type `wanted`, which must be there.
 fn find(block: &[u8], wanted: u16) -> Result<&[u8], ()> {
     optional(block, wanted)?.ok_or(())
 }
 
-/// The value of the first attribute of type `wanted`, if there is one; `Err` when the
-/// block is malformed before it.
+/// The value of the first attribute of type `wanted`, if there is one.
 fn optional(block: &[u8], wanted: u16) -> Result<Option<&[u8]>, ()> {
-    for (kind, value) in attributes(block) {
-        if kind? == wanted {
-            return Ok(Some(value));
-        }
-    }
-    Ok(None)
-}
-
-/// A NUL-terminated string attribute.
-fn string(block: &[u8], wanted: u16) -> Result<String, ()> {
-    let value = find(block, wanted)?;
-    let text = value.strip_suffix(&[0]).unwrap_or(value);
-    std::str::from_utf8(text).map(str::to_owned).map_err(|_| ())
+    netlink::find(block, wanted).map_err(drop)
 }
 
 fn be32(value: &[u8]) -> Result<u32, ()> {

@@ -150,6 +150,22 @@ impl Tool {
         }
         Ok(command)
     }
+
+    /// Runs the tool with `args` inside `netns` (see [`Tool::command`]) and waits for
+    /// its output; `shown` names the command in messages.
+    fn output(
+        &self,
+        netns: Option<&Path>,
+        args: &[&str],
+        shown: &str,
+    ) -> Result<std::process::Output, String> {
+        self.command(netns)?
+            .args(args)
+            // A pipe, not /dev/null: a scratch root may have no /dev.
+            .stdin(std::process::Stdio::piped())
+            .output()
+            .map_err(|e| format!("{shown}: {e}"))
+    }
 }
 
 /// Reads rules by running the host's tools inside each namespace.
@@ -228,14 +244,7 @@ impl SystemSource {
                 .chain(args.iter().copied())
                 .collect::<Vec<_>>()
                 .join(" ");
-            let output = match tool.command(netns).and_then(|mut command| {
-                // A pipe, not /dev/null: a scratch root may have no /dev.
-                command
-                    .args(args)
-                    .stdin(std::process::Stdio::piped())
-                    .output()
-                    .map_err(|e| format!("{command_text}: {e}"))
-            }) {
+            let output = match tool.output(netns, args, &command_text) {
                 Ok(output) => output,
                 Err(e) => {
                     if report {
@@ -255,11 +264,7 @@ impl SystemSource {
             {
                 // No kube-proxy table in this family: not an error.
             } else if report {
-                let first = stderr.lines().next().unwrap_or("").trim();
-                result.problems.push(format!(
-                    "{command_text} failed ({}): {first}",
-                    output.status
-                ));
+                result.problems.push(failed(&command_text, &output));
             }
         }
         result.problems.extend(
@@ -269,6 +274,13 @@ impl SystemSource {
         );
         Ok(result)
     }
+}
+
+/// `COMMAND failed (STATUS): FIRST LINE OF STDERR`.
+fn failed(shown: &str, output: &std::process::Output) -> String {
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let first = stderr.lines().next().unwrap_or("").trim();
+    format!("{shown} failed ({}): {first}", output.status)
 }
 
 /// No tool anywhere: in this root, nor in PID 1's (which needs CAP_SYS_PTRACE to read).
@@ -329,16 +341,9 @@ impl DumpSource for SystemSource {
         let tool = Tool::find(program).ok_or_else(|| format!("{program} not found"))?;
         let table = chain.table.name();
         let shown = format!("{program} -t {table} -S {}", chain.chain);
-        let output = tool
-            .command(netns)?
-            .args(["-t", table, "-S", &chain.chain])
-            .stdin(std::process::Stdio::piped())
-            .output()
-            .map_err(|e| format!("{shown}: {e}"))?;
+        let output = tool.output(netns, &["-t", table, "-S", &chain.chain], &shown)?;
         if !output.status.success() {
-            let stderr = String::from_utf8_lossy(&output.stderr);
-            let first = stderr.lines().next().unwrap_or("").trim();
-            return Err(format!("{shown} failed ({}): {first}", output.status));
+            return Err(failed(&shown, &output));
         }
         String::from_utf8(output.stdout).map_err(|_| format!("{shown}: not UTF-8"))
     }
@@ -358,22 +363,15 @@ impl DumpSource for SystemSource {
         };
         let args = ["-j", "list", verb, family, "kube-proxy", name];
         let shown = format!("nft {}", args.join(" "));
-        let output = tool
-            .command(path.as_deref())?
-            .args(args)
-            .stdin(std::process::Stdio::piped())
-            .output()
-            .map_err(|e| format!("{shown}: {e}"))?;
-        let stderr = String::from_utf8_lossy(&output.stderr);
+        let output = tool.output(path.as_deref(), &args, &shown)?;
         if output.status.success() {
             String::from_utf8(output.stdout)
                 .map(Some)
                 .map_err(|_| format!("{shown}: not UTF-8"))
-        } else if stderr.contains("No such file or directory") {
+        } else if String::from_utf8_lossy(&output.stderr).contains("No such file or directory") {
             Ok(None)
         } else {
-            let first = stderr.lines().next().unwrap_or("").trim();
-            Err(format!("{shown} failed ({}): {first}", output.status))
+            Err(failed(&shown, &output))
         }
     }
 }

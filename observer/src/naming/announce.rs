@@ -214,6 +214,7 @@ fn string(block: &[u8], wanted: u16) -> Result<String, ()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::naming::test_support::nat;
 
     /// One attribute, padded to 4 bytes.
     fn attr(kind: u16, value: &[u8]) -> Vec<u8> {
@@ -276,14 +277,6 @@ mod tests {
             changes.read_datagram(datagram);
         }
         changes
-    }
-
-    fn nat(chain: &str) -> ChainRef {
-        ChainRef {
-            family: Family::V4,
-            table: Table::Nat,
-            chain: chain.to_owned(),
-        }
     }
 
     #[test]

@@ -67,3 +67,22 @@ pub(crate) fn without_third_checkout_endpoint() -> String {
         .map(|line| line + "\n")
         .collect()
 }
+
+/// An IPv4 iptables-nft `nat` chain.
+pub(crate) fn nat(chain: &str) -> super::announce::ChainRef {
+    super::announce::ChainRef {
+        family: super::announce::Family::V4,
+        table: super::announce::Table::Nat,
+        chain: chain.to_owned(),
+    }
+}
+
+/// Announced changes of iptables-nft chains: (chain, still there).
+pub(crate) fn chain_changes(
+    chains: &[(super::announce::ChainRef, bool)],
+) -> super::announce::Changes {
+    super::announce::Changes {
+        chains: chains.iter().cloned().collect(),
+        ..super::announce::Changes::default()
+    }
+}

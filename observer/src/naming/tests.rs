@@ -361,7 +361,7 @@ impl DumpSource for ChainSource {
 
 #[test]
 fn announced_chains_are_read_alone_and_report_what_changed() {
-    use announce::{ChainRef, Changes, Family, Table};
+    use test_support::{chain_changes, nat};
     let fake = Fake::default();
     fake.set(NS, iptables(test_support::FULL_V4));
     let chains = Arc::new(Mutex::new(Vec::new()));
@@ -370,34 +370,20 @@ fn announced_chains_are_read_alone_and_report_what_changed() {
         chains: chains.clone(),
         after: test_support::without_third_checkout_endpoint(),
     }));
-    let nat = |chain: &str| ChainRef {
-        family: Family::V4,
-        table: Table::Nat,
-        chain: chain.to_owned(),
-    };
     // Nothing read yet: even a chain's change needs a full read.
     let first = reader.read(
         NS,
         Instant::now(),
-        &Changes {
-            everything: false,
-            chains: [(nat("KUBE-SERVICES"), true)].into(),
-            ..Changes::default()
-        },
+        &chain_changes(&[(nat("KUBE-SERVICES"), true)]),
     );
     assert_eq!((first.patched, fake.reads()), (0, 1));
     assert!(chains.lock().unwrap().is_empty());
     assert!(!first.updates.is_empty());
 
-    let announced = Changes {
-        everything: false,
-        chains: [
-            (nat("KUBE-SVC-CHKHTTP0000000000"), true),
-            (nat("KUBE-SEP-CHK3"), false),
-        ]
-        .into(),
-        ..Changes::default()
-    };
+    let announced = chain_changes(&[
+        (nat("KUBE-SVC-CHKHTTP0000000000"), true),
+        (nat("KUBE-SEP-CHK3"), false),
+    ]);
     let patched = reader.read(NS, Instant::now(), &announced);
     assert_eq!((patched.patched, fake.reads()), (2, 1), "no full read");
     assert_eq!(*chains.lock().unwrap(), ["KUBE-SVC-CHKHTTP0000000000"]);
@@ -418,11 +404,7 @@ fn announced_chains_are_read_alone_and_report_what_changed() {
     let again = reader.read(
         NS,
         Instant::now(),
-        &Changes {
-            everything: false,
-            chains: [(nat("KUBE-SEP-NONE"), true)].into(),
-            ..Changes::default()
-        },
+        &chain_changes(&[(nat("KUBE-SEP-NONE"), true)]),
     );
     assert_eq!((again.patched, fake.reads()), (0, 2));
 }

@@ -2,7 +2,9 @@
 
 use super::*;
 use crate::naming::announce::{ChainRef, Table};
-use crate::naming::test_support::{FULL_V4, listing, without_third_checkout_endpoint};
+use crate::naming::test_support::{
+    FULL_V4, chain_changes as changes, listing, nat, without_third_checkout_endpoint,
+};
 use crate::naming::{Dump, Dumps};
 
 /// Serves single chains of an iptables-save text; full reads are not expected.
@@ -31,22 +33,6 @@ fn dumps(command: &str, text: &str) -> Dumps {
             text: text.to_owned(),
         }],
         problems: Vec::new(),
-    }
-}
-
-fn nat(chain: &str) -> ChainRef {
-    ChainRef {
-        family: Family::V4,
-        table: Table::Nat,
-        chain: chain.to_owned(),
-    }
-}
-
-fn changes(chains: &[(ChainRef, bool)]) -> Changes {
-    Changes {
-        everything: false,
-        chains: chains.iter().cloned().collect(),
-        ..Changes::default()
     }
 }
 

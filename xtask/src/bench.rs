@@ -19,13 +19,17 @@ use std::{
 use anyhow::{Context as _, bail};
 use observer_lab::{self as lab, Lab, LabConfig, Observer, Proto, RuleMode, Service, Topology};
 
-use crate::load::LoadReport;
+use crate::load::{EchoReport, LoadReport};
 
 mod cost;
 mod progstats;
 
 const PREFIX: &str = "bench";
 const SINK_PORT: u16 = 9090;
+/// The sinks echo on this port, behind the `bench/echo:tcp` Service.
+const ECHO_PORT: u16 = 9091;
+/// Connections the echo rounds keep open (one client thread each).
+const ECHO_CONNECTIONS: usize = 2;
 /// The scale figure a full run ends with: Services x 3 endpoints, seconds measured per
 /// rule format.
 const SCALE_SERVICES: usize = 5000;
@@ -87,7 +91,12 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
         return crate::bench_scale::scale(&observer, services, SCALE_SECONDS);
     }
     let xtask = std::env::current_exe()?;
-    let (lab, target, pod, children) = sink_lab(&xtask)?;
+    let (lab, targets, children) = sink_lab(&xtask)?;
+    let Targets {
+        sink: target,
+        pod,
+        echo,
+    } = targets;
     if args.hold {
         println!("lab ready; drive load with:");
         println!(
@@ -121,6 +130,29 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
         })
     };
     let load = |rate: u64| load_to(target, rate);
+    let exchange = || -> anyhow::Result<EchoReport> {
+        let out = lab.run_in(
+            lab.client_ns(),
+            &xtask.to_string_lossy(),
+            &[
+                "bench-client",
+                "--target",
+                &echo.to_string(),
+                "--rate",
+                "0",
+                "--seconds",
+                &args.seconds.to_string(),
+                "--echo-connections",
+                &ECHO_CONNECTIONS.to_string(),
+            ],
+        )?;
+        serde_json::from_slice(&out.stdout).with_context(|| {
+            format!(
+                "bench client said: {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })
+    };
 
     println!(
         "observer benchmark: new TCP connections/s through kube-proxy iptables DNAT (lab, bridged node)"
@@ -138,6 +170,7 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
         rounds: args.runs,
         dnat: &|| load(0),
         pod_to_pod: &|| load_to(pod, 0),
+        established: &exchange,
     })?;
     println!();
     loss_ramp(&observer, &args.rates, &load)?;
@@ -147,10 +180,19 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
     crate::bench_scale::scale(&observer, SCALE_SERVICES, SCALE_SECONDS)
 }
 
-/// The lab with a `bench/sink:tcp` Service on the checkout pods, a sink in each;
-/// returns it, the Service's address, one pod's sink address (pod-to-pod rounds) and
-/// the sinks.
-fn sink_lab(xtask: &Path) -> anyhow::Result<(Lab, SocketAddr, SocketAddr, Children)> {
+/// Where the benchmark's clients connect.
+struct Targets {
+    /// The `bench/sink:tcp` Service.
+    sink: SocketAddr,
+    /// One pod's sink, straight (pod-to-pod rounds).
+    pod: SocketAddr,
+    /// The `bench/echo:tcp` Service.
+    echo: SocketAddr,
+}
+
+/// The lab with `bench/sink:tcp` and `bench/echo:tcp` Services on the checkout pods, a
+/// sink in each; returns it, where to connect, and the sinks.
+fn sink_lab(xtask: &Path) -> anyhow::Result<(Lab, Targets, Children)> {
     lab::down(PREFIX)?;
     let mut lab = Lab::up(LabConfig {
         topology: Topology::Bridged,
@@ -169,8 +211,17 @@ fn sink_lab(xtask: &Path) -> anyhow::Result<(Lab, SocketAddr, SocketAddr, Childr
         node_port: None,
         endpoints: checkout.endpoints.clone(),
     };
+    let echo = Service {
+        name: "echo".into(),
+        cluster_ip: Ipv4Addr::new(10, 96, 99, 98),
+        port: ECHO_PORT,
+        target_port: ECHO_PORT,
+        ..sink.clone()
+    };
     let target = SocketAddr::from(sink.cluster_addr());
+    let echo_target = SocketAddr::from(echo.cluster_addr());
     lab.add_service(sink)?;
+    lab.add_service(echo)?;
     let mut children = Children(Vec::new());
     for pod in &checkout.endpoints {
         children.0.push(
@@ -178,6 +229,7 @@ fn sink_lab(xtask: &Path) -> anyhow::Result<(Lab, SocketAddr, SocketAddr, Childr
                 .args(["netns", "exec", &pod.ns])
                 .arg(xtask)
                 .args(["bench-sink", "--port", &SINK_PORT.to_string()])
+                .args(["--echo-port", &ECHO_PORT.to_string()])
                 .spawn()?,
         );
     }
@@ -189,7 +241,12 @@ fn sink_lab(xtask: &Path) -> anyhow::Result<(Lab, SocketAddr, SocketAddr, Childr
     )?;
     std::thread::sleep(Duration::from_millis(300));
     let pod = SocketAddr::from((checkout.endpoints[0].ip, SINK_PORT));
-    Ok((lab, target, pod, children))
+    let targets = Targets {
+        sink: target,
+        pod,
+        echo: echo_target,
+    };
+    Ok((lab, targets, children))
 }
 
 /// observer attached at each offered rate in turn: what it recorded and lost, and the

@@ -1,29 +1,85 @@
 //! The benchmark's two ends, run inside lab namespaces: a sink that accepts and drops
 //! connections, and a client that opens new connections at a fixed rate (or as fast as
 //! it can) and resets them, so that every connection is a fresh DNAT decision and no
-//! TIME_WAIT limits the rate.
+//! TIME_WAIT limits the rate. The sink also echoes on a second port, for a client that
+//! keeps a few connections and exchanges small messages on them: the packets of
+//! established connections, without any connection's first or last packet.
 
 use std::{
-    net::{SocketAddr, TcpListener, TcpStream},
+    io::{Read as _, Write as _},
+    net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream},
+    os::fd::OwnedFd,
     sync::atomic::{AtomicU64, Ordering},
     time::{Duration, Instant},
 };
 
+use anyhow::Context as _;
+use nix::sys::socket::{
+    AddressFamily, Backlog, SockFlag, SockType, SockaddrIn, bind, listen, setsockopt, socket,
+    sockopt::ReuseAddr,
+};
 use serde::{Deserialize, Serialize};
 
-/// Accepts and drops connections on `port` until killed.
-pub fn sink(port: u16, threads: usize) -> anyhow::Result<()> {
-    let listener = TcpListener::bind(("0.0.0.0", port))?;
+/// Size of the accept queue. std's `TcpListener` asks for 128: at the rates the client
+/// reaches, that queue overflows, the kernel drops SYNs, and each drop stalls a client
+/// thread for a 1-second retransmission, which made single rounds swing by a factor of
+/// ten. The kernel caps it at `net.core.somaxconn` (4096 by default).
+const BACKLOG: i32 = 4096;
+
+/// Bytes each way in one echo exchange.
+const ECHO_BYTES: usize = 64;
+
+/// Accepts and drops connections on `port`, and echoes on `echo_port`, until killed.
+pub fn sink(port: u16, echo_port: Option<u16>, threads: usize) -> anyhow::Result<()> {
+    let drop_listener = listener(port)?;
+    let echo = echo_port.map(listener).transpose()?;
     std::thread::scope(|scope| {
         for _ in 0..threads.max(1) {
             scope.spawn(|| {
-                for stream in listener.incoming() {
+                for stream in drop_listener.incoming() {
                     drop(stream);
+                }
+            });
+        }
+        if let Some(echo) = &echo {
+            scope.spawn(move || {
+                for stream in echo.incoming().flatten() {
+                    std::thread::spawn(move || echo_back(stream));
                 }
             });
         }
     });
     Ok(())
+}
+
+/// A listening socket on `port` with a `BACKLOG`-deep accept queue.
+fn listener(port: u16) -> anyhow::Result<TcpListener> {
+    let fd: OwnedFd = socket(
+        AddressFamily::Inet,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .context("socket")?;
+    setsockopt(&fd, ReuseAddr, &true).context("SO_REUSEADDR")?;
+    bind(
+        std::os::fd::AsRawFd::as_raw_fd(&fd),
+        &SockaddrIn::from(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port)),
+    )
+    .with_context(|| format!("binding port {port}"))?;
+    listen(&fd, Backlog::new(BACKLOG).context("backlog")?).context("listen")?;
+    Ok(TcpListener::from(fd))
+}
+
+/// Sends back what arrives until the peer closes.
+fn echo_back(mut stream: TcpStream) {
+    let _ = stream.set_nodelay(true);
+    let mut buf = [0u8; ECHO_BYTES];
+    while let Ok(n) = stream.read(&mut buf) {
+        if n == 0 || stream.write_all(&buf[..n]).is_err() {
+            return;
+        }
+    }
 }
 
 /// What one client run achieved.
@@ -98,4 +154,60 @@ fn libc_linger_zero() -> nix::libc::linger {
         l_onoff: 1,
         l_linger: 0,
     }
+}
+
+/// What one echo run achieved: request-response exchanges of `ECHO_BYTES` each way.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
+pub struct EchoReport {
+    pub exchanges: u64,
+    pub seconds: f64,
+}
+
+/// Keeps `connections` connections to `target` (one per thread) and exchanges messages
+/// on them as fast as it can for `duration`; the connections are opened before the
+/// clock starts and reset after it stops, so the run holds no first or last packet.
+pub fn echo_client(
+    target: SocketAddr,
+    duration: Duration,
+    connections: usize,
+) -> anyhow::Result<EchoReport> {
+    let streams = (0..connections.max(1))
+        .map(|_| {
+            let stream = TcpStream::connect_timeout(&target, Duration::from_secs(1))?;
+            stream.set_nodelay(true)?;
+            Ok(stream)
+        })
+        .collect::<std::io::Result<Vec<_>>>()
+        .with_context(|| format!("connecting to {target}"))?;
+    let exchanges = AtomicU64::new(0);
+    let start = Instant::now();
+    let deadline = start + duration;
+    let seconds = std::thread::scope(|scope| {
+        for stream in &streams {
+            let exchanges = &exchanges;
+            scope.spawn(move || {
+                let mut stream = stream;
+                let mut buf = [7u8; ECHO_BYTES];
+                while Instant::now() < deadline {
+                    if stream.write_all(&buf).is_err() || stream.read_exact(&mut buf).is_err() {
+                        return;
+                    }
+                    exchanges.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+        }
+        start.elapsed().as_secs_f64()
+    });
+    let seconds = seconds.max(start.elapsed().as_secs_f64());
+    for stream in &streams {
+        let _ = nix::sys::socket::setsockopt(
+            stream,
+            nix::sys::socket::sockopt::Linger,
+            &libc_linger_zero(),
+        );
+    }
+    Ok(EchoReport {
+        exchanges: exchanges.into_inner(),
+        seconds,
+    })
 }

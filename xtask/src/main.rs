@@ -49,6 +49,9 @@ enum Task {
     BenchSink {
         #[arg(long)]
         port: u16,
+        /// Also echo what arrives on this port.
+        #[arg(long)]
+        echo_port: Option<u16>,
     },
     /// (benchmark internals) Open connections at a rate and print a JSON report.
     #[command(hide = true)]
@@ -59,6 +62,10 @@ enum Task {
         rate: u64,
         #[arg(long)]
         seconds: f64,
+        /// Keep this many connections and exchange messages on them (to an echo port)
+        /// instead of opening new ones.
+        #[arg(long)]
+        echo_connections: Option<usize>,
     },
 }
 
@@ -80,14 +87,25 @@ fn main() -> ExitCode {
         Task::Bench(args) => bench::bench(args),
         Task::Kernels(args) => kernels::kernels(args),
         Task::Lab(args) => observer_lab::cli::run(args),
-        Task::BenchSink { port } => load::sink(port, 2),
+        Task::BenchSink { port, echo_port } => load::sink(port, echo_port, 2),
         Task::BenchClient {
             target,
             rate,
             seconds,
+            echo_connections,
         } => {
-            let report = load::client(target, rate, std::time::Duration::from_secs_f64(seconds), 2);
-            serde_json::to_writer(std::io::stdout(), &report).map_err(Into::into)
+            let duration = std::time::Duration::from_secs_f64(seconds);
+            match echo_connections {
+                Some(connections) => {
+                    load::echo_client(target, duration, connections).and_then(|report| {
+                        serde_json::to_writer(std::io::stdout(), &report).map_err(Into::into)
+                    })
+                }
+                None => {
+                    let report = load::client(target, rate, duration, 2);
+                    serde_json::to_writer(std::io::stdout(), &report).map_err(Into::into)
+                }
+            }
         }
     };
     match result {

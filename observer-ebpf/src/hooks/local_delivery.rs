@@ -12,9 +12,10 @@
 //! accounted again. Every client's TCP DNS responses are copied here (`dns`), forwarded
 //! or not. The program never drops anything: it returns 1.
 //!
-//! Most delivered packets are no such reply. `candidate` tells them apart by reading
+//! Most delivered packets are no such reply. `classify` tells them apart by reading
 //! the headers in place (direct packet access, no helper call) and one byte of
-//! `DIALED_SEEN`, before any map lookup or `bpf_skb_load_bytes`. (`skb->_nfct`, which
+//! `DIALED_SEEN`, before any map lookup; the same read gives the `DIALED` key, so only
+//! headers outside the linear part (or after IPv4 options) cost `bpf_skb_load_bytes`. (`skb->_nfct`, which
 //! the forwarding hook reads, is gone by now: TCP and UDP reset it before socket
 //! filters run.)
 
@@ -35,10 +36,22 @@ pub fn local_delivery(ctx: SkBuffContext) -> i32 {
     1
 }
 
-/// Whether the packet may be a reply to a tracked connection: false only when it
-/// certainly is not (its source was never a tracked connection's dialed address).
+/// What the headers say about a delivered packet, read in place.
+enum Delivered {
+    /// Certainly no reply to a tracked connection: its source was never a tracked
+    /// connection's dialed address (or it is no TCP or UDP).
+    NotReply,
+    /// Maybe a reply: its `DIALED` key, and the IP header's length.
+    Candidate(DialedKey, usize),
+    /// The headers are not all in the linear part, or carry IPv4 options: the careful
+    /// path (`bpf_skb_load_bytes`) decides.
+    Unsure,
+}
+
+/// Reads the IP header and the ports in place (direct packet access, no helper call)
+/// and checks one byte of `DIALED_SEEN`.
 #[inline(always)]
-fn candidate(ctx: &SkBuffContext) -> bool {
+fn classify(ctx: &SkBuffContext) -> Delivered {
     // SAFETY: `skb` is the program's context; `data` and `data_end` are readable fields.
     let (data, end) = unsafe {
         (
@@ -50,49 +63,56 @@ fn candidate(ctx: &SkBuffContext) -> bool {
     const V4: usize = Ipv4Hdr::LEN + 4;
     const V6: usize = Ipv6Hdr::LEN + 4;
     if data + V4 > end {
-        // Not all in the linear part: the careful path decides.
-        return true;
+        return Delivered::Unsure;
     }
     // SAFETY: `data..data + V4` is inside the packet (checked above).
     let first = unsafe { *(data as *const u8) };
-    let mut addr = [0u8; 16];
-    let (protocol, ports) = match first >> 4 {
+    let mut key = DialedKey::default();
+    // The reply's source is what the client dialed, its destination the client.
+    let (protocol, ip_header) = match first >> 4 {
         4 if first & 0x0f == 5 => {
             // SAFETY: as above; `Ipv4Hdr` is plain bytes.
             let ip: Ipv4Hdr = unsafe { core::ptr::read_unaligned(data as *const Ipv4Hdr) };
-            addr[..4].copy_from_slice(&ip.src_addr);
-            (ip.proto, data + Ipv4Hdr::LEN)
+            key.dialed[..4].copy_from_slice(&ip.src_addr);
+            key.client[..4].copy_from_slice(&ip.dst_addr);
+            (ip.proto, Ipv4Hdr::LEN)
         }
-        4 => return true,
+        4 => return Delivered::Unsure,
         6 => {
             if data + V6 > end {
-                return true;
+                return Delivered::Unsure;
             }
             // SAFETY: `data..data + V6` is inside the packet (checked above).
             let ip: Ipv6Hdr = unsafe { core::ptr::read_unaligned(data as *const Ipv6Hdr) };
-            addr = ip.src_addr;
-            (ip.next_hdr, data + Ipv6Hdr::LEN)
+            key.dialed = ip.src_addr;
+            key.client = ip.dst_addr;
+            (ip.next_hdr, Ipv6Hdr::LEN)
         }
-        _ => return false,
+        _ => return Delivered::NotReply,
     };
     if protocol != PROTO_TCP && protocol != PROTO_UDP {
-        return false;
+        return Delivered::NotReply;
     }
-    // SAFETY: the two bytes after the IP header are inside the packet (checked above).
-    let port: [u8; 2] = unsafe { core::ptr::read_unaligned(ports as *const [u8; 2]) };
-    maybe_dialed(dialed_slot(&addr, u16::from_be_bytes(port), protocol))
+    // SAFETY: the four bytes after the IP header are inside the packet (checked above).
+    let ports: [u8; 4] = unsafe { core::ptr::read_unaligned((data + ip_header) as *const [u8; 4]) };
+    key.dialed_port = u16::from_be_bytes([ports[0], ports[1]]);
+    key.client_port = u16::from_be_bytes([ports[2], ports[3]]);
+    key.protocol = protocol;
+    if maybe_dialed(dialed_slot(&key.dialed, key.dialed_port, protocol)) {
+        Delivered::Candidate(key, ip_header)
+    } else {
+        Delivered::NotReply
+    }
 }
 
+/// The careful path of `classify`: the key through `bpf_skb_load_bytes`, which also
+/// reads headers beyond the linear part and after IPv4 options.
 #[inline(always)]
-fn handle(ctx: &SkBuffContext) -> Result<(), i64> {
-    if !candidate(ctx) {
-        return Ok(());
-    }
+fn load_key(ctx: &SkBuffContext) -> Result<Option<(DialedKey, usize)>, i64> {
     let first: u8 = ctx.load(0)?;
     let mut key = DialedKey::default();
     let (ip_header, protocol) = match first >> 4 {
         4 => {
-            // The reply's source is what the client dialed, its destination the client.
             key.dialed[..4].copy_from_slice(&ctx.load::<[u8; 4]>(12)?);
             key.client[..4].copy_from_slice(&ctx.load::<[u8; 4]>(16)?);
             (((first & 0x0f) as usize) * 4, ctx.load::<u8>(9)?)
@@ -102,15 +122,29 @@ fn handle(ctx: &SkBuffContext) -> Result<(), i64> {
             key.client = ctx.load(24)?;
             (40, ctx.load::<u8>(6)?)
         }
-        _ => return Ok(()),
+        _ => return Ok(None),
     };
     if protocol != PROTO_TCP && protocol != PROTO_UDP {
-        return Ok(());
+        return Ok(None);
     }
     let ports: [u8; 4] = ctx.load(ip_header)?;
     key.dialed_port = u16::from_be_bytes([ports[0], ports[1]]);
     key.client_port = u16::from_be_bytes([ports[2], ports[3]]);
     key.protocol = protocol;
+    Ok(Some((key, ip_header)))
+}
+
+#[inline(always)]
+fn handle(ctx: &SkBuffContext) -> Result<(), i64> {
+    let (key, ip_header) = match classify(ctx) {
+        Delivered::NotReply => return Ok(()),
+        Delivered::Candidate(key, ip_header) => (key, ip_header),
+        Delivered::Unsure => match load_key(ctx)? {
+            Some(found) => found,
+            None => return Ok(()),
+        },
+    };
+    let protocol = key.protocol;
     let Some(owner) = DIALED.get_ptr(&key) else {
         return Ok(());
     };

@@ -14,7 +14,7 @@ use anyhow::Context as _;
 use observer_lab::Lab;
 
 use super::{Children, Recorder, list, list_u64, median, progstats, tempfile_dir};
-use crate::load::LoadReport;
+use crate::load::{EchoReport, LoadReport};
 
 /// What the measurements need from the benchmark's lab.
 pub struct Setup<'a> {
@@ -25,6 +25,8 @@ pub struct Setup<'a> {
     pub dnat: &'a dyn Fn() -> anyhow::Result<LoadReport>,
     /// One unthrottled run straight to a pod IP.
     pub pod_to_pod: &'a dyn Fn() -> anyhow::Result<LoadReport>,
+    /// One run of messages on a few kept connections through the DNAT.
+    pub established: &'a dyn Fn() -> anyhow::Result<EchoReport>,
 }
 
 /// One run with `observer record` attached.
@@ -171,8 +173,9 @@ fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
     Ok(ticks as f64 / hz)
 }
 
-/// ns per run of each observer program over a DNAT-only phase and a pod-to-pod-only
-/// phase (other traffic on the machine, e.g. other labs, runs them too).
+/// ns per run of each observer program over a DNAT-only phase, a pod-to-pod-only
+/// phase, and a phase of messages on kept DNATed connections (their packets without any
+/// open or close work); other traffic on the machine, e.g. other labs, runs them too.
 fn program_costs(setup: &Setup<'_>) -> anyhow::Result<()> {
     let dir = tempfile_dir()?;
     let recorder = Recorder::start(setup.observer, &dir)?;
@@ -184,6 +187,8 @@ fn program_costs(setup: &Setup<'_>) -> anyhow::Result<()> {
     let dnat = (setup.dnat)()?;
     let middle = progstats::snapshot(&ids)?;
     let pods = (setup.pod_to_pod)()?;
+    let after_pods = progstats::snapshot(&ids)?;
+    let echo = (setup.established)()?;
     let end = progstats::snapshot(&ids)?;
     drop(stats);
     drop(floor);
@@ -191,17 +196,28 @@ fn program_costs(setup: &Setup<'_>) -> anyhow::Result<()> {
     let _ = std::fs::remove_dir_all(&dir);
     println!("kernel programs (kernel.bpf_stats_enabled), ns per run and runs per connection;");
     println!("  floor_* do nothing: their ns per run is what running any program costs here");
-    println!("  program            DNAT ns/run  runs/conn   pod-to-pod ns/run  runs/conn");
+    println!(
+        "  established: {} exchanges of 64 bytes each way on {} kept DNATed connections",
+        echo.exchanges,
+        super::ECHO_CONNECTIONS
+    );
+    println!(
+        "  program            DNAT ns/run  runs/conn   pod-to-pod ns/run  runs/conn   established ns/run  runs/exchange"
+    );
     for (name, end_runs) in &end {
-        let (Some(first), Some(mid)) = (start.get(name), middle.get(name)) else {
+        let (Some(first), Some(mid), Some(pods_end)) =
+            (start.get(name), middle.get(name), after_pods.get(name))
+        else {
             continue;
         };
         println!(
-            "  {name:<18} {:>11.1}  {:>9.1}   {:>17.1}  {:>9.1}",
+            "  {name:<18} {:>11.1}  {:>9.1}   {:>17.1}  {:>9.1}   {:>18.1}  {:>13.1}",
             mid.per_run_since(first),
             mid.count_since(first) as f64 / dnat.connected.max(1) as f64,
-            end_runs.per_run_since(mid),
-            end_runs.count_since(mid) as f64 / pods.connected.max(1) as f64,
+            pods_end.per_run_since(mid),
+            pods_end.count_since(mid) as f64 / pods.connected.max(1) as f64,
+            end_runs.per_run_since(pods_end),
+            end_runs.count_since(pods_end) as f64 / echo.exchanges.max(1) as f64,
         );
     }
     Ok(())

@@ -67,14 +67,14 @@ fn classify(ctx: &SkBuffContext) -> Delivered {
     }
     // SAFETY: `data..data + V4` is inside the packet (checked above).
     let first = unsafe { *(data as *const u8) };
-    let mut key = DialedKey::default();
-    // The reply's source is what the client dialed, its destination the client.
+    // The reply's source is what the client dialed, its destination the client. Only
+    // the source is copied before the filter says the packet may be a reply.
+    let mut dialed = [0u8; 16];
     let (protocol, ip_header) = match first >> 4 {
         4 if first & 0x0f == 5 => {
             // SAFETY: as above; `Ipv4Hdr` is plain bytes.
             let ip: Ipv4Hdr = unsafe { core::ptr::read_unaligned(data as *const Ipv4Hdr) };
-            key.dialed[..4].copy_from_slice(&ip.src_addr);
-            key.client[..4].copy_from_slice(&ip.dst_addr);
+            dialed[..4].copy_from_slice(&ip.src_addr);
             (ip.proto, Ipv4Hdr::LEN)
         }
         4 => return Delivered::Unsure,
@@ -84,8 +84,7 @@ fn classify(ctx: &SkBuffContext) -> Delivered {
             }
             // SAFETY: `data..data + V6` is inside the packet (checked above).
             let ip: Ipv6Hdr = unsafe { core::ptr::read_unaligned(data as *const Ipv6Hdr) };
-            key.dialed = ip.src_addr;
-            key.client = ip.dst_addr;
+            dialed = ip.src_addr;
             (ip.next_hdr, Ipv6Hdr::LEN)
         }
         _ => return Delivered::NotReply,
@@ -95,14 +94,28 @@ fn classify(ctx: &SkBuffContext) -> Delivered {
     }
     // SAFETY: the four bytes after the IP header are inside the packet (checked above).
     let ports: [u8; 4] = unsafe { core::ptr::read_unaligned((data + ip_header) as *const [u8; 4]) };
-    key.dialed_port = u16::from_be_bytes([ports[0], ports[1]]);
-    key.client_port = u16::from_be_bytes([ports[2], ports[3]]);
-    key.protocol = protocol;
-    if maybe_dialed(dialed_slot(&key.dialed, key.dialed_port, protocol)) {
-        Delivered::Candidate(key, ip_header)
-    } else {
-        Delivered::NotReply
+    let dialed_port = u16::from_be_bytes([ports[0], ports[1]]);
+    if !maybe_dialed(dialed_slot(&dialed, dialed_port, protocol)) {
+        return Delivered::NotReply;
     }
+    let mut key = DialedKey {
+        dialed,
+        dialed_port,
+        client_port: u16::from_be_bytes([ports[2], ports[3]]),
+        protocol,
+        ..DialedKey::default()
+    };
+    // The destination address: 4 bytes at 16 (IPv4) or 16 at 24 (IPv6), inside the
+    // checked range.
+    if ip_header == Ipv4Hdr::LEN {
+        // SAFETY: bytes 16..20 are inside `data..data + V4`.
+        let client: [u8; 4] = unsafe { core::ptr::read_unaligned((data + 16) as *const [u8; 4]) };
+        key.client[..4].copy_from_slice(&client);
+    } else {
+        // SAFETY: bytes 24..40 are inside `data..data + V6`.
+        key.client = unsafe { core::ptr::read_unaligned((data + 24) as *const [u8; 16]) };
+    }
+    Delivered::Candidate(key, ip_header)
 }
 
 /// The careful path of `classify`: the key through `bpf_skb_load_bytes`, which also

@@ -104,6 +104,9 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
             lab.client_ns(),
             xtask.display()
         );
+        println!(
+            "  (or messages on kept connections: --target {echo} --rate 0 --echo-connections 2)"
+        );
         println!("press Enter to tear it down");
         std::io::stdin().read_line(&mut String::new())?;
         return Ok(());

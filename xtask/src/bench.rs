@@ -105,56 +105,26 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
             xtask.display()
         );
         println!(
-            "  (or messages on kept connections: --target {echo} --rate 0 --echo-connections 2)"
+            "  (or messages on kept connections: --target {echo} --rate 0 --echo-connections {ECHO_CONNECTIONS})"
         );
         println!("press Enter to tear it down");
         std::io::stdin().read_line(&mut String::new())?;
         return Ok(());
     }
     let load_to = |target: SocketAddr, rate: u64| -> anyhow::Result<LoadReport> {
-        let out = lab.run_in(
-            lab.client_ns(),
-            &xtask.to_string_lossy(),
-            &[
-                "bench-client",
-                "--target",
-                &target.to_string(),
-                "--rate",
-                &rate.to_string(),
-                "--seconds",
-                &args.seconds.to_string(),
-            ],
-        )?;
-        serde_json::from_slice(&out.stdout).with_context(|| {
-            format!(
-                "bench client said: {}",
-                String::from_utf8_lossy(&out.stderr)
-            )
-        })
+        bench_client(&lab, &xtask, target, rate, args.seconds, &[])
     };
     let load = |rate: u64| load_to(target, rate);
     let exchange = || -> anyhow::Result<EchoReport> {
-        let out = lab.run_in(
-            lab.client_ns(),
-            &xtask.to_string_lossy(),
-            &[
-                "bench-client",
-                "--target",
-                &echo.to_string(),
-                "--rate",
-                "0",
-                "--seconds",
-                &args.seconds.to_string(),
-                "--echo-connections",
-                &ECHO_CONNECTIONS.to_string(),
-            ],
-        )?;
-        serde_json::from_slice(&out.stdout).with_context(|| {
-            format!(
-                "bench client said: {}",
-                String::from_utf8_lossy(&out.stderr)
-            )
-        })
+        let connections = ECHO_CONNECTIONS.to_string();
+        bench_client(
+            &lab,
+            &xtask,
+            echo,
+            0,
+            args.seconds,
+            &["--echo-connections", &connections],
+        )
     };
 
     println!(
@@ -181,6 +151,35 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
     drop(lab);
     println!();
     crate::bench_scale::scale(&observer, SCALE_SERVICES, SCALE_SECONDS)
+}
+
+/// One run of `xtask bench-client` in the lab's client namespace, and its JSON report.
+fn bench_client<T: serde::de::DeserializeOwned>(
+    lab: &Lab,
+    xtask: &Path,
+    target: SocketAddr,
+    rate: u64,
+    seconds: f64,
+    extra: &[&str],
+) -> anyhow::Result<T> {
+    let (target, rate, seconds) = (target.to_string(), rate.to_string(), seconds.to_string());
+    let mut client_args = vec![
+        "bench-client",
+        "--target",
+        &target,
+        "--rate",
+        &rate,
+        "--seconds",
+        &seconds,
+    ];
+    client_args.extend_from_slice(extra);
+    let out = lab.run_in(lab.client_ns(), &xtask.to_string_lossy(), &client_args)?;
+    serde_json::from_slice(&out.stdout).with_context(|| {
+        format!(
+            "bench client said: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
 }
 
 /// Where the benchmark's clients connect.

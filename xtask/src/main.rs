@@ -69,6 +69,11 @@ enum Task {
     },
 }
 
+/// Writes `value` as JSON to standard output (a bench client's report).
+fn print_json(value: &impl serde::Serialize) -> anyhow::Result<()> {
+    serde_json::to_writer(std::io::stdout(), value).map_err(Into::into)
+}
+
 /// The workspace's top directory.
 pub fn workspace_root() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -97,14 +102,9 @@ fn main() -> ExitCode {
             let duration = std::time::Duration::from_secs_f64(seconds);
             match echo_connections {
                 Some(connections) => {
-                    load::echo_client(target, duration, connections).and_then(|report| {
-                        serde_json::to_writer(std::io::stdout(), &report).map_err(Into::into)
-                    })
+                    load::echo_client(target, duration, connections).and_then(|r| print_json(&r))
                 }
-                None => {
-                    let report = load::client(target, rate, duration, 2);
-                    serde_json::to_writer(std::io::stdout(), &report).map_err(Into::into)
-                }
+                None => print_json(&load::client(target, rate, duration, 2)),
             }
         }
     };

@@ -15,9 +15,9 @@
 //! Most delivered packets are no such reply. `classify` tells them apart by reading
 //! the headers in place (direct packet access, no helper call) and one byte of
 //! `DIALED_SEEN`, before any map lookup; the same read gives the `DIALED` key, so only
-//! headers outside the linear part (or after IPv4 options) cost `bpf_skb_load_bytes`. (`skb->_nfct`, which
-//! the forwarding hook reads, is gone by now: TCP and UDP reset it before socket
-//! filters run.)
+//! headers outside the linear part (or after IPv4 options) cost `bpf_skb_load_bytes`.
+//! (`skb->_nfct`, which the forwarding hook reads, is gone by now: TCP and UDP reset it
+//! before socket filters run.)
 
 use aya_ebpf::{helpers::bpf_ktime_get_ns, macros::cgroup_skb, programs::SkBuffContext};
 use network_types::ip::{Ipv4Hdr, Ipv6Hdr};

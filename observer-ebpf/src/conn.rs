@@ -18,7 +18,8 @@ use observer_common::{
 
 use crate::{
     maps::{
-        BPF_NOEXIST, CONNS, DIALED, EVENTS, atomic_add, count, count_lost, dialed_slot, mark_dialed,
+        BPF_NOEXIST, CONNS, DIALED, EVENTS, atomic_add, count, count_lost, dialed_slot,
+        fold_address, mark_dialed,
     },
     packet::{Packet, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
 };
@@ -220,7 +221,11 @@ pub fn emit(kind: u32, close: u32, conntrack: u64, state: *const ConnState, now:
 #[inline(always)]
 pub fn remember_dialed(conntrack: u64, state: &ConnState) {
     let dst = &state.original.dst;
-    mark_dialed(dialed_slot(&dst.addr, dst.port, state.original.protocol));
+    mark_dialed(dialed_slot(
+        fold_address(&dst.addr),
+        dst.port,
+        state.original.protocol,
+    ));
     let _ = DIALED.insert(&DialedKey::of(&state.original), &conntrack, BPF_NOEXIST);
 }
 

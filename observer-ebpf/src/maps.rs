@@ -60,28 +60,62 @@ static mut DIALED_SEEN: [u8; DIALED_SLOTS] = [0; DIALED_SLOTS];
 
 const DIALED_SLOTS: usize = 1 << 16;
 
-/// The `DIALED_SEEN` slot of a dialed address (IPv4: first 4 bytes, the rest zero),
+/// The first level of the filter: byte `slot >> 4` is set with any of its 16
+/// `DIALED_SEEN` slots. One page, whose 64 cache lines stay hot: on a node with few
+/// dialed addresses most delivered packets stop here. A random byte of the 64 KiB
+/// array cost ~45 ns per packet on the development VM (cache and TLB misses), ~20 ns
+/// more than a byte of this page.
+// SAFETY: a unique symbol; a global (.bss) both programs address directly.
+#[unsafe(no_mangle)]
+static mut DIALED_SUMMARY: PageOfBytes = PageOfBytes([0; SUMMARY_SLOTS]);
+
+const SUMMARY_SLOTS: usize = 4096;
+const SUMMARY_SHIFT: u32 = (DIALED_SLOTS / SUMMARY_SLOTS).trailing_zeros();
+
+/// Page-aligned, so the summary spans one page.
+#[repr(C, align(4096))]
+struct PageOfBytes([u8; SUMMARY_SLOTS]);
+
+/// The `DIALED_SEEN` slot of a dialed address (folded to one word by `fold_address`),
 /// port (host order) and protocol.
 #[inline(always)]
-pub fn dialed_slot(addr: &[u8; 16], port: u16, protocol: u8) -> usize {
-    let word = |i: usize| u32::from_ne_bytes([addr[i], addr[i + 1], addr[i + 2], addr[i + 3]]);
-    let folded = word(0) ^ word(4) ^ word(8) ^ word(12) ^ ((port as u32) << 8) ^ protocol as u32;
+pub fn dialed_slot(folded_address: u32, port: u16, protocol: u8) -> usize {
+    let folded = folded_address ^ ((port as u32) << 8) ^ protocol as u32;
     // Fibonacci hashing: the high bits of the product mix every input bit.
     (folded.wrapping_mul(0x9E37_79B1) >> 16) as usize & (DIALED_SLOTS - 1)
 }
 
-/// Marks a dialed address in `DIALED_SEEN` (idempotent: a plain byte store).
+/// An address (IPv4: first 4 bytes, the rest zero) folded to one word for
+/// `dialed_slot`: the XOR of its four native-order words, so an IPv4 address folds to
+/// its own word.
+#[inline(always)]
+pub fn fold_address(addr: &[u8; 16]) -> u32 {
+    let word = |i: usize| u32::from_ne_bytes([addr[i], addr[i + 1], addr[i + 2], addr[i + 3]]);
+    word(0) ^ word(4) ^ word(8) ^ word(12)
+}
+
+/// Marks a dialed address in `DIALED_SUMMARY` and `DIALED_SEEN` (idempotent: plain
+/// byte stores).
 #[inline(always)]
 pub fn mark_dialed(slot: usize) {
-    // SAFETY: `slot` is masked into the array; a byte store needs no atomicity.
-    unsafe { core::ptr::write_volatile(&raw mut DIALED_SEEN[slot & (DIALED_SLOTS - 1)], 1) }
+    let slot = slot & (DIALED_SLOTS - 1);
+    // SAFETY: both indices are masked into their arrays; a byte store needs no
+    // atomicity.
+    unsafe {
+        core::ptr::write_volatile(&raw mut DIALED_SEEN[slot], 1);
+        core::ptr::write_volatile(&raw mut DIALED_SUMMARY.0[slot >> SUMMARY_SHIFT], 1);
+    }
 }
 
 /// Whether a dialed address may be in `DIALED` (`mark_dialed` ran for its slot).
 #[inline(always)]
 pub fn maybe_dialed(slot: usize) -> bool {
+    let slot = slot & (DIALED_SLOTS - 1);
     // SAFETY: as in `mark_dialed`.
-    unsafe { core::ptr::read_volatile(&raw const DIALED_SEEN[slot & (DIALED_SLOTS - 1)]) != 0 }
+    unsafe {
+        core::ptr::read_volatile(&raw const DIALED_SUMMARY.0[slot >> SUMMARY_SHIFT]) != 0
+            && core::ptr::read_volatile(&raw const DIALED_SEEN[slot]) != 0
+    }
 }
 
 /// Tracked DNATed connections, keyed by the `struct nf_conn` address. User space sizes

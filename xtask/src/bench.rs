@@ -140,6 +140,7 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
     cost::report(&cost::Setup {
         lab: &lab,
         observer: &observer,
+        xtask: &xtask,
         rounds: args.runs,
         dnat: &|| load(0),
         pod_to_pod: &|| load_to(pod, 0),

@@ -210,3 +210,30 @@ pub fn echo_client(
         seconds,
     })
 }
+
+/// conntrack's multicast group of destroy events (`NFNLGRP_CONNTRACK_DESTROY`).
+const CONNTRACK_DESTROY_GROUP: u32 = 3;
+
+/// Subscribes to conntrack's destroy events in this namespace and never reads them,
+/// until killed: what following conntrack costs the kernel, whoever listens. While
+/// anyone is subscribed, the kernel builds a netlink message for every entry it
+/// destroys (and then drops it here, the receive queue full), before any socket filter
+/// could refuse it.
+pub fn destroy_listener() -> anyhow::Result<()> {
+    let socket = socket(
+        AddressFamily::Netlink,
+        SockType::Raw,
+        SockFlag::SOCK_CLOEXEC,
+        nix::sys::socket::SockProtocol::NetlinkNetFilter,
+    )
+    .context("netlink socket")?;
+    let groups = 1 << (CONNTRACK_DESTROY_GROUP - 1);
+    bind(
+        std::os::fd::AsRawFd::as_raw_fd(&socket),
+        &nix::sys::socket::NetlinkAddr::new(0, groups),
+    )
+    .context("subscribing to conntrack's destroy events")?;
+    loop {
+        std::thread::park();
+    }
+}

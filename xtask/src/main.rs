@@ -53,6 +53,9 @@ enum Task {
         #[arg(long)]
         echo_port: Option<u16>,
     },
+    /// (benchmark internals) Subscribe to conntrack's destroy events and never read them.
+    #[command(hide = true)]
+    BenchDestroyListener,
     /// (benchmark internals) Open connections at a rate and print a JSON report.
     #[command(hide = true)]
     BenchClient {
@@ -93,6 +96,7 @@ fn main() -> ExitCode {
         Task::Kernels(args) => kernels::kernels(args),
         Task::Lab(args) => observer_lab::cli::run(args),
         Task::BenchSink { port, echo_port } => load::sink(port, echo_port, 2),
+        Task::BenchDestroyListener => load::destroy_listener(),
         Task::BenchClient {
             target,
             rate,

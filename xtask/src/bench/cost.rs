@@ -20,6 +20,8 @@ use crate::load::{EchoReport, LoadReport};
 pub struct Setup<'a> {
     pub lab: &'a Lab,
     pub observer: &'a Path,
+    /// This program (`xtask bench-destroy-listener`).
+    pub xtask: &'a Path,
     pub rounds: usize,
     /// One unthrottled run through the Service's DNAT.
     pub dnat: &'a dyn Fn() -> anyhow::Result<LoadReport>,
@@ -97,23 +99,39 @@ fn dnat_rates(setup: &Setup<'_>) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Pod-to-pod rates without observer, with it, and with only a subscriber to
+/// conntrack's destroy events that never reads them: the part of observer's cost on
+/// traffic without a Service that comes with following conntrack at all.
 fn pod_rates(setup: &Setup<'_>) -> anyhow::Result<()> {
-    let (mut none, mut with) = (Vec::new(), Vec::new());
+    let (mut none, mut with, mut destroy) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..setup.rounds {
         none.push((setup.pod_to_pod)()?.rate());
         with.push(recorded(setup, setup.pod_to_pod)?.rate);
+        let listener = destroy_listener(setup)?;
+        destroy.push((setup.pod_to_pod)()?.rate());
+        drop(listener);
     }
     let base = median(&mut none.clone());
-    let with_median = median(&mut with.clone());
-    println!("pod-to-pod connections/s (no Service; rounds interleaved)");
+    println!(
+        "pod-to-pod connections/s (no Service; rounds interleaved: none, observer, destroy subscriber)"
+    );
     println!(
         "  no observer           {base:>8.0}   1.000   {}",
         list(&none)
     );
+    for (name, rates) in [
+        ("observer record    ", &with),
+        ("destroy subscriber ", &destroy),
+    ] {
+        let rate = median(&mut rates.clone());
+        println!(
+            "  {name}   {rate:>8.0}   {:.3}   {}",
+            rate / base,
+            list(rates)
+        );
+    }
     println!(
-        "  observer record       {with_median:>8.0}   {:.3}   {}",
-        with_median / base,
-        list(&with)
+        "  (destroy subscriber: a netlink socket on conntrack's destroy events in the node, never read)"
     );
     Ok(())
 }
@@ -157,6 +175,19 @@ fn conntrack_events(lab: &Lab) -> anyhow::Result<Children> {
         .stderr(Stdio::null())
         .spawn()
         .context("conntrack -E")?;
+    std::thread::sleep(Duration::from_millis(200));
+    Ok(Children(vec![child]))
+}
+
+/// `xtask bench-destroy-listener` in the lab's node namespace.
+fn destroy_listener(setup: &Setup<'_>) -> anyhow::Result<Children> {
+    let child = Command::new("ip")
+        .args(["netns", "exec", setup.lab.node_ns()])
+        .arg(setup.xtask)
+        .arg("bench-destroy-listener")
+        .stdout(Stdio::null())
+        .spawn()
+        .context("xtask bench-destroy-listener")?;
     std::thread::sleep(Duration::from_millis(200));
     Ok(Children(vec![child]))
 }

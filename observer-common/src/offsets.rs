@@ -13,6 +13,8 @@ pub struct KernelOffsets {
     /// `struct sk_buff`: `dev` (struct net_device *)
     pub skb_dev: u32,
     pub skb_network_header: u32,
+    /// `struct sk_buff`: `sk` (struct sock *): set on packets a local socket sent
+    pub skb_sk: u32,
     /// `struct nf_conn`: `tuplehash[0].tuple`
     pub ct_tuple_original: u32,
     /// `struct nf_conn`: `tuplehash[1].tuple`
@@ -37,7 +39,7 @@ pub struct KernelOffsets {
     pub valid: u32,
 }
 
-const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 19 * 4);
+const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 20 * 4);
 
 /// `struct nf_conntrack_tuple` as every kernel since 2.6 lays it out: the programs read
 /// a tuple with one read into this. User space refuses to load on a kernel whose BTF

@@ -23,6 +23,7 @@ pub static OFFSETS: KernelOffsets = KernelOffsets {
     skb_len: 0,
     skb_dev: 0,
     skb_network_header: 0,
+    skb_sk: 0,
     ct_tuple_original: 0,
     ct_tuple_reply: 0,
     ct_status: 0,
@@ -51,9 +52,10 @@ macro_rules! offset {
 pub(crate) use offset;
 
 /// A filter in front of `DIALED` for the local-delivery hook: byte `dialed_slot(...)`
-/// is set before any connection with that dialed address, port and protocol enters
-/// `DIALED`, and never cleared. A delivered packet whose source has a clear byte is
-/// no reply to a tracked connection, which the hook learns without a map lookup.
+/// is set before any connection with that dialed address, port and protocol whose
+/// replies that hook handles (`conn::remember_dialed`) enters `DIALED`, and never
+/// cleared. A delivered packet whose source has a clear byte is no such reply, which
+/// the hook learns without a map lookup.
 // SAFETY: a unique symbol; a global (.bss) both programs address directly.
 #[unsafe(no_mangle)]
 static mut DIALED_SEEN: [u8; DIALED_SLOTS] = [0; DIALED_SLOTS];

@@ -18,6 +18,8 @@ pub trait SkbFields: Copy {
     fn network_header(self) -> Result<u16, ReadFailed>;
     /// `dev`, the device about to transmit it.
     fn dev(self) -> Result<u64, ReadFailed>;
+    /// `sk`, the socket that sent it (0 for a forwarded packet).
+    fn socket(self) -> Result<u64, ReadFailed>;
 }
 
 /// An `sk_buff` the verifier knows by its BTF type (a `tp_btf` argument). With the
@@ -70,6 +72,12 @@ impl SkbFields for BtfSkb {
         // typed pointer, which this only compares. Read it as a number.
         read(self.0 as u64, offset!(skb_dev))
     }
+
+    #[inline(always)]
+    fn socket(self) -> Result<u64, ReadFailed> {
+        // A number, as `dev` above.
+        read(self.0 as u64, offset!(skb_sk))
+    }
 }
 
 /// An `sk_buff` at a kernel address (a raw tracepoint argument): fields are read with
@@ -102,5 +110,10 @@ impl SkbFields for ProbedSkb {
     #[inline(always)]
     fn dev(self) -> Result<u64, ReadFailed> {
         read(self.0, offset!(skb_dev))
+    }
+
+    #[inline(always)]
+    fn socket(self) -> Result<u64, ReadFailed> {
+        read(self.0, offset!(skb_sk))
     }
 }

@@ -103,7 +103,7 @@ fn handle<S: SkbFields>(skb: S) -> Result<(), ReadFailed> {
             return Ok(());
         }
     }
-    open(conntrack, info, dir, &packet, now)
+    open(skb, conntrack, info, dir, &packet, now)
 }
 
 /// A packet of a tracked connection.
@@ -130,7 +130,8 @@ fn follow(conntrack: u64, state: *mut ConnState, dir: usize, packet: &Packet, no
 
 /// The first packet seen of a connection: enters it in the table and reports it.
 #[inline(always)]
-fn open(
+fn open<S: SkbFields>(
+    skb: S,
     conntrack: u64,
     info: u64,
     dir: usize,
@@ -186,7 +187,7 @@ fn open(
                 forget_lost(conntrack);
             }
             count(counters::TRACKED);
-            remember_dialed(conntrack, fresh_ref);
+            remember_dialed(conntrack, fresh_ref, local_client(skb, dir)?);
             emit(EVENT_OPEN, CLOSE_NONE, conntrack, fresh, now);
             if is_dns(fresh) {
                 capture(conntrack, fresh, dir, packet, fresh_bytes, now);
@@ -209,6 +210,16 @@ fn open(
         Err(_) => {}
     }
     Ok(())
+}
+
+/// Whether the connection's client is a socket of the node itself (host network): a
+/// packet in the original direction that a local socket sent. A packet forwarded from
+/// a pod has no socket by now (crossing network namespaces orphans it), and a reply
+/// that passes here is forwarded, so its client is elsewhere. Only a local client's
+/// replies reach `local_delivery` without having passed here.
+#[inline(always)]
+fn local_client<S: SkbFields>(skb: S, dir: usize) -> Result<bool, ReadFailed> {
+    Ok(dir == ORIGINAL && skb.socket()? != 0)
 }
 
 /// Whether a packet of an untracked connection is its DNAT decision: marked NEW, and

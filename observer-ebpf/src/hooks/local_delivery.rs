@@ -13,9 +13,12 @@
 //! or not. The program never drops anything: it returns 1.
 //!
 //! Most delivered packets are no such reply. `classify` tells them apart by reading
-//! the headers in place (direct packet access, no helper call) and one byte of
+//! the headers in place (direct packet access, no helper call) and a byte or two of
 //! `DIALED_SEEN`, before any map lookup; the same read gives the `DIALED` key, so only
 //! headers outside the linear part (or after IPv4 options) cost `bpf_skb_load_bytes`.
+//! `DIALED_SEEN` holds only the addresses local clients and DNS clients dialed
+//! (`conn::remember_dialed`), so the replies to pod clients of other Services, which
+//! the node forwarded and accounted, stop there too.
 //! (`skb->_nfct`, which the forwarding hook reads, is gone by now: TCP and UDP reset it
 //! before socket filters run.)
 

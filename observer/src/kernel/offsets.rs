@@ -106,6 +106,7 @@ fn skb_offsets(btf: &Btf) -> Result<KernelOffsets, BtfError> {
             skb_data_len,
             skb_dev,
             skb_network_header,
+            skb_sk,
         ],
     ) = offsets(
         btf,
@@ -121,6 +122,8 @@ fn skb_offsets(btf: &Btf) -> Result<KernelOffsets, BtfError> {
             // struct net_device *: the device a datagram passes (UDP de-duplication).
             ("dev", 8),
             ("network_header", 2),
+            // struct sock *: whether a local socket sent the packet.
+            ("sk", 8),
         ],
     )?;
     // The forwarding hook reads `_nfct`, `len` and `data_len` in one 16-byte read.
@@ -134,6 +137,7 @@ fn skb_offsets(btf: &Btf) -> Result<KernelOffsets, BtfError> {
         skb_len,
         skb_dev,
         skb_network_header,
+        skb_sk,
         ..KernelOffsets::default()
     })
 }
@@ -141,13 +145,14 @@ fn skb_offsets(btf: &Btf) -> Result<KernelOffsets, BtfError> {
 /// Every offset as `struct.member.path=bytes`, in C's notation, space-separated: what
 /// `observer` logs at debug level so other tools can check it against their own reading.
 pub fn describe(o: &KernelOffsets) -> String {
-    let pairs: [(&str, u32); 18] = [
+    let pairs: [(&str, u32); 19] = [
         ("sk_buff._nfct", o.skb_nfct),
         ("sk_buff.head", o.skb_head),
         ("sk_buff.data", o.skb_data),
         ("sk_buff.len", o.skb_len),
         ("sk_buff.dev", o.skb_dev),
         ("sk_buff.network_header", o.skb_network_header),
+        ("sk_buff.sk", o.skb_sk),
         ("nf_conn.tuplehash[0].tuple", o.ct_tuple_original),
         ("nf_conn.tuplehash[1].tuple", o.ct_tuple_reply),
         ("nf_conn.status", o.ct_status),
@@ -185,7 +190,7 @@ mod tests {
         let (int, short, pointer) = (b.int("u32", 4), b.int("__u16", 2), b.pointer());
         b.structure(
             "sk_buff",
-            40,
+            64,
             &[
                 ("_nfct", nfct, 0),
                 ("len", int, len_bits),
@@ -194,6 +199,7 @@ mod tests {
                 ("data", pointer, 192),
                 ("network_header", short, 256),
                 ("dev", pointer, 320),
+                ("sk", pointer, 448),
             ],
         );
         Btf::parse(&b.finish()).unwrap()
@@ -257,7 +263,7 @@ mod tests {
         let data = std::fs::read(Btf::SYS_FS).expect("this kernel exposes /sys/kernel/btf/vmlinux");
         let off = kernel_offsets(&Btf::parse(&data).unwrap()).unwrap();
         let text = describe(&off);
-        assert_eq!(text.split(' ').count(), 18);
+        assert_eq!(text.split(' ').count(), 19);
         assert!(text.starts_with(&format!("sk_buff._nfct={} ", off.skb_nfct)));
         assert!(text.contains(&format!(
             " nf_conn.tuplehash[1].tuple={} ",

@@ -12,6 +12,7 @@ int main(void) {
     P(sk_buff, len);
     P(sk_buff, dev);
     P(sk_buff, network_header);
+    P(sk_buff, sk);
     P(nf_conn, tuplehash[0].tuple);
     P(nf_conn, tuplehash[1].tuple);
     P(nf_conn, status);

@@ -52,7 +52,7 @@ enum Delivered {
 }
 
 /// Reads the IP header and the ports in place (direct packet access, no helper call)
-/// and checks one byte of `DIALED_SEEN`. Up to that check only the bytes the filter
+/// and checks the filter (`maybe_dialed`). Up to that check only the bytes the filter
 /// needs are loaded (protocol, source address and port), one by one: the BPF target
 /// splits unaligned reads into bytes anyway, and a whole header read here kept ~80
 /// instructions of loads and spills on every delivered packet.

@@ -87,15 +87,28 @@ pub const FIN_REPLY_ADD: u64 = 1 << 32;
 pub struct ConnState {
     /// `bpf_ktime_get_ns()` of the first packet seen.
     pub start_ns: u64,
-    /// `bpf_ktime_get_ns()` of the latest packet seen (one 8-byte store per packet).
+    /// When the latest packet was seen, on `bpf_ktime_get_ns()`'s clock (one 8-byte store
+    /// per packet). Exact for packets that open or close a connection (TCP SYN, FIN,
+    /// RST), DNS packets, and any packet that reports an event; for the others (most of
+    /// a connection's packets) `start_ns` plus the jiffies since `start_jiffies`, which
+    /// is up to a clock tick (`TICK_NS`, 1-10 ms) early: reading jiffies costs a load,
+    /// reading the clock ~40 ns per packet on the development VM.
     pub last_ns: u64,
+    /// The kernel's `jiffies_64` when `start_ns` was read.
+    pub start_jiffies: u64,
     /// Payload bytes per direction (`ORIGINAL` = to the backend), each byte counted once.
     pub bytes: [u64; 2],
-    /// UDP de-duplication: the device (`skb->dev`) where the first packet of each
-    /// direction was seen. A bridged packet passes two devices (bridge, then bridge
-    /// port) in the same order every time, so counting a datagram only on its
-    /// direction's first device counts every real datagram exactly once.
-    pub first_dev: [u64; 2],
+    /// UDP de-duplication: the device (`skb->dev`) each direction's datagrams are
+    /// counted on. A datagram can pass several devices (a bridge, then the bridge port),
+    /// and every datagram of a direction ends on the same one, while some skip the
+    /// devices before it: a datagram that waited for the node to learn a pod's MAC
+    /// address (ARP) passes the bridge and then the port, later ones go straight to the
+    /// port. So the device is the last one the direction's first datagram passed: set
+    /// on its first pass, moved along while the same `sk_buff` passes later devices.
+    pub udp_dev: [u64; 2],
+    /// UDP: the address of each direction's first datagram's `sk_buff`, which moves
+    /// `udp_dev` until `udp_dev_settled`.
+    pub udp_first_skb: [u64; 2],
     /// FINs seen: low half from the client, high half from the backend (atomic adds
     /// of `FIN_ORIGINAL_ADD` / `FIN_REPLY_ADD`).
     pub fins: u64,
@@ -129,7 +142,10 @@ pub struct ConnState {
     /// `CLOSE_*` once the connection ended but its close event could not be written
     /// (ring buffer full): user space writes the record from the table instead.
     pub closed: u8,
-    pub _pad: [u8; 3],
+    /// UDP: a datagram other than the first was counted on `udp_dev`, which stays
+    /// where it is from then on (0 or 1).
+    pub udp_dev_settled: [u8; 2],
+    pub _pad: [u8; 1],
     /// Client -> the address it dialed (ClusterIP:port, NodePort, ...).
     pub original: FlowTuple,
     /// Backend (pod IP:targetPort) -> client (or the SNAT address).
@@ -167,8 +183,8 @@ pub struct ConnEvent {
 
 const _: () = assert!(core::mem::size_of::<Endpoint>() == 20);
 const _: () = assert!(core::mem::size_of::<FlowTuple>() == 44);
-const _: () = assert!(core::mem::size_of::<ConnState>() == 176);
-const _: () = assert!(core::mem::size_of::<ConnEvent>() == 200);
+const _: () = assert!(core::mem::size_of::<ConnState>() == 200);
+const _: () = assert!(core::mem::size_of::<ConnEvent>() == 224);
 const _: () = assert!(core::mem::size_of::<DialedKey>() == 40);
 
 #[cfg(feature = "user")]

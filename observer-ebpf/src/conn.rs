@@ -147,20 +147,32 @@ fn fresh_tcp_bytes(state: *mut ConnState, dir: usize, packet: &Packet) -> u32 {
     end.wrapping_sub(start)
 }
 
-/// UDP payload bytes of `packet`, counted only on the first device its direction was
-/// seen on. A bridged datagram passes the bridge, then the bridge port: the same devices
-/// in the same order for every datagram of a direction. So the second pass is never
-/// counted, and a real datagram can never look like a duplicate (unlike matching a
-/// per-packet value such as `skb->head`, which the kernel recycles).
+/// UDP payload bytes of `packet`, counted only on the direction's `udp_dev` (see its
+/// doc): a datagram passing several devices is counted once, on the last device the
+/// direction's first datagram passed, which every later datagram passes too.
 #[inline(always)]
 fn fresh_udp_bytes(state: *mut ConnState, dir: usize, packet: &Packet) -> u32 {
-    let first = load!(state.first_dev[dir]);
-    if first == 0 {
-        store!(state.first_dev[dir], packet.dev);
-    } else if first != packet.dev {
-        return 0;
+    let counted_on = load!(state.udp_dev[dir]);
+    if counted_on == 0 {
+        // The direction's first datagram, on its first device (or local delivery, where
+        // `dev` is 0 and every datagram arrives once).
+        store!(state.udp_dev[dir], packet.dev);
+        store!(state.udp_first_skb[dir], packet.skb);
+        return packet.payload;
     }
-    packet.payload
+    let learning = load!(state.udp_dev_settled[dir]) == 0;
+    let first_datagram = packet.skb == load!(state.udp_first_skb[dir]);
+    if counted_on == packet.dev {
+        if learning && !first_datagram {
+            store!(state.udp_dev_settled[dir], 1);
+        }
+        return packet.payload;
+    }
+    if learning && first_datagram {
+        // The first datagram, already counted, now on a later device: count there.
+        store!(state.udp_dev[dir], packet.dev);
+    }
+    0
 }
 
 /// `bpf_ringbuf_submit` flags and `bpf_ringbuf_query` selector.

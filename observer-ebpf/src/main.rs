@@ -2,16 +2,17 @@
 //! fentry (tracepoints), read conntrack's own decision from each packet's `skb->_nfct`,
 //! and keep one entry per DNATed connection.
 //!
-//! Layout: `maps.rs` (maps, counters, the offsets global), `kernel.rs` (reads of kernel
-//! memory), `skb.rs` (`sk_buff` fields, by BTF load or helper), `packet.rs` (header
-//! parsing), `conn.rs` (per-connection accounting), `dns.rs` (port-53 payload
-//! prefixes), `hooks/` (one file per hook family).
+//! Layout: `maps.rs` (maps, counters, the offsets global), `clock.rs` (a packet's time),
+//! `kernel.rs` (reads of kernel memory), `skb.rs` (`sk_buff` fields, by BTF load or
+//! helper), `packet.rs` (header parsing), `conn.rs` (per-connection accounting), `dns.rs`
+//! (port-53 payload prefixes), `hooks/` (one file per hook family).
 #![no_std]
 #![no_main]
 // Atomic adds (`conn::account`): core's atomic types lack them on the BPF target.
 #![allow(internal_features)]
 #![feature(core_intrinsics)]
 
+mod clock;
 mod conn;
 mod dns;
 mod hooks;

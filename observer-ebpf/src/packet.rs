@@ -31,6 +31,8 @@ pub struct Packet {
     /// UDP: `skb->dev`, the device about to transmit it (0 for TCP and at local
     /// delivery).
     pub dev: u64,
+    /// UDP: the `sk_buff`'s address (0 for TCP and at local delivery).
+    pub skb: u64,
     /// Kernel address of the first payload byte (0 at local delivery).
     pub payload_at: u64,
     /// Payload bytes in the skb's linear part, readable at `payload_at` (TCP payload
@@ -121,8 +123,12 @@ pub fn parse<S: SkbFields>(skb: S, len: u32, data_len: u32) -> Result<Option<Pac
         (PROTO_UDP, _) => Transport::UDP,
         _ => return Ok(None),
     };
-    // Only UDP de-duplication needs the device.
-    let dev: u64 = if protocol == PROTO_UDP { skb.dev()? } else { 0 };
+    // Only UDP de-duplication needs the device and the sk_buff.
+    let (dev, skb_address) = if protocol == PROTO_UDP {
+        (skb.dev()?, skb.address())
+    } else {
+        (0, 0)
+    };
     let before_payload = l2.wrapping_add(ip_header) + transport.header;
     let payload = len.saturating_sub(before_payload);
     let headlen = len.saturating_sub(data_len);
@@ -132,6 +138,7 @@ pub fn parse<S: SkbFields>(skb: S, len: u32, data_len: u32) -> Result<Option<Pac
         seq: transport.seq,
         payload,
         dev,
+        skb: skb_address,
         payload_at: data.wrapping_add(before_payload as u64),
         linear: headlen.saturating_sub(before_payload).min(payload),
     }))

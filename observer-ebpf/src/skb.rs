@@ -20,6 +20,8 @@ pub trait SkbFields: Copy {
     fn dev(self) -> Result<u64, ReadFailed>;
     /// `sk`, the socket that sent it (0 for a forwarded packet).
     fn socket(self) -> Result<u64, ReadFailed>;
+    /// The `sk_buff`'s own address.
+    fn address(self) -> u64;
 }
 
 /// An `sk_buff` the verifier knows by its BTF type (a `tp_btf` argument). With the
@@ -78,6 +80,11 @@ impl SkbFields for BtfSkb {
         // A number, as `dev` above.
         read(self.0 as u64, offset!(skb_sk))
     }
+
+    #[inline(always)]
+    fn address(self) -> u64 {
+        self.0 as u64
+    }
 }
 
 /// An `sk_buff` at a kernel address (a raw tracepoint argument): fields are read with
@@ -115,5 +122,10 @@ impl SkbFields for ProbedSkb {
     #[inline(always)]
     fn socket(self) -> Result<u64, ReadFailed> {
         read(self.0, offset!(skb_sk))
+    }
+
+    #[inline(always)]
+    fn address(self) -> u64 {
+        self.0
     }
 }

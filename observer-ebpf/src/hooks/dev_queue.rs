@@ -12,7 +12,6 @@
 //! then bridge port): `conn::account` counts each byte once.
 
 use aya_ebpf::{
-    helpers::bpf_ktime_get_ns,
     macros::{btf_tracepoint, raw_tracepoint},
     programs::{BtfTracePointContext, RawTracePointContext},
 };
@@ -26,6 +25,7 @@ use observer_common::{
 };
 
 use crate::{
+    clock,
     conn::{
         account, both_fins, close, emit, end_now, load, lost_identity, pending_close,
         remember_dialed, store,
@@ -90,20 +90,33 @@ fn handle<S: SkbFields>(skb: S) -> Result<(), ReadFailed> {
     } else {
         ORIGINAL
     };
-    // SAFETY: bpf_ktime_get_ns has no preconditions.
-    let now = unsafe { bpf_ktime_get_ns() };
-
     if let Some(state) = CONNS.get_ptr_mut(&conntrack) {
         if info == ctinfo::NEW && reused(conntrack, ct_status, state, &packet)? {
             // The kernel freed the entry we tracked and reused its memory for this new
             // connection: the old one ended without FIN or RST.
-            end_now(conntrack, state, CLOSE_EXPIRED, now);
-        } else {
-            follow(conntrack, state, dir, &packet, now);
-            return Ok(());
+            let time = clock::exact();
+            end_now(conntrack, state, CLOSE_EXPIRED, time.0);
+            return open(skb, conntrack, info, dir, &packet, time);
         }
+        let now = if needs_exact_time(state, &packet) {
+            clock::exact().0
+        } else {
+            clock::estimated(state)
+        };
+        follow(conntrack, state, dir, &packet, now);
+        return Ok(());
     }
-    open(skb, conntrack, info, dir, &packet, now)
+    open(skb, conntrack, info, dir, &packet, clock::exact())
+}
+
+/// Whether a packet of a tracked connection is stamped with the exact time (see
+/// `clock`): a TCP SYN, FIN or RST, a DNS packet (its exchange is timed), or one that
+/// retries a close report.
+#[inline(always)]
+fn needs_exact_time(state: *const ConnState, packet: &Packet) -> bool {
+    (packet.protocol == PROTO_TCP && packet.tcp_flags & (TCP_SYN | TCP_FIN | TCP_RST) != 0)
+        || is_dns(state)
+        || pending_close(state) != CLOSE_NONE
 }
 
 /// A packet of a tracked connection.
@@ -136,7 +149,7 @@ fn open<S: SkbFields>(
     info: u64,
     dir: usize,
     packet: &Packet,
-    now: u64,
+    (now, jiffies): (u64, u64),
 ) -> Result<(), ReadFailed> {
     let start_seen = is_decision(conntrack, info, packet);
     if !start_seen && packet.protocol == PROTO_TCP && !established(conntrack)? {
@@ -151,6 +164,7 @@ fn open<S: SkbFields>(
     let init = unsafe { &mut *fresh };
     *init = ConnState::default();
     init.start_ns = now;
+    init.start_jiffies = jiffies;
     init.start_seen = start_seen as u8;
     init.netns = read_netns(conntrack)?;
     let tuples = read_tuples(conntrack)?;

@@ -202,6 +202,7 @@ fn read_packet(ctx: &SkBuffContext, protocol: u8, ip_header: usize) -> Result<(P
         payload: 0,
         // Delivered packets have no device: each is seen once.
         dev: 0,
+        skb: 0,
         payload_at: 0,
         linear: 0,
     };

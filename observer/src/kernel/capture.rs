@@ -141,9 +141,11 @@ fn load(
     options: &CaptureOptions,
     offsets: &observer_common::offsets::KernelOffsets,
 ) -> Result<Ebpf, CaptureError> {
+    let tick_ns = tick_ns()?;
     let mut loader = EbpfLoader::new();
     loader
         .override_global("OFFSETS", offsets, true)
+        .override_global("TICK_NS", &tick_ns, true)
         .map_max_entries("CONNS", options.max_connections)
         .map_max_entries("DIALED", options.max_connections);
     if let Some(bytes) = options.ring_buffer_bytes {
@@ -152,6 +154,25 @@ fn load(
     loader
         .load(PROGRAMS)
         .map_err(|err| CaptureError::Load(error_chain(&err)))
+}
+
+/// The length of the kernel's clock tick (a jiffy) in nanoseconds: the resolution of
+/// the coarse clocks, which advance once per tick. The programs stamp most packets with
+/// jiffies (`observer-ebpf/src/clock.rs`).
+fn tick_ns() -> Result<u64, CaptureError> {
+    let resolution =
+        nix::time::clock_getres(nix::time::ClockId::CLOCK_MONOTONIC_COARSE).map_err(|errno| {
+            CaptureError::Load(format!(
+                "cannot read the kernel's clock tick length: {errno}"
+            ))
+        })?;
+    let nanos = resolution.tv_sec() as u64 * 1_000_000_000 + resolution.tv_nsec() as u64;
+    if nanos == 0 || nanos > 100_000_000 {
+        return Err(CaptureError::Load(format!(
+            "the kernel's clock tick length is {nanos} ns, not a jiffy (1-10 ms)"
+        )));
+    }
+    Ok(nanos)
 }
 
 /// Attaches the forwarding hook to `net_dev_queue`: the BTF tracepoint program
@@ -445,4 +466,14 @@ fn error_chain(err: &dyn std::error::Error) -> String {
         source = cause.source();
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_tick_is_a_jiffy() {
+        // HZ is 100 to 1000 on every kernel configuration.
+        let tick = super::tick_ns().unwrap();
+        assert!((1_000_000..=10_000_000).contains(&tick), "{tick} ns");
+    }
 }

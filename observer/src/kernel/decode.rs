@@ -133,7 +133,7 @@ mod tests {
             conn_event(&bytes[..100]),
             Err(DecodeError::Length {
                 got: 100,
-                expected: 200
+                expected: 224
             })
         );
     }
@@ -182,10 +182,10 @@ mod tests {
         };
         assert_eq!(push_kernel_event(bytes, &mut conns, &mut dns), Ok(()));
         assert_eq!(
-            push_kernel_event(&bytes[..199], &mut conns, &mut dns),
+            push_kernel_event(&bytes[..223], &mut conns, &mut dns),
             Err(DecodeError::Length {
-                got: 199,
-                expected: 200
+                got: 223,
+                expected: 224
             })
         );
         assert_eq!((conns, dns), (vec![conn], vec![event]));

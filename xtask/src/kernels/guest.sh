@@ -60,7 +60,9 @@ scenario() { # name
         2>"/tmp/$1.err" &
     pid=$!
     i=0
-    while ! grep -q attached "/tmp/$1.err" && kill -0 $pid 2>/dev/null && [ $i -lt 1200 ]; do
+    # observer's own line, printed once every program is attached (a debug line before it
+    # says "net_dev_queue attached" while the cgroup programs are still to come).
+    while ! grep -q '^observer: attached' "/tmp/$1.err" && kill -0 $pid 2>/dev/null && [ $i -lt 1200 ]; do
         sleep 0.1; i=$((i + 1))
     done
     during=$(progs)

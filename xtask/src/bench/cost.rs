@@ -66,26 +66,13 @@ fn dnat_rates(setup: &Setup<'_>) -> anyhow::Result<()> {
         anchor.push((setup.dnat)()?.rate());
         drop(watch);
     }
-    let base = median(&mut none.clone());
     println!(
         "new connections/s through the DNAT (rounds interleaved: none, observer, conntrack -E)"
     );
     println!("                          median   ratio   rounds");
-    println!(
-        "  no observer           {base:>8.0}   1.000   {}",
-        list(&none)
-    );
-    let with_median = median(&mut with.clone());
-    println!(
-        "  observer record       {with_median:>8.0}   {:.3}   {}",
-        with_median / base,
-        list(&with)
-    );
-    let anchor_median = median(&mut anchor.clone());
-    println!(
-        "  conntrack -E -e NEW   {anchor_median:>8.0}   {:.3}   {}",
-        anchor_median / base,
-        list(&anchor)
+    print_rates(
+        &none,
+        &[("observer record", &with), ("conntrack -E -e NEW", &anchor)],
     );
     println!(
         "  observer CPU per connection: {:.2} µs (median; rounds: {})",
@@ -111,25 +98,13 @@ fn pod_rates(setup: &Setup<'_>) -> anyhow::Result<()> {
         destroy.push((setup.pod_to_pod)()?.rate());
         drop(listener);
     }
-    let base = median(&mut none.clone());
     println!(
         "pod-to-pod connections/s (no Service; rounds interleaved: none, observer, destroy subscriber)"
     );
-    println!(
-        "  no observer           {base:>8.0}   1.000   {}",
-        list(&none)
+    print_rates(
+        &none,
+        &[("observer record", &with), ("destroy subscriber", &destroy)],
     );
-    for (name, rates) in [
-        ("observer record    ", &with),
-        ("destroy subscriber ", &destroy),
-    ] {
-        let rate = median(&mut rates.clone());
-        println!(
-            "  {name}   {rate:>8.0}   {:.3}   {}",
-            rate / base,
-            list(rates)
-        );
-    }
     println!(
         "  (destroy subscriber: a netlink socket on conntrack's destroy events in the node, never read)"
     );
@@ -177,6 +152,25 @@ fn conntrack_events(lab: &Lab) -> anyhow::Result<Children> {
         .context("conntrack -E")?;
     std::thread::sleep(Duration::from_millis(200));
     Ok(Children(vec![child]))
+}
+
+/// The rounds without observer, then each variant's median, its ratio to theirs, and
+/// its rounds: one line each.
+fn print_rates(none: &[f64], variants: &[(&str, &Vec<f64>)]) {
+    let base = median(&mut none.to_vec());
+    println!(
+        "  {:<20}  {base:>8.0}   1.000   {}",
+        "no observer",
+        list(none)
+    );
+    for (name, rates) in variants {
+        let rate = median(&mut rates.to_vec());
+        println!(
+            "  {name:<20}  {rate:>8.0}   {:.3}   {}",
+            rate / base,
+            list(rates)
+        );
+    }
 }
 
 /// `xtask bench-destroy-listener` in the lab's node namespace.

@@ -107,7 +107,8 @@ pub struct ConnState {
     /// on its first pass, moved along while the same `sk_buff` passes later devices.
     pub udp_dev: [u64; 2],
     /// UDP: the address of each direction's first datagram's `sk_buff`, which moves
-    /// `udp_dev` until `udp_dev_settled`.
+    /// `udp_dev` along; 0 once another datagram was counted on `udp_dev`, which then
+    /// stays where it is.
     pub udp_first_skb: [u64; 2],
     /// FINs seen: low half from the client, high half from the backend (atomic adds
     /// of `FIN_ORIGINAL_ADD` / `FIN_REPLY_ADD`).
@@ -142,10 +143,7 @@ pub struct ConnState {
     /// `CLOSE_*` once the connection ended but its close event could not be written
     /// (ring buffer full): user space writes the record from the table instead.
     pub closed: u8,
-    /// UDP: a datagram other than the first was counted on `udp_dev`, which stays
-    /// where it is from then on (0 or 1).
-    pub udp_dev_settled: [u8; 2],
-    pub _pad: [u8; 1],
+    pub _pad: [u8; 3],
     /// Client -> the address it dialed (ClusterIP:port, NodePort, ...).
     pub original: FlowTuple,
     /// Backend (pod IP:targetPort) -> client (or the SNAT address).

@@ -160,15 +160,16 @@ fn fresh_udp_bytes(state: *mut ConnState, dir: usize, packet: &Packet) -> u32 {
         store!(state.udp_first_skb[dir], packet.skb);
         return packet.payload;
     }
-    let learning = load!(state.udp_dev_settled[dir]) == 0;
-    let first_datagram = packet.skb == load!(state.udp_first_skb[dir]);
+    // Forwarded datagrams have a non-zero `skb`; 0 here means the device settled.
+    let first = load!(state.udp_first_skb[dir]);
     if counted_on == packet.dev {
-        if learning && !first_datagram {
-            store!(state.udp_dev_settled[dir], 1);
+        if first != 0 && packet.skb != first {
+            // Another datagram on this device: it stays the one.
+            store!(state.udp_first_skb[dir], 0);
         }
         return packet.payload;
     }
-    if learning && first_datagram {
+    if first != 0 && packet.skb == first {
         // The first datagram, already counted, now on a later device: count there.
         store!(state.udp_dev[dir], packet.dev);
     }

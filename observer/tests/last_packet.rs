@@ -8,14 +8,12 @@ mod common;
 use std::net::Ipv4Addr;
 
 use chrono::{DateTime, Utc};
-use common::{Recorder, only_node, prefix, require_root};
+use common::{
+    Recorder, only_node, prefix, require_root,
+    udp_flow::{FLOW_IP, FLOW_PORT, dnat_to},
+};
 use observer::model::record::{Close, Proto};
 use observer_lab::{Lab, LabConfig, RuleMode, Topology};
-
-/// A UDP address no Service of the lab uses, DNATed to a pod's UDP echo by a plain
-/// iptables rule: UDP that is not DNS (port 53 packets are always stamped exactly).
-const FLOW_IP: &str = "10.96.77.77";
-const FLOW_PORT: u16 = 8125;
 
 /// Sends a datagram and reads its answer, pauses, and does it again from the same
 /// socket; prints `[local_port, first_answered, last_answered]` (Unix seconds).
@@ -48,37 +46,8 @@ fn a_flow_that_idles_out_ends_at_its_last_packet() {
     })
     .expect("lab up");
     let pod = &lab.pods()[0];
-    let out = lab
-        .run_in(
-            lab.node_ns(),
-            "iptables",
-            &[
-                "-t",
-                "nat",
-                "-I",
-                "PREROUTING",
-                "1",
-                "-d",
-                FLOW_IP,
-                "-p",
-                "udp",
-                "--dport",
-                &FLOW_PORT.to_string(),
-                "-j",
-                "DNAT",
-                "--to-destination",
-                &format!("{}:{}", pod.ip, pod.udp_port),
-            ],
-        )
-        .unwrap();
-    assert!(out.status.success(), "iptables: {out:?}");
-
-    // The node has to ask for the pod's address first (ARP): its first datagram then
-    // takes a longer path through the node than the second.
-    let out = lab
-        .run_in(lab.node_ns(), "ip", &["neigh", "flush", "all"])
-        .unwrap();
-    assert!(out.status.success(), "ip neigh flush: {out:?}");
+    // The first datagram waits for ARP and takes a longer path than the second.
+    dnat_to(&lab, pod);
     let dir = tempfile::tempdir().unwrap();
     let recorder = Recorder::start(dir.path(), &["--idle-timeout", "1"]);
     let out = lab

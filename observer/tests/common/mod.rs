@@ -15,6 +15,7 @@ use observer_lab::Observer;
 pub mod command;
 pub mod empty_root;
 pub mod pods;
+pub mod udp_flow;
 
 /// Root tests fail, never skip, without root: CI runs as root and must run them.
 pub fn require_root() {

@@ -1,0 +1,39 @@
+//! A UDP address no Service of the lab uses, DNATed to a pod's UDP echo by a plain
+//! iptables rule: UDP that is not DNS (port 53 packets have a path of their own in the
+//! kernel programs).
+
+use observer_lab::{Lab, Pod};
+
+pub const FLOW_IP: &str = "10.96.77.77";
+pub const FLOW_PORT: u16 = 8125;
+
+/// DNATs `FLOW_IP:FLOW_PORT` (UDP) to `pod`'s UDP echo in the lab's node, and flushes the
+/// node's neighbour table: the node then has to ask for the pod's address (ARP) first,
+/// and a flow's first datagram takes a longer path through the node than later ones.
+pub fn dnat_to(lab: &Lab, pod: &Pod) {
+    let port = FLOW_PORT.to_string();
+    let to = format!("{}:{}", pod.ip, pod.udp_port);
+    let rule = [
+        "-t",
+        "nat",
+        "-I",
+        "PREROUTING",
+        "1",
+        "-d",
+        FLOW_IP,
+        "-p",
+        "udp",
+        "--dport",
+        &port,
+        "-j",
+        "DNAT",
+        "--to-destination",
+        &to,
+    ];
+    let out = lab.run_in(lab.node_ns(), "iptables", &rule).unwrap();
+    assert!(out.status.success(), "iptables: {out:?}");
+    let out = lab
+        .run_in(lab.node_ns(), "ip", &["neigh", "flush", "all"])
+        .unwrap();
+    assert!(out.status.success(), "ip neigh flush: {out:?}");
+}

@@ -1,5 +1,6 @@
 //! What observer costs: connection rates through the DNAT with no observer, with
-//! `observer record`, and with `conntrack -E -e NEW` (the anchor) in interleaved
+//! `observer record`, with `conntrack -E -e NEW` (the anchor), and with empty programs
+//! on observer's hooks plus a destroy-event subscriber (the bound) in interleaved
 //! rounds; pod-to-pod rates (no Service) with and without observer; each kernel
 //! program's ns per run on DNATed and on pod-to-pod packets; observer's CPU per
 //! connection; lost connections.
@@ -55,7 +56,7 @@ pub fn report(setup: &Setup<'_>) -> anyhow::Result<()> {
 
 fn dnat_rates(setup: &Setup<'_>) -> anyhow::Result<()> {
     let (mut none, mut with, mut anchor) = (Vec::new(), Vec::new(), Vec::new());
-    let (mut cpu, mut lost) = (Vec::new(), Vec::new());
+    let (mut cpu, mut lost, mut bare_rates) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..setup.rounds {
         none.push((setup.dnat)()?.rate());
         let recorded = recorded(setup, setup.dnat)?;
@@ -65,14 +66,21 @@ fn dnat_rates(setup: &Setup<'_>) -> anyhow::Result<()> {
         let watch = conntrack_events(setup.lab)?;
         anchor.push((setup.dnat)()?.rate());
         drop(watch);
+        let bare = bare_hooks(setup)?;
+        bare_rates.push((setup.dnat)()?.rate());
+        drop(bare);
     }
     println!(
-        "new connections/s through the DNAT (rounds interleaved: none, observer, conntrack -E)"
+        "new connections/s through the DNAT (rounds interleaved: none, observer, conntrack -E, empty hooks)"
     );
     println!("                          median   ratio   rounds");
     print_rates(
         &none,
-        &[("observer record", &with), ("conntrack -E -e NEW", &anchor)],
+        &[
+            ("observer record", &with),
+            ("conntrack -E -e NEW", &anchor),
+            (BARE_HOOKS, &bare_rates),
+        ],
     );
     println!(
         "  observer CPU per connection: {:.2} µs (median; rounds: {})",
@@ -91,23 +99,35 @@ fn dnat_rates(setup: &Setup<'_>) -> anyhow::Result<()> {
 /// traffic without a Service that comes with following conntrack at all.
 fn pod_rates(setup: &Setup<'_>) -> anyhow::Result<()> {
     let (mut none, mut with, mut destroy) = (Vec::new(), Vec::new(), Vec::new());
+    let mut bare_rates = Vec::new();
     for _ in 0..setup.rounds {
         none.push((setup.pod_to_pod)()?.rate());
         with.push(recorded(setup, setup.pod_to_pod)?.rate);
         let listener = destroy_listener(setup)?;
         destroy.push((setup.pod_to_pod)()?.rate());
         drop(listener);
+        let bare = bare_hooks(setup)?;
+        bare_rates.push((setup.pod_to_pod)()?.rate());
+        drop(bare);
     }
     println!(
-        "pod-to-pod connections/s (no Service; rounds interleaved: none, observer, destroy subscriber)"
+        "pod-to-pod connections/s (no Service; rounds interleaved: none, observer, destroy subscriber, empty hooks)"
     );
     print_rates(
         &none,
-        &[("observer record", &with), ("destroy subscriber", &destroy)],
+        &[
+            ("observer record", &with),
+            ("destroy subscriber", &destroy),
+            (BARE_HOOKS, &bare_rates),
+        ],
     );
     println!(
-        "  (destroy subscriber: a netlink socket on conntrack's destroy events in the node, never read)"
+        "  (destroy subscriber: a netlink socket on conntrack's destroy events in the node, never read;"
     );
+    println!(
+        "   {BARE_HOOKS}: that and programs that return at once on observer's three hooks, the bound"
+    );
+    println!("   any tool hooked and following conntrack as observer does stays under)");
     Ok(())
 }
 
@@ -171,6 +191,18 @@ fn print_rates(none: &[f64], variants: &[(&str, &Vec<f64>)]) {
             list(rates)
         );
     }
+}
+
+/// The label of the rounds with `bare_hooks`.
+const BARE_HOOKS: &str = "empty hooks+destroy";
+
+/// Programs that return at once on observer's three hooks (`empty_programs.py`) and a
+/// never-read subscriber to conntrack's destroy events: what a tool hooked where
+/// observer is and following conntrack as it does costs before it does any work. Its
+/// rate ratio bounds what observer's can reach.
+fn bare_hooks(setup: &Setup<'_>) -> anyhow::Result<(progstats::FloorPrograms, Children)> {
+    let programs = progstats::FloorPrograms::attach()?;
+    Ok((programs, destroy_listener(setup)?))
 }
 
 /// `xtask bench-destroy-listener` in the lab's node namespace.

@@ -10,9 +10,9 @@ use std::net::Ipv4Addr;
 use chrono::{DateTime, Utc};
 use common::{
     Recorder, only_node, prefix, require_root,
-    udp_flow::{FLOW_IP, FLOW_PORT, dnat_to},
+    udp_flow::{FLOW_IP, dnat_to, flow_from, run_client},
 };
-use observer::model::record::{Close, Proto};
+use observer::model::record::Close;
 use observer_lab::{Lab, LabConfig, RuleMode, Topology};
 
 /// Sends a datagram and reads its answer, pauses, and does it again from the same
@@ -50,30 +50,12 @@ fn a_flow_that_idles_out_ends_at_its_last_packet() {
     dnat_to(&lab, pod);
     let dir = tempfile::tempdir().unwrap();
     let recorder = Recorder::start(dir.path(), &["--idle-timeout", "1"]);
-    let out = lab
-        .run_in(
-            lab.client_ns(),
-            "python3",
-            &["-c", FLOW_CLIENT, FLOW_IP, &FLOW_PORT.to_string(), "1.5"],
-        )
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "client: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let (port, first, last): (u16, f64, f64) = serde_json::from_slice(&out.stdout).unwrap();
+    let (port, first, last): (u16, f64, f64) = run_client(&lab, FLOW_CLIENT, &["1.5"]);
     std::thread::sleep(std::time::Duration::from_millis(2500));
     let mut recording = recorder.stop();
     only_node(&mut recording, lab.node_ns());
 
-    let flows: Vec<_> = recording
-        .conns
-        .iter()
-        .filter(|c| c.proto == Proto::Udp && c.client.port() == port)
-        .collect();
-    assert_eq!(flows.len(), 1, "{:?}", recording.conns);
-    let flow = flows[0];
+    let flow = flow_from(&recording, port);
     assert_eq!(
         (
             flow.original_dst.ip(),

@@ -8,9 +8,9 @@ mod common;
 
 use common::{
     Recorder, only_node, prefix, require_root,
-    udp_flow::{FLOW_IP, FLOW_PORT, dnat_to},
+    udp_flow::{dnat_to, flow_from, run_client},
 };
-use observer::model::record::{Close, Proto};
+use observer::model::record::Close;
 use observer_lab::{Lab, LabConfig, RuleMode, Topology};
 
 /// Round trips in the ping-pong flow, and datagrams in the burst flow.
@@ -60,47 +60,15 @@ fn long_flows(topology: Topology, tag: &str) {
     dnat_to(&lab, pod);
     let dir = tempfile::tempdir().unwrap();
     let recorder = Recorder::start(dir.path(), &["--idle-timeout", "1"]);
-    let out = lab
-        .run_in(
-            lab.client_ns(),
-            "python3",
-            &[
-                "-c",
-                CLIENT,
-                FLOW_IP,
-                &FLOW_PORT.to_string(),
-                &ROUND_TRIPS.to_string(),
-                &BURST.to_string(),
-            ],
-        )
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "client: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let flows: Vec<(u16, u64, u64)> = serde_json::from_slice(&out.stdout).unwrap();
+    let (rounds, burst) = (ROUND_TRIPS.to_string(), BURST.to_string());
+    let flows: Vec<(u16, u64, u64)> = run_client(&lab, CLIENT, &[&rounds, &burst]);
     // Both flows idle out (1 s) and are written.
     std::thread::sleep(std::time::Duration::from_millis(2500));
     let mut recording = recorder.stop();
     only_node(&mut recording, lab.node_ns());
 
-    let recorded = |port: u16| {
-        let found: Vec<_> = recording
-            .conns
-            .iter()
-            .filter(|c| c.proto == Proto::Udp && c.client.port() == port)
-            .collect();
-        assert_eq!(
-            found.len(),
-            1,
-            "flow from port {port}: {:?}",
-            recording.conns
-        );
-        found[0]
-    };
     let (port, sent, received) = flows[0];
-    let ping = recorded(port);
+    let ping = flow_from(&recording, port);
     assert_eq!(
         (
             ping.close,
@@ -117,7 +85,7 @@ fn long_flows(topology: Topology, tag: &str) {
     // Back-to-back datagrams: how the answers interleave with them decides how many
     // requests there are, not how many bytes.
     let (port, sent, received) = flows[1];
-    let burst = recorded(port);
+    let burst = flow_from(&recording, port);
     assert_eq!(
         (
             burst.close,

@@ -2,6 +2,7 @@
 //! iptables rule: UDP that is not DNS (port 53 packets have a path of their own in the
 //! kernel programs).
 
+use observer::model::record::{ConnRecord, Proto, Recording};
 use observer_lab::{Lab, Pod};
 
 pub const FLOW_IP: &str = "10.96.77.77";
@@ -36,4 +37,35 @@ pub fn dnat_to(lab: &Lab, pod: &Pod) {
         .run_in(lab.node_ns(), "ip", &["neigh", "flush", "all"])
         .unwrap();
     assert!(out.status.success(), "ip neigh flush: {out:?}");
+}
+
+/// Runs the Python `script` in the lab's client namespace, with `FLOW_IP FLOW_PORT` and
+/// then `args` as its arguments, and parses the JSON it prints: the client's own record.
+pub fn run_client<T: serde::de::DeserializeOwned>(lab: &Lab, script: &str, args: &[&str]) -> T {
+    let port = FLOW_PORT.to_string();
+    let mut argv = vec!["-c", script, FLOW_IP, &port];
+    argv.extend_from_slice(args);
+    let out = lab.run_in(lab.client_ns(), "python3", &argv).unwrap();
+    assert!(
+        out.status.success(),
+        "client: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The one UDP connection of `recording` from client port `port`.
+pub fn flow_from(recording: &Recording, port: u16) -> &ConnRecord {
+    let found: Vec<_> = recording
+        .conns
+        .iter()
+        .filter(|c| c.proto == Proto::Udp && c.client.port() == port)
+        .collect();
+    assert_eq!(
+        found.len(),
+        1,
+        "flow from port {port}: {:?}",
+        recording.conns
+    );
+    found[0]
 }

@@ -21,10 +21,22 @@ mod maps;
 mod packet;
 mod skb;
 
+/// The license the kernel is told (the object's `license` section): the programs call
+/// GPL-only helpers (`bpf_probe_read_kernel`, `bpf_ktime_get_ns`, ...), which the
+/// kernel allows only to GPL-compatible programs. The kernel programs are dual licensed
+/// MIT or GPL-2.0 (observer-ebpf's Cargo.toml); the rest of observer is MIT or Apache-2.0.
+// SAFETY: a unique symbol; the loader reads the section by its name.
+#[unsafe(no_mangle)]
+#[unsafe(link_section = "license")]
+pub static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";
+
+/// A loop the verifier refuses (it rejects an infinite loop), so a panic that the
+/// verifier cannot prove unreachable makes the object fail to load. With
+/// `unreachable_unchecked` here, LLVM could assume no panic is ever reached and delete
+/// the branches that lead to one (bounds checks included) before the verifier saw them.
 #[cfg(not(test))]
 #[panic_handler]
 fn panic(_info: &core::panic::PanicInfo<'_>) -> ! {
-    // SAFETY: eBPF programs cannot unwind; the verifier rejects a program that could
-    // reach this, it only exists because `no_std` binaries need a panic handler.
-    unsafe { core::hint::unreachable_unchecked() }
+    #[allow(clippy::empty_loop)]
+    loop {}
 }

@@ -235,12 +235,16 @@ pub fn atomic_add(target: *mut u64, value: u64) {
     }
 }
 
-/// Adds one to a per-CPU counter (once per connection or failure, never per packet).
+/// Adds one to a per-CPU counter (once per connection, DNS message or failure, never
+/// per packet). The add is atomic: only this CPU writes its slot, but not only one
+/// program at a time. The `cgroup_skb` egress program runs in the sending task's
+/// context with softirqs enabled and only migration disabled, so the softirq that
+/// forwards or delivers packets can run the other hooks on this CPU in the middle of it
+/// (and on a preemptible kernel another task's egress can); a plain read-modify-write
+/// would then lose one of the two counts.
 #[inline(always)]
 pub fn count(index: u32) {
     if let Some(counter) = COUNTERS.get_ptr_mut(index) {
-        // SAFETY: per-CPU slot, only this CPU writes it while this program runs
-        // (programs are not preempted on their CPU).
-        unsafe { *counter += 1 };
+        atomic_add(counter, 1);
     }
 }

@@ -2,7 +2,9 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
-use observer_common::conn::{ConnEvent, Endpoint, FAMILY_IPV6, PROTO_TCP, PROTO_UDP};
+use observer_common::conn::{
+    ConnEvent, EVENT_CLOSE, EVENT_OPEN, Endpoint, FAMILY_IPV6, PROTO_TCP, PROTO_UDP,
+};
 use observer_common::dns::{DnsEvent, EVENT_DNS};
 
 use crate::model::record::Proto;
@@ -13,11 +15,13 @@ pub enum DecodeError {
     Length { got: usize, expected: usize },
     #[error("unknown IP protocol {0} in a tracked connection")]
     Protocol(u8),
+    #[error("ring-buffer record of unknown kind {0}")]
+    Kind(u32),
 }
 
 /// Decodes one ring-buffer record of either kind onto the end of `conns` or `dns`,
-/// checking its length first. Each record is copied once, from the ring buffer into
-/// its vector.
+/// checking its kind and length first (a record too short to hold a kind is a length
+/// error). Each record is copied once, from the ring buffer into its vector.
 pub fn push_kernel_event(
     bytes: &[u8],
     conns: &mut Vec<ConnEvent>,
@@ -28,7 +32,8 @@ pub fn push_kernel_event(
         .map(|kind| u32::from_ne_bytes([kind[0], kind[1], kind[2], kind[3]]))
     {
         Some(EVENT_DNS) => push_decoded(bytes, dns),
-        _ => push_decoded(bytes, conns),
+        Some(EVENT_OPEN | EVENT_CLOSE) | None => push_decoded(bytes, conns),
+        Some(kind) => Err(DecodeError::Kind(kind)),
     }
 }
 
@@ -106,7 +111,7 @@ pub fn proto(protocol: u8) -> Result<Proto, DecodeError> {
 
 #[cfg(test)]
 mod tests {
-    use observer_common::conn::{EVENT_OPEN, FAMILY_IPV4};
+    use observer_common::conn::FAMILY_IPV4;
 
     use super::*;
 
@@ -189,6 +194,30 @@ mod tests {
             })
         );
         assert_eq!((conns, dns), (vec![conn], vec![event]));
+    }
+
+    /// A record of a kind the programs never send is refused, not read as a close.
+    #[test]
+    fn unknown_kinds_are_refused() {
+        let (mut conns, mut dns) = (Vec::new(), Vec::new());
+        for kind in [0, 4, u32::MAX] {
+            let event = ConnEvent {
+                kind,
+                ..Default::default()
+            };
+            // SAFETY: viewing a POD struct as bytes for the test.
+            let bytes = unsafe {
+                std::slice::from_raw_parts(
+                    (&raw const event).cast::<u8>(),
+                    std::mem::size_of::<ConnEvent>(),
+                )
+            };
+            assert_eq!(
+                push_kernel_event(bytes, &mut conns, &mut dns),
+                Err(DecodeError::Kind(kind))
+            );
+        }
+        assert_eq!((conns.len(), dns.len()), (0, 0));
     }
 
     #[test]

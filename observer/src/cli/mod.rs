@@ -101,27 +101,12 @@ pub fn main() -> ExitCode {
         Ok(Outcome::Success) => ExitCode::SUCCESS,
         Ok(Outcome::ConditionFailed) => ExitCode::from(1),
         Err(err) => {
-            eprintln!("observer: {}", error_line(&err));
+            // The error and its causes on one line, joined by `: ` (no error's message
+            // repeats its source's).
+            eprintln!("observer: {err:#}");
             ExitCode::from(EXIT_CANNOT)
         }
     }
-}
-
-/// The error and its causes on one line, each cause once: an I/O error whose message
-/// was already folded into its context's message is not repeated.
-pub fn error_line(err: &anyhow::Error) -> String {
-    let mut line = String::new();
-    for cause in err.chain() {
-        let text = cause.to_string();
-        if line.contains(&text) {
-            continue;
-        }
-        if !line.is_empty() {
-            line.push_str(": ");
-        }
-        line.push_str(&text);
-    }
-    line
 }
 
 /// Writes a report to stdout; a reader that went away (`| head`) is not an error.

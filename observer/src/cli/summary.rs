@@ -142,7 +142,7 @@ mod tests {
                 service: None,
                 dns: false,
             };
-            run(&args).unwrap_err().to_string()
+            format!("{:#}", run(&args).unwrap_err())
         };
         assert!(
             run_on("corrupt.jsonl")

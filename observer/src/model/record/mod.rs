@@ -252,7 +252,7 @@ pub enum LogLine {
 /// Errors reading a recording.
 #[derive(Debug, thiserror::Error)]
 pub enum ReadError {
-    #[error("{path}: cannot read: {source}")]
+    #[error("{path}: cannot read")]
     Io {
         path: String,
         #[source]

@@ -89,7 +89,13 @@ fn worked_example_in_the_module_doc_is_exact() {
 
 #[test]
 fn unreadable_files_name_the_cause_and_line() {
-    let err = |name: &str| check_file(&args(name)).unwrap_err().to_string();
+    // As `observer check` prints it: the error and its causes.
+    let err = |name: &str| {
+        format!(
+            "{:#}",
+            anyhow::Error::from(check_file(&args(name)).unwrap_err())
+        )
+    };
     let dir = path("");
     let dir = dir.display();
     assert_eq!(

@@ -31,24 +31,15 @@ fn gated(fake: &Fake) -> (Namer, std::sync::mpsc::Sender<()>) {
 
 fn finished(netns: u32, original_dst: &str, backend: &str) -> crate::model::record::ConnRecord {
     crate::model::record::ConnRecord {
-        proto: Proto::Tcp,
         client: sa("10.244.1.9:40000"),
-        client_pod: None,
         original_dst: sa(original_dst),
-        backend: sa(backend),
-        backend_pod: None,
-        service: None,
-        frontend: None,
-        endpoint_in_rules: None,
         netns,
         start: chrono::Utc::now(),
         end: Some(chrono::Utc::now()),
         duration_ms: 1.0,
-        requests: 1,
         bytes_to_backend: 1,
         bytes_from_backend: 1,
-        close: crate::model::record::Close::Fin,
-        start_seen: true,
+        ..crate::model::record::ConnRecord::example(backend)
     }
 }
 

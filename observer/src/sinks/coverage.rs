@@ -157,24 +157,16 @@ mod tests {
 
     fn record(client: &str, start_seen: bool) -> ConnRecord {
         ConnRecord {
-            proto: Proto::Tcp,
             client: client.parse().unwrap(),
-            client_pod: None,
-            original_dst: "10.96.35.226:80".parse().unwrap(),
-            backend: "10.244.1.13:8080".parse().unwrap(),
-            backend_pod: None,
             service: Some("shop/checkout:http".into()),
-            frontend: None,
             endpoint_in_rules: Some(true),
             netns: 7,
-            start: "2026-08-06T13:46:36Z".parse().unwrap(),
             end: None,
             duration_ms: 1.0,
-            requests: 1,
             bytes_to_backend: 1,
             bytes_from_backend: 1,
-            close: crate::model::record::Close::Fin,
             start_seen,
+            ..ConnRecord::example("10.244.1.13:8080")
         }
     }
 

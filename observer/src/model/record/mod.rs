@@ -453,5 +453,36 @@ mod micros_opt {
     }
 }
 
+/// The one `ConnRecord` builder of the unit tests: a finished TCP connection that
+/// 10.244.1.9:45364 made to 10.96.35.226:80, pinned to `backend` in namespace
+/// 4026532301 from 2026-08-06T13:46:36Z to 13:46:40Z, one request, no names. A test
+/// changes what it needs with `ConnRecord { field, ..ConnRecord::example(backend) }`.
+#[cfg(test)]
+impl ConnRecord {
+    pub(crate) fn example(backend: &str) -> ConnRecord {
+        use chrono::TimeZone as _;
+        ConnRecord {
+            proto: Proto::Tcp,
+            client: "10.244.1.9:45364".parse().unwrap(),
+            client_pod: None,
+            original_dst: "10.96.35.226:80".parse().unwrap(),
+            backend: backend.parse().unwrap(),
+            backend_pod: None,
+            service: None,
+            frontend: None,
+            endpoint_in_rules: None,
+            netns: 4026532301,
+            start: Utc.with_ymd_and_hms(2026, 8, 6, 13, 46, 36).unwrap(),
+            end: Some(Utc.with_ymd_and_hms(2026, 8, 6, 13, 46, 40).unwrap()),
+            duration_ms: 4000.0,
+            requests: 1,
+            bytes_to_backend: 93,
+            bytes_from_backend: 180,
+            close: Close::Fin,
+            start_seen: true,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests;

@@ -21,24 +21,13 @@ pub(crate) fn conn(
     duration_ms: f64,
 ) -> ConnRecord {
     ConnRecord {
-        proto: Proto::Tcp,
-        client: addr("10.244.1.9:45364"),
-        client_pod: None,
-        original_dst: addr("10.96.35.226:80"),
-        backend: addr(backend),
-        backend_pod: None,
         service: service.map(Into::into),
-        frontend: None,
         endpoint_in_rules: service.map(|_| true),
-        netns: 4026532301,
-        start: Utc.with_ymd_and_hms(2026, 8, 6, 13, 46, 36).unwrap(),
-        end: Some(Utc.with_ymd_and_hms(2026, 8, 6, 13, 46, 40).unwrap()),
         duration_ms,
         requests,
         bytes_to_backend: requests * 93,
         bytes_from_backend: requests * 180,
-        close: Close::Fin,
-        start_seen: true,
+        ..ConnRecord::example(backend)
     }
 }
 

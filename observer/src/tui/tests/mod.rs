@@ -74,16 +74,9 @@ fn conn(
     close: Close,
 ) -> ConnRecord {
     ConnRecord {
-        proto: Proto::Tcp,
         client: addr(client),
-        client_pod: None,
-        original_dst: addr("10.96.35.226:80"),
-        backend: addr(pod),
-        backend_pod: None,
         service: Some(name.into()),
-        frontend: None,
         endpoint_in_rules: Some(true),
-        netns: 4026532301,
         start: at(start_ms),
         end: (close != Close::Open)
             .then(|| at(start_ms) + TimeDelta::microseconds((duration_ms * 1000.0) as i64)),
@@ -92,7 +85,7 @@ fn conn(
         bytes_to_backend: requests * 93,
         bytes_from_backend: requests * 180,
         close,
-        start_seen: true,
+        ..ConnRecord::example(pod)
     }
 }
 

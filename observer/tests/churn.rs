@@ -111,11 +111,13 @@ fn churn(rules: RuleMode, tag: &str) {
 }
 
 #[test]
+#[ignore = "root: run by cargo xtask test"]
 fn churn_iptables() {
     churn(RuleMode::Iptables, "ci");
 }
 
 #[test]
+#[ignore = "root: run by cargo xtask test"]
 fn churn_nftables() {
     churn(RuleMode::Nftables, "cn");
 }

@@ -27,6 +27,7 @@ fn assert_one_sentence(out: &Output, needle: &str) {
 }
 
 #[test]
+#[ignore = "root: run by cargo xtask test"]
 fn unwritable_output_path() {
     let out = observer(&[
         "record",
@@ -55,6 +56,7 @@ fn bad_durations() {
 }
 
 #[test]
+#[ignore = "root: run by cargo xtask test"]
 fn missing_btf() {
     // Needs root to get past the privilege check (CI runs as root).
     assert!(
@@ -74,6 +76,7 @@ fn missing_btf() {
 }
 
 #[test]
+#[ignore = "root: run by cargo xtask test"]
 fn not_privileged() {
     assert!(
         nix::unistd::geteuid().is_root(),
@@ -153,6 +156,7 @@ fn missing_replay_file() {
 }
 
 #[test]
+#[ignore = "root: run by cargo xtask test"]
 fn a_failed_start_leaves_an_existing_log_intact() {
     assert!(
         nix::unistd::geteuid().is_root(),
@@ -217,6 +221,7 @@ fn a_cut_log_is_summarized_with_a_warning() {
 }
 
 #[test]
+#[ignore = "root: run by cargo xtask test"]
 fn btf_that_is_not_btf_fails_at_once() {
     assert!(
         nix::unistd::geteuid().is_root(),
@@ -253,6 +258,7 @@ fn btf_that_is_not_btf_fails_at_once() {
 }
 
 #[test]
+#[ignore = "root: run by cargo xtask test"]
 fn kernel_too_old() {
     // Runs as root (CI does) so that only the kernel release stands in the way; the
     // UNAME26 personality makes uname(2) report a 2.6 release.
@@ -274,6 +280,7 @@ fn kernel_too_old() {
 }
 
 #[test]
+#[ignore = "root: run by cargo xtask test"]
 fn without_cgroup_v2_it_says_what_goes_uncounted() {
     // A mount namespace of its own without the cgroup hierarchy: observer still records
     // (forwarded traffic needs no cgroup), and says in one sentence what it cannot count.

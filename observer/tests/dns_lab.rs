@@ -257,11 +257,13 @@ fn glibc(rules: RuleMode, tag: &str) {
 }
 
 #[test]
+#[ignore = "root: run by cargo xtask test"]
 fn glibc_walks_iptables() {
     glibc(RuleMode::Iptables, "dnsi");
 }
 
 #[test]
+#[ignore = "root: run by cargo xtask test"]
 fn glibc_walks_nftables() {
     glibc(RuleMode::Nftables, "dnsn");
 }
@@ -299,6 +301,7 @@ print(rcode(), flush=True)
 /// 5 bytes of its header, so that query is counted malformed and its line comes from
 /// its response alone.
 #[test]
+#[ignore = "root: run by cargo xtask test"]
 fn node_lookups_and_tcp() {
     let run = start(RuleMode::Iptables, "dnsnode");
     let printed = resolve(&run.lab, "node", NODE, &["checkout", EXTERNAL.0, "nope"]);
@@ -354,6 +357,7 @@ fn node_lookups_and_tcp() {
 /// the queries the server received over TCP, with their rcodes, and the same walks as
 /// over UDP.
 #[test]
+#[ignore = "root: run by cargo xtask test"]
 fn glibc_walks_over_tcp() {
     let run = start(RuleMode::Iptables, "dnstcp");
     run.dns.over_tcp(true).unwrap();

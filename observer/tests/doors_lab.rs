@@ -88,11 +88,13 @@ fn doors(topology: Topology, rules: RuleMode, tag: &str) {
 }
 
 #[test]
+#[ignore = "root: run by cargo xtask test"]
 fn iptables_bridged_cluster_ip_and_node_port() {
     doors(Topology::Bridged, RuleMode::Iptables, "di");
 }
 
 #[test]
+#[ignore = "root: run by cargo xtask test"]
 fn nftables_routed_cluster_ip_and_node_port() {
     doors(Topology::Routed, RuleMode::Nftables, "dn");
 }

@@ -29,6 +29,7 @@ print(json.dumps([[port, answers], [udp.getsockname()[1], answer]]))
 "#;
 
 #[test]
+#[ignore = "root: run by cargo xtask test"]
 fn host_network_clients_are_counted_both_ways() {
     require_root();
     let lab = Lab::up(LabConfig {

@@ -140,11 +140,13 @@ fn five_thousand_services(rules: RuleMode, tag: &str) {
 }
 
 #[test]
+#[ignore = "root: run by cargo xtask test"]
 fn five_thousand_services_iptables() {
     five_thousand_services(RuleMode::Iptables, "mi");
 }
 
 #[test]
+#[ignore = "root: run by cargo xtask test"]
 fn five_thousand_services_nftables() {
     five_thousand_services(RuleMode::Nftables, "mn");
 }

@@ -43,6 +43,7 @@ fn per_backend(metrics: &str, metric: &str, service: &str) -> BTreeMap<String, u
 }
 
 #[test]
+#[ignore = "root: run by cargo xtask test"]
 fn metrics_count_what_the_clients_saw() {
     require_root();
     let lab = Lab::up(LabConfig {

@@ -18,6 +18,7 @@ use observer_lab::runtime::kube_namespace;
 use observer_lab::{Containerd, Lab, LabConfig, RuleMode, Topology};
 
 #[test]
+#[ignore = "root: run by cargo xtask test"]
 fn containerd_sandboxes_name_the_pods() {
     require_root();
     let prefix = prefix("ctd");

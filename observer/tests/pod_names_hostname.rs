@@ -18,6 +18,7 @@ fn lab_config(tag: &str) -> LabConfig {
 }
 
 #[test]
+#[ignore = "root: run by cargo xtask test"]
 fn without_bundles_pods_are_named_by_their_hostnames() {
     require_root();
     let lab = Lab::up_without_runtime_bundles(lab_config("hn")).expect("lab up");
@@ -31,6 +32,7 @@ fn without_bundles_pods_are_named_by_their_hostnames() {
 }
 
 #[test]
+#[ignore = "root: run by cargo xtask test"]
 fn bundles_win_over_hostnames() {
     require_root();
     let lab = Lab::up(lab_config("hb")).expect("lab up");

@@ -354,11 +354,13 @@ fn start_normally(dir: &std::path::Path, extra: &[&str]) -> Recorder {
 }
 
 #[test]
+#[ignore = "root: run by cargo xtask test"]
 fn iptables_bridged() {
     scenario(Topology::Bridged, RuleMode::Iptables, "ib", start_normally);
 }
 
 #[test]
+#[ignore = "root: run by cargo xtask test"]
 fn raw_tracepoint_where_the_kernel_btf_is_elsewhere() {
     scenario(
         Topology::Bridged,
@@ -369,16 +371,19 @@ fn raw_tracepoint_where_the_kernel_btf_is_elsewhere() {
 }
 
 #[test]
+#[ignore = "root: run by cargo xtask test"]
 fn iptables_routed() {
     scenario(Topology::Routed, RuleMode::Iptables, "ir", start_normally);
 }
 
 #[test]
+#[ignore = "root: run by cargo xtask test"]
 fn nftables_bridged() {
     scenario(Topology::Bridged, RuleMode::Nftables, "nb", start_normally);
 }
 
 #[test]
+#[ignore = "root: run by cargo xtask test"]
 fn nftables_routed() {
     scenario(Topology::Routed, RuleMode::Nftables, "nr", start_normally);
 }

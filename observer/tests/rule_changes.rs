@@ -190,11 +190,13 @@ fn changes_are_read(rules: RuleMode, tag: &str) {
 }
 
 #[test]
+#[ignore = "root: run by cargo xtask test"]
 fn iptables_changes_are_read_chain_by_chain() {
     changes_are_read(RuleMode::Iptables, "rc");
 }
 
 #[test]
+#[ignore = "root: run by cargo xtask test"]
 fn nftables_changes_are_patched_from_their_announcements() {
     changes_are_read(RuleMode::Nftables, "rn");
 }

@@ -382,11 +382,13 @@ fn recorder_log(dir: &tempfile::TempDir) -> std::path::PathBuf {
 }
 
 #[test]
+#[ignore = "root: run by cargo xtask test"]
 fn readiness_flip_iptables() {
     readiness_flip(RuleMode::Iptables, "si");
 }
 
 #[test]
+#[ignore = "root: run by cargo xtask test"]
 fn readiness_flip_nftables() {
     readiness_flip(RuleMode::Nftables, "sn");
 }

@@ -22,6 +22,7 @@ fn stdout(out: &Output) -> String {
 }
 
 #[test]
+#[ignore = "needs the release artifacts (cargo xtask dist): run by cargo xtask test"]
 fn binaries_are_static_and_match_their_checksums() {
     let dist = dist_dir();
     for (arch, file_says) in [("x86_64", "x86-64"), ("aarch64", "ARM aarch64")] {
@@ -50,6 +51,7 @@ fn binaries_are_static_and_match_their_checksums() {
 }
 
 #[test]
+#[ignore = "needs the release artifacts (cargo xtask dist): run by cargo xtask test"]
 fn the_image_archive_is_read_by_skopeo_and_umoci_and_its_binaries_run() {
     let archive = dist_dir().join("observer-image.tar");
     let source = format!("oci-archive:{}", archive.display());
@@ -153,6 +155,7 @@ fn refused(root: &EmptyRoot, caps: &[u32], node: &str) -> String {
 }
 
 #[test]
+#[ignore = "root: run by cargo xtask test"]
 fn alone_in_an_empty_root_with_the_daemonsets_capabilities_it_names_every_service() {
     require_root();
     let lab = Lab::up(LabConfig {
@@ -323,6 +326,7 @@ impl Drop for Containerd {
 }
 
 #[test]
+#[ignore = "root: run by cargo xtask test"]
 fn containerd_imports_the_image_as_kind_load_does() {
     require_root();
     let containerd = Containerd::start();

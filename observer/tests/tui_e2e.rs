@@ -110,6 +110,7 @@ fn backend_requests(screen: &str) -> BTreeMap<String, u64> {
 }
 
 #[test]
+#[ignore = "root: run by cargo xtask test"]
 fn live_view_shows_pinning() {
     require_root();
     let lab = Lab::up(LabConfig {

@@ -13,6 +13,7 @@ use observer::model::record::Proto;
 use observer_lab::{ConntrackWatch, Lab, LabConfig, RuleMode, Topology, http_fresh};
 
 #[test]
+#[ignore = "root: run by cargo xtask test"]
 fn each_node_decides_and_names_its_own_connections() {
     require_root();
     let nodes = [

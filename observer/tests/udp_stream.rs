@@ -99,11 +99,13 @@ fn long_flows(topology: Topology, tag: &str) {
 }
 
 #[test]
+#[ignore = "root: run by cargo xtask test"]
 fn long_udp_flows_bridged() {
     long_flows(Topology::Bridged, "usb");
 }
 
 #[test]
+#[ignore = "root: run by cargo xtask test"]
 fn long_udp_flows_routed() {
     long_flows(Topology::Routed, "usr");
 }

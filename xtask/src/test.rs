@@ -1,7 +1,8 @@
 //! `cargo xtask test`: sets up, builds the release artifacts (`cargo xtask dist`), runs
 //! the aarch64 unit tests under qemu user emulation, then every test: unit tests and the
 //! root integration tests (real conntrack, NAT and eBPF in network namespaces the tests
-//! create). Root tests fail rather than skip when not run as root. Then `cargo xtask
+//! create), which a plain `cargo test` leaves out (`#[ignore = "root: ..."]`) and this
+//! runs with `--include-ignored`. Root tests fail rather than skip when not run as root. Then `cargo xtask
 //! kernels` with the dist binary: the same observer on Debian's 5.10, 6.1 and 6.12
 //! kernels under qemu (about 2-4 minutes; `--no-kernels` leaves it out).
 
@@ -27,11 +28,13 @@ pub fn test(extra: &[String], kernels: bool) -> anyhow::Result<()> {
     // network namespaces and attach kernel programs that see every namespace.
     // The workspace's default members: everything but the eBPF crate, which only builds
     // for the BPF target (observer's build.rs builds it). Tests of the release artifacts
-    // find them through OBSERVER_DIST.
+    // find them through OBSERVER_DIST. The root tests, and those that need the release
+    // artifacts or what `setup` installs, are `#[ignore]`d so that a plain `cargo test`
+    // passes for a normal user; `--include-ignored` runs them here, with everything else.
     let tests = run(Command::new("cargo")
         .args(["test", "--locked", "--no-fail-fast"])
         .args(extra)
-        .args(["--", "--test-threads=1"])
+        .args(["--", "--include-ignored", "--test-threads=1"])
         .env("OBSERVER_DIST", &dist_dir));
     // Run on Debian's kernels even when a test failed: both results are worth having.
     let kernels = if kernels {

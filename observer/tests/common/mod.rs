@@ -17,18 +17,7 @@ pub mod empty_root;
 pub mod pods;
 pub mod udp_flow;
 
-/// Root tests fail, never skip, without root: CI runs as root and must run them.
-pub fn require_root() {
-    assert!(
-        nix::unistd::geteuid().is_root(),
-        "this test needs root (eBPF programs, network namespaces); run the suite with `sudo -E cargo xtask test`"
-    );
-}
-
-/// A unique namespace prefix per test.
-pub fn prefix(test: &str) -> String {
-    format!("ot{}{}", test, std::process::id() % 10000)
-}
+pub use observer_lab::testing::{prefix, require_root};
 
 /// `observer record` running in the background; killed on drop.
 pub struct Recorder {

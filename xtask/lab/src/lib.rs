@@ -81,6 +81,7 @@ pub mod iptables;
 pub mod nftables;
 pub mod runtime;
 pub mod spec;
+pub mod testing;
 
 use std::net::Ipv4Addr;
 use std::path::PathBuf;

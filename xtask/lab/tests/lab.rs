@@ -10,6 +10,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use observer_lab::spec::{CLIENT_IP, NODE_IP};
+use observer_lab::testing::{prefix, require_root};
 use observer_lab::{
     Answer, ConntrackWatch, CtEvent, Lab, LabConfig, RuleMode, Service, Topology, http_fresh,
     http_keepalive, node_fetch, udp_queries,
@@ -17,18 +18,6 @@ use observer_lab::{
 
 /// One lab at a time: they are cheap, but the machine has two cores.
 static ONE_LAB_AT_A_TIME: Mutex<()> = Mutex::new(());
-
-fn require_root() {
-    assert!(
-        nix::unistd::geteuid().is_root(),
-        "the lab tests create network namespaces and load netfilter rules, so they must run as root (CI does): sudo -E cargo test -p xtask --test lab"
-    );
-}
-
-/// Unique per test and per test process, so parallel runs never share namespaces.
-fn prefix(tag: &str) -> String {
-    format!("xt{}{tag}", std::process::id())
-}
 
 /// Every answer's client port appears in exactly one event, whose backend is the pod the
 /// client saw; and there are no other events.
@@ -306,26 +295,31 @@ fn flip_dns(lab: &mut Lab, seen: &Seen) {
 }
 
 #[test]
+#[ignore = "root: run by cargo xtask test"]
 fn iptables_bridged() {
     exercise(Topology::Bridged, RuleMode::Iptables, "ib");
 }
 
 #[test]
+#[ignore = "root: run by cargo xtask test"]
 fn iptables_routed() {
     exercise(Topology::Routed, RuleMode::Iptables, "ir");
 }
 
 #[test]
+#[ignore = "root: run by cargo xtask test"]
 fn nftables_bridged() {
     exercise(Topology::Bridged, RuleMode::Nftables, "nb");
 }
 
 #[test]
+#[ignore = "root: run by cargo xtask test"]
 fn nftables_routed() {
     exercise(Topology::Routed, RuleMode::Nftables, "nr");
 }
 
 #[test]
+#[ignore = "root: run by cargo xtask test"]
 fn down_removes_a_lab_whose_owner_died() {
     let _one = ONE_LAB_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     require_root();

@@ -92,7 +92,7 @@ pub struct ConnState {
     /// RST), DNS packets, and any packet that reports an event; for the others (most of
     /// a connection's packets) `start_ns` plus the jiffies since `start_jiffies`, which
     /// is up to a clock tick (`TICK_NS`, 1-10 ms) early: reading jiffies costs a load,
-    /// reading the clock ~40 ns per packet on the development VM.
+    /// reading the clock as much as the map lookup (observer-ebpf/src/clock.rs).
     pub last_ns: u64,
     /// The kernel's `jiffies_64` when `start_ns` was read.
     pub start_jiffies: u64,

@@ -121,7 +121,8 @@ unsafe impl aya::Pod for KernelOffsets {}
 mod tests {
     use super::*;
 
-    /// The layout of every kernel observer was tried on (FACTS: 5.10 to 6.18).
+    /// The tuple layout of every kernel observer was tried on (5.10 to 6.18:
+    /// docs/kernel-facts.md).
     fn known() -> KernelOffsets {
         KernelOffsets {
             ct_tuple_original: 16,

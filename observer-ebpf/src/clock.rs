@@ -1,7 +1,7 @@
-//! A packet's time. Reading the clock (`bpf_ktime_get_ns`) cost ~40 ns per packet on the
-//! development VM, a fifth of the forwarding hook's whole cost on a kept connection's
-//! packets; reading jiffies (`bpf_jiffies64`, which the verifier turns into one load)
-//! costs about nothing. So the clock is read where a time must be exact: a connection's
+//! A packet's time. Reading the clock (`bpf_ktime_get_ns`) cost as much as the
+//! connection's map lookup, a fifth of the forwarding hook's whole cost on a kept
+//! connection's packets (docs/perf-log.md, 2026-12-02, late); reading jiffies
+//! (`bpf_jiffies64`, which the verifier turns into one load) costs about nothing. So the clock is read where a time must be exact: a connection's
 //! first packet, packets that close or report it, DNS packets. Other packets only move
 //! `ConnState::last_ns`, which needs to be right to within a tick (idle timeouts of
 //! seconds, the end of a connection that stopped without FIN or RST).

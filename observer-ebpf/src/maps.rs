@@ -64,9 +64,9 @@ const DIALED_SLOTS: usize = 1 << 16;
 
 /// The first level of the filter: byte `slot >> 4` is set with any of its 16
 /// `DIALED_SEEN` slots. One page, whose 64 cache lines stay hot: on a node with few
-/// dialed addresses most delivered packets stop here. On the development VM, reading a
-/// random byte of the 64 KiB array cost a delivered packet ~45 ns (cache and TLB
-/// misses), a random byte of one page ~20.
+/// dialed addresses most delivered packets stop here. A random byte of the 64 KiB array
+/// costs a delivered packet cache and TLB misses, about twice a random byte of one page
+/// (docs/perf-log.md, 2026-12-02, evening).
 // SAFETY: a unique symbol; a global (.bss) both programs address directly.
 #[unsafe(no_mangle)]
 static mut DIALED_SUMMARY: PageOfBytes = PageOfBytes([0; SUMMARY_SLOTS]);

@@ -7,7 +7,7 @@
 //! - The `x86_64-unknown-linux-musl` Rust target (the static observer the VMs run).
 //! - The nightly toolchain's `rust-src` (the eBPF crate builds `core` from source).
 //! - `bpf-linker`, built against the nightly toolchain's own LLVM (Debian has no LLVM
-//!   matching rustc's), as ../shared/FACTS.md describes.
+//!   matching rustc's), as docs/kernel-facts.md describes.
 //! - For `cargo xtask dist` and its tests: the musl targets (rust-lld, which rustup ships,
 //!   links them: see .cargo/config.toml), qemu user emulation for the aarch64 binary,
 //!   skopeo, umoci and containerd (OCI images), promtool, and kubernetes-validate (Kubernetes

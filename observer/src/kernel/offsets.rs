@@ -230,8 +230,8 @@ mod tests {
         );
     }
 
-    /// On the running kernel (BTF is world-readable): the offsets FACTS.md measured on
-    /// Linux 6.18 must come out of BTF. Other kernels may differ, so only the
+    /// On the running kernel (BTF is world-readable): the offsets docs/kernel-facts.md
+    /// lists for Linux 6.18 must come out of BTF. Other kernels may differ, so only the
     /// structural relations are asserted there.
     #[test]
     fn running_kernel_offsets() {

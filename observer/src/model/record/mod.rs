@@ -1,5 +1,5 @@
-//! The connection log: one JSON object per line. This schema is a contract (README.md,
-//! "Record schema"); other projects' tests parse it.
+//! The connection log: one JSON object per line. This schema is a contract
+//! (docs/log-format.md documents every line and field); other projects' tests parse it.
 //!
 //! ```text
 //! {"type":"conn","proto":"tcp","client":"10.244.1.9:45364","client_pod":"shop/client",

@@ -17,6 +17,8 @@ pub mod empty_root;
 pub mod pods;
 pub mod udp_flow;
 
+// Each test binary compiles this module and uses only some of it.
+#[allow(unused_imports)]
 pub use observer_lab::testing::{prefix, require_root};
 
 /// `observer record` running in the background; killed on drop.

@@ -1,7 +1,8 @@
 //! Root tests of the lab: for each rule mode and topology, real clients' own records must
 //! match the kernel's conntrack NEW events exactly, a keep-alive client must stay pinned to
 //! one pod, a readiness flip must stop new connections to the removed pod, and the lab must
-//! leave nothing behind. Not root is a failure, not a skip.
+//! leave nothing behind. Not root is a failure, not a skip. `cargo xtask test` runs them;
+//! alone: `sudo -E cargo test -p observer-lab --test lab -- --include-ignored --test-threads=1`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{Ipv4Addr, SocketAddrV4};

@@ -21,10 +21,10 @@ mod maps;
 mod packet;
 mod skb;
 
-/// The license the kernel is told (the object's `license` section): the programs call
-/// GPL-only helpers (`bpf_probe_read_kernel`, `bpf_ktime_get_ns`, ...), which the
-/// kernel allows only to GPL-compatible programs. The kernel programs are dual licensed
-/// MIT or GPL-2.0 (observer-ebpf's Cargo.toml); the rest of observer is MIT or Apache-2.0.
+/// The license the kernel is told (the object's `license` section): the programs call a
+/// GPL-only helper (`bpf_probe_read_kernel`), which the kernel allows only to
+/// GPL-compatible programs. The kernel programs are dual licensed MIT or GPL-2.0
+/// (observer-ebpf's Cargo.toml); the rest of observer is MIT or Apache-2.0.
 // SAFETY: a unique symbol; the loader reads the section by its name.
 #[unsafe(no_mangle)]
 #[unsafe(link_section = "license")]

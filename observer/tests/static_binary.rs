@@ -212,6 +212,33 @@ fn alone_in_an_empty_root_with_the_daemonsets_capabilities_it_names_every_servic
     each_missing_capability_is_named(&root, &caps, lab.node_ns());
 }
 
+/// Item 5 of issue 22: with no iptables-save or nft in its root and the node's init's
+/// root unreadable (here: without CAP_SYS_PTRACE), `observer rules` says so and what to
+/// do, not that no namespace has rules.
+#[test]
+fn without_the_nodes_tools_rules_says_why_it_read_none() {
+    require_root();
+    let root = EmptyRoot::new();
+    let without_ptrace: Vec<u32> = daemonset_capabilities()
+        .into_iter()
+        .filter(|(name, _)| name != "SYS_PTRACE")
+        .map(|(_, cap)| cap)
+        .collect();
+    let out = root
+        .command(Some(&without_ptrace))
+        .arg("rules")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        format!(
+            "observer: cannot read kube-proxy's rules: no iptables-save or nft in this root and /proc/{}/root is not readable (Permission denied: this process lacks CAP_SYS_PTRACE); run observer with hostPID and CAP_SYS_PTRACE, or on the node itself\n",
+            std::process::id()
+        )
+    );
+}
+
 /// Without each capability that matters: exit 2 and one sentence that names it.
 fn each_missing_capability_is_named(root: &EmptyRoot, caps: &[(String, u32)], node: &str) {
     let numbers: Vec<u32> = caps.iter().map(|(_, cap)| *cap).collect();
@@ -226,7 +253,7 @@ fn each_missing_capability_is_named(root: &EmptyRoot, caps: &[(String, u32)], no
         ),
         (
             "SYS_PTRACE",
-            "where the node's tools are, is unreadable: this process lacks CAP_SYS_PTRACE",
+            "is not readable (Permission denied: this process lacks CAP_SYS_PTRACE); run observer with hostPID and CAP_SYS_PTRACE",
         ),
         (
             "SYS_CHROOT",

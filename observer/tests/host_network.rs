@@ -7,6 +7,7 @@ mod common;
 
 use common::host_client::{HostClientRun, python_args, route_service_range};
 use common::{Recorder, only_node, prefix, require_root};
+use observer::model::record::Close;
 use observer_lab::{Lab, LabConfig, RuleMode, Topology};
 
 #[test]
@@ -30,5 +31,9 @@ fn host_network_clients_are_counted_both_ways() {
     assert_eq!(recording.summary.as_ref().unwrap().lost_events, 0);
     only_node(&mut recording, lab.node_ns());
     assert_eq!(recording.conns.len(), 2, "{:?}", recording.conns);
-    client.assert_recorded(&lab, &recording.conns.iter().collect::<Vec<_>>());
+    client.assert_recorded(
+        &lab,
+        &recording.conns.iter().collect::<Vec<_>>(),
+        Close::Timeout,
+    );
 }

@@ -23,7 +23,7 @@ use common::empty_root::static_binary;
 use common::host_client::{HostClientRun, python_args, route_service_range};
 use common::pods::assert_named_by_bundles;
 use common::{Recorder, assert_same_decisions, netns_inode, only_node, prefix, require_root};
-use observer::model::record::{ConnRecord, Proto, Recording, ServiceRecord};
+use observer::model::record::{Close, ConnRecord, Proto, Recording, ServiceRecord};
 use observer_lab::{
     ConntrackWatch, Lab, LabConfig, NodeContainer, RuleMode, Topology, http_fresh, http_keepalive,
     udp_queries,
@@ -154,7 +154,7 @@ fn exec_into_a_node_container_it_reads_the_rules_and_records_and_names_every_con
     let pod_conns = from_client_pod(&lab, &recording.conns);
     assert_eq!(pod_conns.len(), made);
     assert_named_by_bundles(&pod_conns, &answered, &pods);
-    host_client.assert_recorded(&lab, &conns);
+    host_client.assert_recorded(&lab, &conns, Close::Timeout);
     for conn in &conns {
         let backend = match conn.backend.ip() {
             std::net::IpAddr::V4(ip) => pods.get(&ip).map(String::as_str),

@@ -103,8 +103,9 @@ impl HostClientRun {
     }
 
     /// `conns` hold exactly the client's two connections, counted both ways: every
-    /// request, the replies' bytes, the close, the Service, and no pod as the client.
-    pub fn assert_recorded(&self, lab: &Lab, conns: &[&ConnRecord]) {
+    /// request, the replies' bytes, the close (the UDP one's is `udp_close`: `Timeout`
+    /// once idle long enough, `Open` before), the Service, and no pod as the client.
+    pub fn assert_recorded(&self, lab: &Lab, conns: &[&ConnRecord], udp_close: Close) {
         let pod = |name: &str| IpAddr::V4(lab.pods().iter().find(|p| p.name == name).unwrap().ip);
         let mine: Vec<&&ConnRecord> = conns
             .iter()
@@ -153,7 +154,7 @@ impl HostClientRun {
                 1,
                 1,
                 self.udp_answer.len() as u64,
-                Close::Timeout,
+                udp_close,
                 Some("kube-system/kube-dns:dns")
             ),
             "{udp:?}"

@@ -13,8 +13,11 @@ use observer::model::record::{ConnRecord, Recording};
 use observer_lab::{CtEvent, Observer};
 
 pub mod command;
+pub mod daemonset;
 pub mod empty_root;
 pub mod host_client;
+pub mod image;
+pub mod metrics;
 pub mod pods;
 pub mod udp_flow;
 

@@ -49,6 +49,10 @@
 //!   privately and, through its CRI plugin, a real pod sandbox per pod;
 //!   [`Lab::up_in_sandboxes`] builds the lab in those sandboxes' netns, so that only
 //!   containerd's own bundles ([`Containerd::runtime_root`]) name the pods.
+//! - Node containers: [`Lab::up_in_node_container`] puts the node in a kind-like
+//!   [`NodeContainer`] (its own PID namespace holding the pods' processes, a root with the
+//!   node's tools and bundles, cgroup and UTS namespaces); [`NodeContainer::exec`] starts a
+//!   process in it as `docker exec` does.
 //! - DNS: [`Lab::serve_dns`] runs a real authoritative DNS server (UDP and TCP, port 53)
 //!   in the dns pods behind kube-dns's ClusterIP and gives the client namespace kube's
 //!   resolv.conf ([`RESOLV_CONF`]); [`DnsLab::queries`] reads what the servers received.

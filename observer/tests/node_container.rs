@@ -22,7 +22,9 @@ use std::process::{Command, Output, Stdio};
 use common::empty_root::static_binary;
 use common::host_client::{HostClientRun, python_args, route_service_range};
 use common::pods::assert_named_by_bundles;
-use common::{Recorder, assert_same_decisions, netns_inode, only_node, prefix, require_root};
+use common::{
+    Recorder, assert_same_decisions, netns_inode, only_node, prefix, require_root, service_line,
+};
 use observer::model::record::{Close, ConnRecord, Proto, Recording, ServiceRecord};
 use observer_lab::{
     ConntrackWatch, Lab, LabConfig, NodeContainer, RuleMode, Topology, http_fresh, http_keepalive,
@@ -194,16 +196,14 @@ fn one_observer_on_the_host_names_each_nodes_connections_from_that_node() {
         .output()
         .unwrap();
     let services = rules_lines(&out);
-    let checkout_endpoints = |services: &[ServiceRecord], inode: u32| {
-        services
-            .iter()
-            .find(|s| s.netns == inode && s.service == "shop/checkout:http")
-            .map(|s| s.endpoints.iter().map(|e| e.addr).collect::<Vec<_>>())
-            .unwrap_or_else(|| panic!("no checkout in netns {inode}: {services:?}"))
-    };
     for lab in &nodes {
         let expected = lab.service("checkout").unwrap().endpoint_addrs();
-        let listed = checkout_endpoints(&services, netns_inode(lab.node_ns()));
+        let listed: Vec<std::net::SocketAddr> =
+            service_line(&services, netns_inode(lab.node_ns()), "shop/checkout:http")
+                .endpoints
+                .iter()
+                .map(|e| e.addr)
+                .collect();
         assert_eq!(
             listed,
             expected
@@ -256,11 +256,7 @@ fn one_observer_on_the_host_names_each_nodes_connections_from_that_node() {
                 "{conn:?}"
             );
         }
-        let service = recording
-            .services
-            .iter()
-            .find(|s| s.netns == inode && s.service == "shop/checkout:http")
-            .unwrap_or_else(|| panic!("no service line for {}", lab.node_ns()));
+        let service = service_line(&recording.services, inode, "shop/checkout:http");
         let pods = lab.pod_names();
         let listed: Vec<(std::net::SocketAddr, Option<&str>)> = service
             .endpoints

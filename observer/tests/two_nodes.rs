@@ -8,7 +8,7 @@ mod common;
 
 use std::net::{SocketAddr, SocketAddrV4};
 
-use common::{Recorder, assert_same_decisions, netns_inode, prefix, require_root};
+use common::{Recorder, assert_same_decisions, netns_inode, prefix, require_root, service_line};
 use observer::model::record::Proto;
 use observer_lab::{ConntrackWatch, Lab, LabConfig, RuleMode, Topology, http_fresh};
 
@@ -81,11 +81,7 @@ fn each_node_decides_and_names_its_own_connections() {
             );
         }
         // The node's own rules define the Service, with the NodePort among its frontends.
-        let service = recording
-            .services
-            .iter()
-            .find(|s| s.netns == inode && s.service == "shop/checkout:http")
-            .unwrap_or_else(|| panic!("no service line for {}", lab.node_ns()));
+        let service = service_line(&recording.services, inode, "shop/checkout:http");
         assert!(
             service.frontends.iter().any(|f| f.port == node_port.port()),
             "{service:?}"

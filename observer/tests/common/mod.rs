@@ -9,7 +9,7 @@ use std::{
     process::{Command, Stdio},
 };
 
-use observer::model::record::{ConnRecord, Recording};
+use observer::model::record::{ConnRecord, Recording, ServiceRecord};
 use observer_lab::{CtEvent, Observer};
 
 pub mod command;
@@ -135,4 +135,16 @@ pub fn assert_same_decisions(conns: &[&ConnRecord], events: &[CtEvent], node: &s
     from_log.sort();
     from_conntrack.sort();
     assert_eq!(from_log, from_conntrack, "{node}: log vs conntrack -E");
+}
+
+/// The `service` line of Service port `name` that the rules of netns `inode` define.
+pub fn service_line<'a>(
+    services: &'a [ServiceRecord],
+    inode: u32,
+    name: &str,
+) -> &'a ServiceRecord {
+    services
+        .iter()
+        .find(|s| s.netns == inode && s.service == name)
+        .unwrap_or_else(|| panic!("no service line for {name} in netns {inode}: {services:?}"))
 }

@@ -7,39 +7,34 @@ mod common;
 
 use std::{
     collections::BTreeMap,
-    io::{Read, Write},
-    net::{SocketAddr, TcpStream},
+    io::Write,
+    net::SocketAddr,
     process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
+use common::metrics::{per_backend, samples, scrape};
 use common::{prefix, require_root};
 use observer_lab::{Lab, LabConfig, Observer, RuleMode, Topology, http_fresh, http_keepalive};
 
-fn scrape(addr: &str) -> String {
-    let mut stream = TcpStream::connect(addr).expect("connect to observer serve");
-    stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: observer\r\n\r\n")
-        .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    assert!(response.starts_with("HTTP/1.1 200 OK\r\n"), "{response}");
-    response.split_once("\r\n\r\n").unwrap().1.to_owned()
-}
-
-/// `metric{labels...,backend="X"} value` samples of one metric for one service.
-fn per_backend(metrics: &str, metric: &str, service: &str) -> BTreeMap<String, u64> {
-    let prefix = format!("{metric}{{service=\"{service}\",proto=\"tcp\",backend=\"");
-    metrics
-        .lines()
-        .filter_map(|line| line.strip_prefix(&prefix))
-        .map(|rest| {
-            // Labels after `backend` (`backend_pod` where the pod is known) are skipped.
-            let (backend, rest) = rest.split_once('"').unwrap();
-            let (_, value) = rest.rsplit_once("} ").unwrap();
-            (backend.to_owned(), value.parse::<f64>().unwrap() as u64)
-        })
-        .collect()
+#[test]
+fn samples_are_read_with_their_labels() {
+    let metrics = "# HELP observer_requests_total x\n\
+        observer_requests_total{service=\"shop/checkout:http\",proto=\"tcp\",backend=\"10.244.1.12:8080\",backend_pod=\"shop/a\\\"b\"} 3\n\
+        observer_requests_total_other{service=\"x\"} 1\n";
+    let found = samples(metrics, "observer_requests_total");
+    assert_eq!(found.len(), 1);
+    assert_eq!(found[0].0["backend_pod"], "shop/a\"b");
+    assert_eq!(found[0].1, 3.0);
+    assert_eq!(
+        per_backend(
+            metrics,
+            "observer_requests_total",
+            "shop/checkout:http",
+            "tcp"
+        ),
+        BTreeMap::from([("10.244.1.12:8080".to_owned(), 3)])
+    );
 }
 
 #[test]
@@ -83,8 +78,8 @@ fn metrics_count_what_the_clients_saw() {
     let name = "shop/checkout:http";
     let deadline = Instant::now() + Duration::from_secs(15);
     let metrics = loop {
-        let metrics = scrape(&addr);
-        if per_backend(&metrics, "observer_requests_total", name) == expected_requests {
+        let metrics = scrape(&addr, "/metrics");
+        if per_backend(&metrics, "observer_requests_total", name, "tcp") == expected_requests {
             break metrics;
         }
         assert!(
@@ -94,7 +89,7 @@ fn metrics_count_what_the_clients_saw() {
         std::thread::sleep(Duration::from_millis(250));
     };
     assert_eq!(
-        per_backend(&metrics, "observer_connections_total", name),
+        per_backend(&metrics, "observer_connections_total", name, "tcp"),
         expected_connections
     );
     assert!(
@@ -105,7 +100,7 @@ fn metrics_count_what_the_clients_saw() {
         metrics.lines().any(|l| l == "observer_hooks_attached 3"),
         "{metrics}"
     );
-    let shares = per_backend(&metrics, "observer_expected_share", name);
+    let shares = per_backend(&metrics, "observer_expected_share", name, "tcp");
     assert_eq!(shares.len(), 3, "{metrics}");
 
     // Prometheus' own linter accepts the real scrape (format and naming conventions).

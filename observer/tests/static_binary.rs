@@ -11,11 +11,11 @@ use std::collections::BTreeSet;
 use std::process::{Command, Output};
 
 use common::command::run;
+use common::daemonset;
 use common::empty_root::{EmptyRoot, dist_dir};
+use common::image;
 use common::{Recorder, only_node, prefix, require_root};
 use observer_lab::{Lab, LabConfig, RuleMode, Topology, http_fresh, udp_queries};
-
-const DAEMONSET: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/daemonset.yaml");
 
 fn stdout(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
@@ -53,8 +53,7 @@ fn binaries_are_static_and_match_their_checksums() {
 #[test]
 #[ignore = "needs the release artifacts (cargo xtask dist): run by cargo xtask test"]
 fn the_image_archive_is_read_by_skopeo_and_umoci_and_its_binaries_run() {
-    let archive = dist_dir().join("observer-image.tar");
-    let source = format!("oci-archive:{}", archive.display());
+    let source = image::archive_source();
     let raw: serde_json::Value = serde_json::from_slice(
         &run(Command::new("skopeo").args(["inspect", "--raw", &source])).stdout,
     )
@@ -67,35 +66,21 @@ fn the_image_archive_is_read_by_skopeo_and_umoci_and_its_binaries_run() {
         .collect();
     assert_eq!(platforms, ["amd64", "arm64"], "one image for both: {raw}");
     for (arch, runs_here) in [("amd64", cfg!(target_arch = "x86_64")), ("arm64", false)] {
-        let skopeo = |args: &[&str]| {
-            let mut command = Command::new("skopeo");
-            command.args(["--override-arch", arch]).args(args);
-            command
-        };
         let inspected: serde_json::Value =
-            serde_json::from_slice(&run(&mut skopeo(&["inspect", &source])).stdout).unwrap();
+            serde_json::from_slice(&run(&mut image::skopeo(arch, &["inspect", &source])).stdout)
+                .unwrap();
         assert_eq!(inspected["Architecture"], arch, "{inspected}");
         assert_eq!(inspected["Os"], "linux", "{inspected}");
         assert_eq!(inspected["Layers"].as_array().unwrap().len(), 1);
-        let config: serde_json::Value =
-            serde_json::from_slice(&run(&mut skopeo(&["inspect", "--config", &source])).stdout)
-                .unwrap();
+        let config = image::image_config(arch);
         assert_eq!(
             config["config"]["Entrypoint"],
             serde_json::json!(["/observer"])
         );
 
-        // skopeo copies one platform to an OCI layout; umoci unpacks that to a bundle.
         let work = tempfile::tempdir().unwrap();
-        let layout = work.path().join("layout");
         let bundle = work.path().join("bundle");
-        let destination = format!("oci:{}:observer", layout.display());
-        run(&mut skopeo(&["copy", "--quiet", &source, &destination]));
-        run(Command::new("umoci")
-            .arg("unpack")
-            .arg("--image")
-            .arg(format!("{}:observer", layout.display()))
-            .arg(&bundle));
+        image::unpack(arch, &bundle);
         let entries: Vec<String> = std::fs::read_dir(bundle.join("rootfs"))
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
@@ -113,30 +98,15 @@ fn the_image_archive_is_read_by_skopeo_and_umoci_and_its_binaries_run() {
     }
 }
 
-/// The DaemonSet's capabilities (`add: [...]` in deploy/daemonset.yaml) as numbers.
+/// The DaemonSet's capabilities (`add: [...]` in deploy/daemonset.yaml) with their numbers.
 fn daemonset_capabilities() -> Vec<(String, u32)> {
-    let manifest = std::fs::read_to_string(DAEMONSET).unwrap();
-    let line = manifest
-        .lines()
-        .find_map(|line| line.trim().strip_prefix("add: ["))
-        .expect("the DaemonSet adds capabilities");
-    let number = |name: &str| match name {
-        "NET_ADMIN" => 12,
-        "SYS_CHROOT" => 18,
-        "SYS_PTRACE" => 19,
-        "SYS_ADMIN" => 21,
-        "SYS_RESOURCE" => 24,
-        "PERFMON" => 38,
-        "BPF" => 39,
-        other => panic!("unexpected capability {other}"),
-    };
-    line.trim_end_matches(']')
-        .split(',')
-        .map(|name| name.trim().trim_matches('"').to_owned())
-        .map(|name| {
-            let cap = number(&name);
-            (name, cap)
-        })
+    daemonset::read()
+        .container()
+        .security_context
+        .capabilities
+        .add
+        .iter()
+        .map(|name| (name.clone(), daemonset::capability_number(name)))
         .collect()
 }
 
@@ -215,6 +185,33 @@ fn alone_in_an_empty_root_with_the_daemonsets_capabilities_it_names_every_servic
     each_missing_capability_is_named(&root, &caps, lab.node_ns());
 }
 
+/// Item 5 of issue 22: with no iptables-save or nft in its root and the node's init's
+/// root unreadable (here: without CAP_SYS_PTRACE), `observer rules` says so and what to
+/// do, not that no namespace has rules.
+#[test]
+fn without_the_nodes_tools_rules_says_why_it_read_none() {
+    require_root();
+    let root = EmptyRoot::new();
+    let without_ptrace: Vec<u32> = daemonset_capabilities()
+        .into_iter()
+        .filter(|(name, _)| name != "SYS_PTRACE")
+        .map(|(_, cap)| cap)
+        .collect();
+    let out = root
+        .command(Some(&without_ptrace))
+        .arg("rules")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        format!(
+            "observer: cannot read kube-proxy's rules: no iptables-save or nft in this root and /proc/{}/root is not readable (Permission denied: this process lacks CAP_SYS_PTRACE); run observer with hostPID and CAP_SYS_PTRACE, or on the node itself\n",
+            std::process::id()
+        )
+    );
+}
+
 /// Without each capability that matters: exit 2 and one sentence that names it.
 fn each_missing_capability_is_named(root: &EmptyRoot, caps: &[(String, u32)], node: &str) {
     let numbers: Vec<u32> = caps.iter().map(|(_, cap)| *cap).collect();
@@ -229,7 +226,7 @@ fn each_missing_capability_is_named(root: &EmptyRoot, caps: &[(String, u32)], no
         ),
         (
             "SYS_PTRACE",
-            "where the node's tools are, is unreadable: this process lacks CAP_SYS_PTRACE",
+            "is not readable (Permission denied: this process lacks CAP_SYS_PTRACE); run observer with hostPID and CAP_SYS_PTRACE",
         ),
         (
             "SYS_CHROOT",
@@ -346,11 +343,7 @@ fn containerd_imports_the_image_as_kind_load_does() {
         String::from_utf8_lossy(&out.stderr)
     );
     let names = stdout(&containerd.ctr(&["images", "ls", "--quiet"]));
-    let image = std::fs::read_to_string(DAEMONSET)
-        .unwrap()
-        .lines()
-        .find_map(|line| line.trim().strip_prefix("image: ").map(str::to_owned))
-        .expect("the DaemonSet's image");
+    let image = daemonset::read().container().image.clone();
     assert!(
         names.lines().any(|name| name == image),
         "{image} (deploy/daemonset.yaml) not among the imported images:\n{names}"

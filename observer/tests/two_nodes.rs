@@ -8,7 +8,7 @@ mod common;
 
 use std::net::{SocketAddr, SocketAddrV4};
 
-use common::{Recorder, netns_inode, prefix, require_root};
+use common::{Recorder, assert_same_decisions, netns_inode, prefix, require_root, service_line};
 use observer::model::record::Proto;
 use observer_lab::{ConntrackWatch, Lab, LabConfig, RuleMode, Topology, http_fresh};
 
@@ -62,23 +62,7 @@ fn each_node_decides_and_names_its_own_connections() {
             .iter()
             .filter(|c| c.netns == inode)
             .collect();
-        let mut from_log: Vec<String> = conns
-            .iter()
-            .map(|c| format!("{} {} {} {}", c.proto, c.client, c.original_dst, c.backend))
-            .collect();
-        let mut from_conntrack: Vec<String> = conntrack
-            .iter()
-            .filter(|e| e.original_dst != e.backend)
-            .map(|e| format!("{} {} {} {}", e.proto, e.client, e.original_dst, e.backend))
-            .collect();
-        from_log.sort();
-        from_conntrack.sort();
-        assert_eq!(
-            from_log,
-            from_conntrack,
-            "{}: log vs conntrack -E",
-            lab.node_ns()
-        );
+        assert_same_decisions(&conns, conntrack, lab.node_ns());
         assert_eq!(conns.len(), cluster + via_node_port);
         let to_node_port = conns
             .iter()
@@ -98,11 +82,7 @@ fn each_node_decides_and_names_its_own_connections() {
             );
         }
         // The node's own rules define the Service, with the NodePort among its frontends.
-        let service = recording
-            .services
-            .iter()
-            .find(|s| s.netns == inode && s.service == "shop/checkout:http")
-            .unwrap_or_else(|| panic!("no service line for {}", lab.node_ns()));
+        let service = service_line(&recording.services, inode, "shop/checkout:http");
         assert!(
             service.frontends.iter().any(|f| f.port == node_port.port()),
             "{service:?}"

@@ -34,6 +34,9 @@ pub fn run(args: &RulesArgs) -> anyhow::Result<Outcome> {
 
 /// The rules of the namespace `wanted` names, or of every namespace that has some.
 fn read_rules(wanted: Option<&str>) -> anyhow::Result<Vec<(NetnsInfo, ServiceMap)>> {
+    // Without the node's tools no namespace can be read: say why, not "no rules".
+    SystemSource::check_tools()
+        .map_err(|reason| anyhow::anyhow!("cannot read kube-proxy's rules: {reason}"))?;
     let source = SystemSource::new();
     let mut found = Vec::new();
     match wanted {

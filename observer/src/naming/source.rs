@@ -63,11 +63,11 @@ pub fn list_namespaces() -> Vec<NetnsInfo> {
 /// Where the sbin directories are, which root's PATH may lack.
 const TOOL_DIRS: [&str; 5] = ["/usr/local/sbin", "/usr/sbin", "/sbin", "/usr/bin", "/bin"];
 
-/// The process whose root and mount namespace hold the node's own tools: PID 1, the
-/// node's init, seen from a scratch container (hostPID) or from a binary copied alone
-/// into a kind node. `OBSERVER_HOST_PID` names another one (tests do: a sandbox's PID 1
-/// may be a supervisor no process may look into).
-fn host_pid() -> u32 {
+/// The node's init: its root and mount namespace hold the node's own tools, its UTS
+/// namespace is the node's. PID 1, seen from a scratch container (hostPID) or from a
+/// binary copied alone into a kind node. `OBSERVER_HOST_PID` names another one (tests
+/// do: a sandbox's PID 1 may be a supervisor no process may look into).
+pub(crate) fn host_pid() -> u32 {
     std::env::var("OBSERVER_HOST_PID")
         .ok()
         .and_then(|pid| pid.parse().ok())
@@ -232,7 +232,7 @@ impl SystemSource {
             .collect();
         missing.dedup();
         if tools.iter().all(Option::is_none) {
-            return Err(not_found(&missing));
+            return Err(no_tools());
         }
         if let Some(problem) = missing_capability(netns, &tools) {
             return Err(problem);
@@ -283,15 +283,67 @@ fn failed(shown: &str, output: &std::process::Output) -> String {
     format!("{shown} failed ({}): {first}", output.status)
 }
 
-/// No tool anywhere: in this root, nor in PID 1's (which needs CAP_SYS_PTRACE to read).
-fn not_found(missing: &[&str]) -> String {
-    let names = missing.join(", ");
+impl SystemSource {
+    /// Fails with [`no_tools`]'s sentence when neither this root nor the node's init's
+    /// holds `iptables-save` or `nft`: then no namespace's rules can be read.
+    pub fn check_tools() -> Result<(), String> {
+        let any = COMMANDS
+            .iter()
+            .any(|(program, ..)| Tool::find(program).is_some());
+        if any { Ok(()) } else { Err(no_tools()) }
+    }
+}
+
+/// Why no tool was found anywhere, with what to do about it: in this root there is
+/// none, and the node's init's root (where the node's tools are) is unreadable, is this
+/// very root, or has none either.
+fn no_tools() -> String {
     let pid = host_pid();
-    match std::fs::read_dir(format!("/proc/{pid}/root")) {
-        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => format!(
-            "{names} not found in this root, and PID {pid}'s root (/proc/{pid}/root), where the node's tools are, is unreadable: this process lacks CAP_SYS_PTRACE"
+    let root = PathBuf::from(format!("/proc/{pid}/root"));
+    let readable = std::fs::read_dir(&root).map(|_| ());
+    let shares_ours = match (std::fs::metadata(&root), std::fs::metadata("/")) {
+        (Ok(theirs), Ok(ours)) => (theirs.dev(), theirs.ino()) == (ours.dev(), ours.ino()),
+        _ => false,
+    };
+    no_tools_sentence(
+        pid,
+        readable,
+        Caps::effective().has(Cap::SysPtrace),
+        shares_ours,
+    )
+}
+
+/// [`no_tools`]'s sentence from what it found: whether `/proc/<pid>/root` could be
+/// read, whether this process has CAP_SYS_PTRACE, whether that root is this one.
+fn no_tools_sentence(
+    pid: u32,
+    readable: std::io::Result<()>,
+    has_ptrace: bool,
+    shares_ours: bool,
+) -> String {
+    const HINT: &str = "run observer with hostPID and CAP_SYS_PTRACE, or on the node itself";
+    let root = format!("/proc/{pid}/root");
+    match readable {
+        Err(err) => {
+            let why = err.raw_os_error().map_or_else(
+                || err.to_string(),
+                |code| nix::errno::Errno::from_raw(code).desc().to_owned(),
+            );
+            let lacking = if err.kind() == std::io::ErrorKind::PermissionDenied && !has_ptrace {
+                ": this process lacks CAP_SYS_PTRACE"
+            } else {
+                ""
+            };
+            format!(
+                "no iptables-save or nft in this root and {root} is not readable ({why}{lacking}); {HINT}"
+            )
+        }
+        Ok(()) if shares_ours => format!(
+            "no iptables-save or nft in this root, which is PID {pid}'s root too (no hostPID?); {HINT}"
         ),
-        _ => format!("{names} not found"),
+        Ok(()) => format!(
+            "no iptables-save or nft in this root nor in the node's ({root}); run observer where kube-proxy's iptables or nftables tools are installed"
+        ),
     }
 }
 
@@ -385,5 +437,43 @@ impl SystemSource {
             .ok_or_else(|| "no process or /run/netns entry is in this namespace".to_owned())?;
         let own = netns_inode(Path::new("/proc/self/ns/net")).ok();
         Ok((own != Some(netns)).then_some(path))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn denied() -> std::io::Result<()> {
+        Err(std::io::Error::from_raw_os_error(libc::EACCES))
+    }
+
+    #[test]
+    fn an_unreadable_init_root_is_named_with_its_cause_and_a_hint() {
+        assert_eq!(
+            no_tools_sentence(1, denied(), true, false),
+            "no iptables-save or nft in this root and /proc/1/root is not readable (Permission denied); run observer with hostPID and CAP_SYS_PTRACE, or on the node itself"
+        );
+        assert_eq!(
+            no_tools_sentence(7, denied(), false, false),
+            "no iptables-save or nft in this root and /proc/7/root is not readable (Permission denied: this process lacks CAP_SYS_PTRACE); run observer with hostPID and CAP_SYS_PTRACE, or on the node itself"
+        );
+        let gone = Err(std::io::Error::from_raw_os_error(libc::ENOENT));
+        assert_eq!(
+            no_tools_sentence(1, gone, false, false),
+            "no iptables-save or nft in this root and /proc/1/root is not readable (No such file or directory); run observer with hostPID and CAP_SYS_PTRACE, or on the node itself"
+        );
+    }
+
+    #[test]
+    fn a_readable_init_root_says_whether_it_is_ours() {
+        assert_eq!(
+            no_tools_sentence(1, Ok(()), true, true),
+            "no iptables-save or nft in this root, which is PID 1's root too (no hostPID?); run observer with hostPID and CAP_SYS_PTRACE, or on the node itself"
+        );
+        assert_eq!(
+            no_tools_sentence(1, Ok(()), true, false),
+            "no iptables-save or nft in this root nor in the node's (/proc/1/root); run observer where kube-proxy's iptables or nftables tools are installed"
+        );
     }
 }

@@ -9,11 +9,15 @@ use std::{
     process::{Command, Stdio},
 };
 
-use observer::model::record::Recording;
-use observer_lab::Observer;
+use observer::model::record::{ConnRecord, Recording, ServiceRecord};
+use observer_lab::{CtEvent, Observer};
 
 pub mod command;
+pub mod daemonset;
 pub mod empty_root;
+pub mod host_client;
+pub mod image;
+pub mod metrics;
 pub mod pods;
 pub mod udp_flow;
 
@@ -43,9 +47,20 @@ impl Recorder {
 
     /// Starts `command` (an `observer record` writing to `output`) and waits for its
     /// `attached` line.
-    pub fn spawn(mut command: Command, output: PathBuf) -> Recorder {
+    pub fn spawn(command: Command, output: PathBuf) -> Recorder {
+        Recorder::spawn_with(command, output, |command| Ok(command.spawn()?))
+    }
+
+    /// [`Recorder::spawn`], with `spawn` starting the command (e.g. inside a node
+    /// container).
+    pub fn spawn_with(
+        mut command: Command,
+        output: PathBuf,
+        spawn: impl FnOnce(&mut Command) -> anyhow::Result<std::process::Child>,
+    ) -> Recorder {
         command.stdout(Stdio::null());
-        let observer = Observer::start(command, true).expect("observer record attaches");
+        let observer =
+            Observer::start_with(command, true, spawn).expect("observer record attaches");
         Recorder { observer, output }
     }
 
@@ -94,4 +109,33 @@ pub fn only_node(recording: &mut Recording, node_ns: &str) {
     recording.services.retain(|service| service.netns == inode);
     recording.endpoints.retain(|change| change.netns == inode);
     recording.dns.retain(|query| query.netns == inode);
+}
+
+/// `conns` are exactly the DNAT decisions conntrack announced in `events` (`conntrack -E`
+/// NEW entries whose backend is not what the client dialed): none missing, none twice.
+pub fn assert_same_decisions(conns: &[&ConnRecord], events: &[CtEvent], node: &str) {
+    let mut from_log: Vec<String> = conns
+        .iter()
+        .map(|c| format!("{} {} {} {}", c.proto, c.client, c.original_dst, c.backend))
+        .collect();
+    let mut from_conntrack: Vec<String> = events
+        .iter()
+        .filter(|e| e.original_dst != e.backend)
+        .map(|e| format!("{} {} {} {}", e.proto, e.client, e.original_dst, e.backend))
+        .collect();
+    from_log.sort();
+    from_conntrack.sort();
+    assert_eq!(from_log, from_conntrack, "{node}: log vs conntrack -E");
+}
+
+/// The `service` line of Service port `name` that the rules of netns `inode` define.
+pub fn service_line<'a>(
+    services: &'a [ServiceRecord],
+    inode: u32,
+    name: &str,
+) -> &'a ServiceRecord {
+    services
+        .iter()
+        .find(|s| s.netns == inode && s.service == name)
+        .unwrap_or_else(|| panic!("no service line for {name} in netns {inode}: {services:?}"))
 }

@@ -4,7 +4,7 @@
 use anyhow::Context;
 
 use crate::sys::{self, is_lab_netns, list_netns, state_dir};
-use crate::{LabState, check_prefix, check_root, containerd, dns, spec};
+use crate::{LabState, check_prefix, check_root, containerd, dns, node_container, spec};
 
 /// The namespaces of the lab with this prefix that exist now.
 pub fn namespaces(prefix: &str) -> anyhow::Result<Vec<String>> {
@@ -27,6 +27,10 @@ pub fn down(prefix: &str) -> anyhow::Result<Vec<String>> {
         removed.push(ns);
     }
     removed.extend(containerd::remove(prefix, &ip)?);
+    // A node container's init died with the node namespace's processes; its cgroup stays.
+    if node_container::remove_cgroup(prefix) {
+        removed.push(format!("the node container's cgroup of {prefix}"));
+    }
     // The client's resolv.conf (`Lab::serve_dns`), if a crashed run left it.
     let _ = std::fs::remove_dir_all(dns::netns_etc(&format!("{prefix}-client")));
     let dir = state_dir(prefix);

@@ -49,6 +49,10 @@
 //!   privately and, through its CRI plugin, a real pod sandbox per pod;
 //!   [`Lab::up_in_sandboxes`] builds the lab in those sandboxes' netns, so that only
 //!   containerd's own bundles ([`Containerd::runtime_root`]) name the pods.
+//! - Node containers: [`Lab::up_in_node_container`] puts the node in a kind-like
+//!   [`NodeContainer`] (its own PID namespace holding the pods' processes, a root with the
+//!   node's tools and bundles, cgroup and UTS namespaces); [`NodeContainer::exec`] starts a
+//!   process in it as `docker exec` does.
 //! - DNS: [`Lab::serve_dns`] runs a real authoritative DNS server (UDP and TCP, port 53)
 //!   in the dns pods behind kube-dns's ClusterIP and gives the client namespace kube's
 //!   resolv.conf ([`RESOLV_CONF`]); [`DnsLab::queries`] reads what the servers received.
@@ -70,6 +74,7 @@ mod containerd;
 mod counting;
 mod dns;
 mod names;
+mod node_container;
 mod node_rules;
 mod observer;
 mod process;
@@ -99,6 +104,7 @@ pub use clients::{
 pub use conntrack::{ConntrackWatch, CtEvent};
 pub use containerd::Containerd;
 pub use dns::{DnsLab, KUBE_DNS_IP, RESOLV_CONF, ServerQuery};
+pub use node_container::NodeContainer;
 pub use observer::Observer;
 pub use spec::{Pod, Proto, Service};
 
@@ -180,6 +186,10 @@ pub struct Lab {
     runtime_bundles: bool,
     /// Whether the pods' netns were made by a real runtime ([`Lab::up_in_sandboxes`]).
     sandboxed: bool,
+    /// Whether the node runs in a node container ([`Lab::up_in_node_container`]).
+    in_node_container: bool,
+    /// That container, once started.
+    node_container: Option<NodeContainer>,
 }
 
 fn check_prefix(prefix: &str) -> anyhow::Result<()> {
@@ -207,14 +217,16 @@ impl Lab {
     /// Builds the lab and returns once every server answers, directly and through its
     /// Service. Fails if a lab with the same prefix exists.
     pub fn up(config: LabConfig) -> anyhow::Result<Lab> {
-        Lab::up_with(config, true, None)
+        Lab::up_with(config, true, None, false)
     }
 
-    /// `make_netns`, if given, makes every pod's netns (see [`Lab::up_in_sandboxes`]).
+    /// `make_netns`, if given, makes every pod's netns (see [`Lab::up_in_sandboxes`]);
+    /// `in_node_container`: see [`Lab::up_in_node_container`].
     pub(crate) fn up_with(
         config: LabConfig,
         runtime_bundles: bool,
         make_netns: Option<&mut MakeNetns<'_>>,
+        in_node_container: bool,
     ) -> anyhow::Result<Lab> {
         check_root()?;
         check_prefix(&config.prefix)?;
@@ -250,6 +262,8 @@ impl Lab {
             detached: false,
             runtime_bundles,
             sandboxed: make_netns.is_some(),
+            in_node_container,
+            node_container: None,
         };
         // From here on, dropping `lab` on an error removes whatever was built.
         if let Some(make_netns) = make_netns {
@@ -432,6 +446,9 @@ impl Lab {
                 .with_context(|| format!("could not write {}", path.display()))?;
         }
         self.build_topology()?;
+        if self.in_node_container {
+            self.start_node_container()?;
+        }
         self.sync_rules(None)?;
         self.start_servers()?;
         self.wait_until_answering()

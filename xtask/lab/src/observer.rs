@@ -26,11 +26,22 @@ impl Observer {
     /// waits for the stderr line that contains `attached`. Stderr is read until observer
     /// exits, so it never blocks on a full pipe; with `echo`, every line is copied to this
     /// process's stderr as `[observer] LINE`.
-    pub fn start(mut command: Command, echo: bool) -> anyhow::Result<Observer> {
-        let mut child = command
-            .stderr(Stdio::piped())
-            .spawn()
-            .with_context(|| format!("could not start {:?}", command.get_program()))?;
+    pub fn start(command: Command, echo: bool) -> anyhow::Result<Observer> {
+        Observer::start_with(command, echo, |command| {
+            command
+                .spawn()
+                .with_context(|| format!("could not start {:?}", command.get_program()))
+        })
+    }
+
+    /// [`Observer::start`], with `spawn` starting the command (e.g.
+    /// [`crate::NodeContainer::exec`], inside a node container).
+    pub fn start_with(
+        mut command: Command,
+        echo: bool,
+        spawn: impl FnOnce(&mut Command) -> anyhow::Result<Child>,
+    ) -> anyhow::Result<Observer> {
+        let mut child = spawn(command.stderr(Stdio::piped()))?;
         let pipe = child.stderr.take().context("observer's stderr")?;
         // From here on, dropping `observer` on an error kills the process.
         let observer = Observer {

@@ -20,7 +20,8 @@ impl Lab {
             let log_path = self.state_dir.join(format!("{}.log", pod.name));
             let log = File::create(&log_path)
                 .with_context(|| format!("could not create {}", log_path.display()))?;
-            let child = in_netns(&self.tools.ip, &pod.ns, &self.tools.python3)
+            let mut server = in_netns(&self.tools.ip, &pod.ns, &self.tools.python3);
+            server
                 .arg("-u")
                 .arg(&script)
                 .args(["--name", &pod.name])
@@ -36,8 +37,9 @@ impl Lab {
                 .stdout(log.try_clone()?)
                 .stderr(log)
                 // Not in the terminal's process group: ^C after `lab up` leaves it running.
-                .process_group(0)
-                .spawn()
+                .process_group(0);
+            let child = self
+                .spawn_pod_process(&mut server)
                 .with_context(|| format!("could not start the server of pod {}", pod.name))?;
             self.servers.push(child);
         }
@@ -61,7 +63,8 @@ impl Lab {
         let mut ready = Vec::new();
         for pod in &self.members() {
             let marker = self.state_dir.join(format!("{}.pause", pod.name));
-            let child = in_netns(&self.tools.ip, &pod.ns, "unshare")
+            let mut pause = in_netns(&self.tools.ip, &pod.ns, "unshare");
+            pause
                 .args(["--uts", "--", "/bin/sh", "-c"])
                 .arg(
                     r#"echo "$0" > /proc/sys/kernel/hostname && touch "$1" && exec sleep infinity"#,
@@ -69,11 +72,10 @@ impl Lab {
                 .arg(&pod.name)
                 .arg(&marker)
                 .stdin(Stdio::null())
-                .process_group(0)
-                .spawn()
-                .with_context(|| {
-                    format!("could not start the pause process of pod {}", pod.name)
-                })?;
+                .process_group(0);
+            let child = self.spawn_pod_process(&mut pause).with_context(|| {
+                format!("could not start the pause process of pod {}", pod.name)
+            })?;
             self.servers.push(child);
             ready.push((pod.name.clone(), marker));
         }
@@ -160,6 +162,7 @@ impl Lab {
             let _ = child.wait();
         }
         self.servers.clear();
+        self.stop_node_container();
         let mut first_error = None;
         for ns in self.all_namespaces() {
             if list_netns(&self.tools.ip)?.contains(&ns)

@@ -20,7 +20,7 @@ impl Lab {
     /// can only be named by their hostnames (each pod's pause process has its own UTS
     /// namespace with the pod's name as hostname, as kubelet sets it).
     pub fn up_without_runtime_bundles(config: crate::LabConfig) -> anyhow::Result<Lab> {
-        Lab::up_with(config, false, None)
+        Lab::up_with(config, false, None, false)
     }
 
     /// [`Lab::up`] in pod sandboxes a real runtime made (see [`crate::Containerd`]):
@@ -31,7 +31,7 @@ impl Lab {
         config: crate::LabConfig,
         mut make_netns: impl FnMut(&Pod) -> anyhow::Result<()>,
     ) -> anyhow::Result<Lab> {
-        Lab::up_with(config, false, Some(&mut make_netns))
+        Lab::up_with(config, false, Some(&mut make_netns), false)
     }
 
     /// The client pod (not a server).
@@ -77,9 +77,14 @@ pub fn pod_name(pod: &Pod) -> String {
     format!("{}/{}", kube_namespace(&pod.name), pod.name)
 }
 
+/// The containerd state directory (a kind node's `/run/containerd`) under `state_dir`.
+pub fn state(state_dir: &Path) -> PathBuf {
+    state_dir.join("containerd")
+}
+
 /// The directory of bundles (containerd's `k8s.io` task namespace) under `state_dir`.
 pub fn root(state_dir: &Path) -> PathBuf {
-    state_dir.join("containerd/io.containerd.runtime.v2.task/k8s.io")
+    state(state_dir).join("io.containerd.runtime.v2.task/k8s.io")
 }
 
 /// A container id as containerd makes them: 64 hex digits.

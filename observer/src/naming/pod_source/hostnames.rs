@@ -18,26 +18,64 @@ pub(super) fn ns_id(path: &Path) -> std::io::Result<NsId> {
     std::fs::metadata(path).map(|meta| (meta.dev(), meta.ino()))
 }
 
+/// The namespaces and hostnames that are the node's and so name no pod: those of the
+/// node's init (PID 1, or `OBSERVER_HOST_PID`), of this process, and of the processes
+/// of kind nodes whose runtime state was read. The init's, not only ours: in a
+/// container with a UTS namespace of its own, every process in the node's UTS
+/// namespace would otherwise look like a pod named after the node.
+#[derive(Debug, Default)]
+struct NodeNamespaces {
+    net: HashSet<NsId>,
+    uts: HashSet<NsId>,
+    hostnames: HashSet<String>,
+}
+
+impl NodeNamespaces {
+    /// `(net, uts, hostname)` of each process that is the node's; what could not be
+    /// read (an init this process may not look into) is `None`.
+    fn new(
+        processes: impl IntoIterator<Item = (Option<NsId>, Option<NsId>, Option<String>)>,
+    ) -> NodeNamespaces {
+        let mut node = NodeNamespaces::default();
+        for (net, uts, hostname) in processes {
+            node.net.extend(net);
+            node.uts.extend(uts);
+            node.hostnames.extend(hostname);
+        }
+        node
+    }
+
+    /// Whether a process in `net` and `uts` may be a pod's: its netns was not named by a
+    /// bundle already (`named`) and neither namespace is the node's.
+    fn may_be_pod(&self, named: &HashSet<NsId>, net: NsId, uts: NsId) -> bool {
+        !named.contains(&net) && !self.net.contains(&net) && !self.uts.contains(&uts)
+    }
+}
+
 /// Adds by hostname the addresses of every netns on this host that is not in `named`
 /// (read from bundles already) and holds a process outside the node's UTS namespaces.
 /// `node_procs` are `/proc/<pid>` of processes on nodes whose runtime state was read.
 pub(super) fn scan(named: &HashSet<NsId>, node_procs: &[PathBuf], scan: &mut PodScan) {
-    let mut node_net = HashSet::new();
-    let mut node_uts = HashSet::new();
-    for proc in
-        std::iter::once(Path::new("/proc/self")).chain(node_procs.iter().map(|p| p.as_path()))
-    {
-        node_net.extend(ns_id(&proc.join("ns/net")).ok());
-        node_uts.extend(ns_id(&proc.join("ns/uts")).ok());
-    }
-    let node_hostnames: HashSet<String> = nix::sys::utsname::uname()
+    let own_hostname = nix::sys::utsname::uname()
         .ok()
-        .and_then(|uts| uts.nodename().to_str().map(str::to_owned))
-        .into_iter()
-        .collect();
-    for (netns, utses) in candidates(scan, |net, uts| {
-        !named.contains(&net) && !node_net.contains(&net) && !node_uts.contains(&uts)
-    }) {
+        .and_then(|uts| uts.nodename().to_str().map(str::to_owned));
+    let own = Path::new("/proc/self");
+    let init = PathBuf::from(format!("/proc/{}", crate::naming::source::host_pid()));
+    // The init's hostname is read by entering its UTS namespace (ours may differ).
+    let init_hostname = hostname(&init.join("ns/uts")).ok();
+    let node = NodeNamespaces::new(
+        [(own, own_hostname), (init.as_path(), init_hostname)]
+            .into_iter()
+            .chain(node_procs.iter().map(|proc| (proc.as_path(), None)))
+            .map(|(proc, hostname)| {
+                (
+                    ns_id(&proc.join("ns/net")).ok(),
+                    ns_id(&proc.join("ns/uts")).ok(),
+                    hostname,
+                )
+            }),
+    );
+    for (netns, utses) in candidates(scan, |net, uts| node.may_be_pod(named, net, uts)) {
         let Some(first) = utses.values().next() else {
             continue;
         };
@@ -51,7 +89,7 @@ pub(super) fn scan(named: &HashSet<NsId>, node_procs: &[PathBuf], scan: &mut Pod
                     .push(format!("{}: {err}", proc.join("ns/uts").display())),
             }
         }
-        let name = match pod_from_hostnames(&hostnames, &node_hostnames) {
+        let name = match pod_from_hostnames(&hostnames, &node.hostnames) {
             Ok(Some(name)) => name,
             Ok(None) => continue,
             Err(err) => {
@@ -142,4 +180,51 @@ fn hostname(path: &Path) -> std::io::Result<String> {
             .join()
             .unwrap_or_else(|_| Err(std::io::Error::other("the hostname reader panicked")))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NODE_NET: NsId = (4, 100);
+    const NODE_UTS: NsId = (4, 101);
+    const OWN_UTS: NsId = (4, 102);
+    const POD_NET: NsId = (4, 200);
+    const POD_UTS: NsId = (4, 201);
+
+    #[test]
+    fn in_a_container_with_its_own_uts_namespace_the_inits_is_the_nodes() {
+        // observer: the node's network, a UTS namespace of its own; the node's init.
+        let node = NodeNamespaces::new([
+            (
+                Some(NODE_NET),
+                Some(OWN_UTS),
+                Some("observer-x7k2p".to_owned()),
+            ),
+            (
+                Some(NODE_NET),
+                Some(NODE_UTS),
+                Some("kind-worker".to_owned()),
+            ),
+        ]);
+        let named = HashSet::new();
+        // A pod's process in the node's UTS namespace (the lab's servers are) names no
+        // pod after the node; the pod's pause process in the pod's names it.
+        assert!(!node.may_be_pod(&named, POD_NET, NODE_UTS));
+        assert!(node.may_be_pod(&named, POD_NET, POD_UTS));
+        assert!(!node.may_be_pod(&named, NODE_NET, POD_UTS));
+        assert!(!node.may_be_pod(&HashSet::from([POD_NET]), POD_NET, POD_UTS));
+        assert!(node.hostnames.contains("kind-worker"));
+    }
+
+    #[test]
+    fn an_init_that_cannot_be_read_leaves_our_own_namespaces() {
+        let node = NodeNamespaces::new([
+            (Some(NODE_NET), Some(NODE_UTS), Some("vm".to_owned())),
+            (None, None, None),
+        ]);
+        assert!(!node.may_be_pod(&HashSet::new(), POD_NET, NODE_UTS));
+        assert!(node.may_be_pod(&HashSet::new(), POD_NET, POD_UTS));
+        assert_eq!(node.hostnames, HashSet::from(["vm".to_owned()]));
+    }
 }

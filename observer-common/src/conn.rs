@@ -96,6 +96,10 @@ pub struct ConnState {
     pub last_ns: u64,
     /// The kernel's `jiffies_64` when `start_ns` was read.
     pub start_jiffies: u64,
+    /// TCP: when the backend's first SYN-ACK was seen (`bpf_ktime_get_ns()`), 0 until
+    /// then. Written by reply packets only. With `start_ns` of a connection whose SYN
+    /// was seen, how long connecting took as the node saw it.
+    pub synack_ns: u64,
     /// Payload bytes per direction (`ORIGINAL` = to the backend), each byte counted once.
     pub bytes: [u64; 2],
     /// UDP de-duplication: the device (`skb->dev`) each direction's datagrams are
@@ -143,7 +147,11 @@ pub struct ConnState {
     /// `CLOSE_*` once the connection ended but its close event could not be written
     /// (ring buffer full): user space writes the record from the table instead.
     pub closed: u8,
-    pub _pad: [u8; 3],
+    /// The backend said nothing listens (0 or 1): a TCP RST before any SYN-ACK, or an
+    /// ICMP port unreachable about the connection (TCP or UDP). Written by reply
+    /// packets only.
+    pub refused: u8,
+    pub _pad: [u8; 2],
     /// Client -> the address it dialed (ClusterIP:port, NodePort, ...).
     pub original: FlowTuple,
     /// Backend (pod IP:targetPort) -> client (or the SNAT address).
@@ -181,8 +189,8 @@ pub struct ConnEvent {
 
 const _: () = assert!(core::mem::size_of::<Endpoint>() == 20);
 const _: () = assert!(core::mem::size_of::<FlowTuple>() == 44);
-const _: () = assert!(core::mem::size_of::<ConnState>() == 200);
-const _: () = assert!(core::mem::size_of::<ConnEvent>() == 224);
+const _: () = assert!(core::mem::size_of::<ConnState>() == 208);
+const _: () = assert!(core::mem::size_of::<ConnEvent>() == 232);
 const _: () = assert!(core::mem::size_of::<DialedKey>() == 40);
 
 #[cfg(feature = "user")]

@@ -54,6 +54,11 @@ pub fn account(state: *mut ConnState, dir: usize, packet: &Packet, now: u64) -> 
     store!(state.last_ns, now);
     if dir == REPLY {
         store!(state.replied, 1);
+        // Only SYN-ACKs go further: a packet of an established connection pays one test
+        // of a flags byte it already holds.
+        if packet.tcp_flags & TCP_SYN != 0 {
+            answered(state, packet, now);
+        }
     }
     let fresh = if packet.protocol == PROTO_TCP {
         fresh_tcp_bytes(state, dir, packet)
@@ -83,6 +88,9 @@ fn closing(state: *mut ConnState, dir: usize, packet: &Packet) -> u32 {
     }
     if packet.tcp_flags & TCP_RST != 0 {
         store!(state.rst, 1);
+        if dir == REPLY && refuses(state) {
+            store!(state.refused, 1);
+        }
         return CLOSE_RST;
     }
     if packet.tcp_flags & TCP_FIN == 0 {
@@ -102,6 +110,28 @@ fn closing(state: *mut ConnState, dir: usize, packet: &Packet) -> u32 {
     } else {
         CLOSE_NONE
     }
+}
+
+/// The backend's SYN-ACK: the first one's time is when the connection was answered.
+#[inline(always)]
+fn answered(state: *mut ConnState, packet: &Packet, now: u64) {
+    if packet.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN | TCP_ACK && load!(state.synack_ns) == 0
+    {
+        store!(state.synack_ns, now);
+    }
+}
+
+/// Whether a refusal from the backend (an RST, an ICMP port unreachable) is its first
+/// answer to a connection whose start was seen: nothing listens there. A connection
+/// adopted mid-stream, or one answered before (a SYN-ACK; for UDP any datagram), is not
+/// refused.
+#[inline(always)]
+pub fn refuses(state: *const ConnState) -> bool {
+    // SAFETY: as in `load!`; the tuple is written once, before the entry is inserted.
+    let protocol = unsafe { core::ptr::read_volatile(&raw const (*state).original.protocol) };
+    load!(state.start_seen) != 0
+        && load!(state.synack_ns) == 0
+        && (protocol == PROTO_TCP || load!(state.replied) == 0)
 }
 
 /// Whether `ConnState::fins` holds a FIN of each direction (one half each).

@@ -143,3 +143,43 @@ pub fn parse<S: SkbFields>(skb: S, len: u32, data_len: u32) -> Result<Option<Pac
         linear: headlen.saturating_sub(before_payload).min(payload),
     }))
 }
+
+/// ICMP's "port unreachable": type 3 code 3 (ICMPv4), type 1 code 4 (ICMPv6).
+const ICMP_DEST_UNREACH: u8 = 3;
+const ICMP_PORT_UNREACH: u8 = 3;
+const ICMPV6_DEST_UNREACH: u8 = 1;
+const ICMPV6_PORT_UNREACH: u8 = 4;
+const PROTO_ICMP: u8 = 1;
+const PROTO_ICMPV6: u8 = 58;
+
+/// Whether the packet is an ICMP or ICMPv6 "port unreachable" (the answer of a host
+/// where nothing listens on a UDP port, and of an iptables or nftables REJECT). Reads
+/// the IP header and the ICMP type and code in one read.
+#[inline(always)]
+pub fn port_unreachable<S: SkbFields>(skb: S) -> Result<bool, ReadFailed> {
+    let (head, _) = skb.head_and_data()?;
+    let ip = head + skb.network_header()? as u64;
+    let headers: Headers = read(ip, 0)?;
+    let (protocol, type_code) = match headers.ip[0] >> 4 {
+        4 => {
+            let ihl = ((headers.ip[0] & 0x0f) as u64) * 4;
+            let type_code: [u8; 2] = if ihl as usize == V4_TRANSPORT {
+                [headers.ip[V4_TRANSPORT], headers.ip[V4_TRANSPORT + 1]]
+            } else {
+                read(ip, ihl as u32)?
+            };
+            (headers.ip[9], type_code)
+        }
+        6 => {
+            // SAFETY: TcpHdr is 20 plain bytes; the ICMPv6 type and code are the first two.
+            let bytes: [u8; TcpHdr::LEN] = unsafe { core::mem::transmute_copy(&headers.transport) };
+            (headers.ip[6], [bytes[0], bytes[1]])
+        }
+        _ => return Ok(false),
+    };
+    Ok(match protocol {
+        PROTO_ICMP => type_code == [ICMP_DEST_UNREACH, ICMP_PORT_UNREACH],
+        PROTO_ICMPV6 => type_code == [ICMPV6_DEST_UNREACH, ICMPV6_PORT_UNREACH],
+        _ => false,
+    })
+}

@@ -27,7 +27,7 @@ use observer_common::{
 use crate::{
     clock,
     conn::{
-        account, both_fins, close, emit, end_now, load, lost_identity, pending_close,
+        account, both_fins, close, emit, end_now, load, lost_identity, pending_close, refuses,
         remember_dialed, store,
     },
     dns::{capture, is_dns},
@@ -36,7 +36,7 @@ use crate::{
         BPF_NOEXIST, CONNS, DIALED, SCRATCH, count, count_lost, forget_lost, lost_at, offset,
         remember_lost,
     },
-    packet::{Packet, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, parse},
+    packet::{Packet, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, parse, port_unreachable},
     skb::{BtfSkb, ProbedSkb, SkbFields},
 };
 
@@ -78,8 +78,12 @@ fn handle<S: SkbFields>(skb: S) -> Result<(), ReadFailed> {
     if ct_status & (1 << status::DST_NAT_BIT) == 0 {
         return Ok(());
     }
-    // RELATED (ICMP errors about the connection) carry no payload of it.
-    if info == ctinfo::RELATED || info == ctinfo::RELATED + ctinfo::IS_REPLY {
+    // RELATED packets (ICMP errors about the connection) carry no payload of it; one
+    // from the backend's side may say that nothing listens there.
+    if info == ctinfo::RELATED + ctinfo::IS_REPLY {
+        return refusal(skb, conntrack);
+    }
+    if info == ctinfo::RELATED {
         return Ok(());
     }
     let Some(packet) = parse(skb, len, data_len)? else {
@@ -107,6 +111,22 @@ fn handle<S: SkbFields>(skb: S) -> Result<(), ReadFailed> {
         return Ok(());
     }
     open(skb, conntrack, info, dir, &packet, clock::exact())
+}
+
+/// An ICMP error about a tracked connection, coming from the backend's side: a port
+/// unreachable as its first answer marks the connection refused (a UDP datagram, or a
+/// SYN a REJECT rule answered, to a port nothing listens on). Rare: only ICMP errors
+/// about DNATed connections get here.
+#[inline(always)]
+fn refusal<S: SkbFields>(skb: S, conntrack: u64) -> Result<(), ReadFailed> {
+    let Some(state) = CONNS.get_ptr_mut(&conntrack) else {
+        return Ok(());
+    };
+    if refuses(state) && port_unreachable(skb)? {
+        store!(state.refused, 1);
+        store!(state.last_ns, clock::exact().0);
+    }
+    Ok(())
 }
 
 /// Whether a packet of a tracked connection is stamped with the exact time (see

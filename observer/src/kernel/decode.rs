@@ -138,7 +138,7 @@ mod tests {
             conn_event(&bytes[..100]),
             Err(DecodeError::Length {
                 got: 100,
-                expected: 224
+                expected: 232
             })
         );
     }
@@ -187,10 +187,10 @@ mod tests {
         };
         assert_eq!(push_kernel_event(bytes, &mut conns, &mut dns), Ok(()));
         assert_eq!(
-            push_kernel_event(&bytes[..223], &mut conns, &mut dns),
+            push_kernel_event(&bytes[..231], &mut conns, &mut dns),
             Err(DecodeError::Length {
-                got: 223,
-                expected: 224
+                got: 231,
+                expected: 232
             })
         );
         assert_eq!((conns, dns), (vec![conn], vec![event]));

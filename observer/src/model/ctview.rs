@@ -344,6 +344,7 @@ fn record(netns: u32, found: &Found, close: Close, now: DateTime<Utc>) -> ConnRe
         requests: 0,
         bytes_to_backend: 0,
         bytes_from_backend: 0,
+        connect_ms: None,
         close,
         start_seen: false,
     }

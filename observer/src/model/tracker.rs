@@ -169,6 +169,10 @@ impl Tracker {
                     let close = kernel_close(state.closed as u32);
                     return Ok((id, self.record(state, close, state.last_ns)?));
                 }
+                // Refused, and only waiting for its idle timeout: that is its end.
+                if state.refused != 0 {
+                    return Ok((id, self.record(state, Close::Refused, state.last_ns)?));
+                }
                 Ok((id, self.record(state, Close::Open, now_ns)?))
             })
             .collect()
@@ -209,10 +213,37 @@ impl Tracker {
             requests: state.requests as u64,
             bytes_to_backend: state.bytes[0],
             bytes_from_backend: state.bytes[1],
-            close,
+            close: outcome_close(state, close),
+            connect_ms: connect_ms(state),
             start_seen: state.start_seen != 0,
         })
     }
+}
+
+/// How a connection ended, given what the kernel saw of its answers: a refusal as the
+/// backend's first answer makes it `Refused` however it ended; a connection whose start
+/// was seen and that never got a packet back is `Unanswered` when it timed out, expired
+/// or was reset by its client. A connection still open stays `Open`.
+pub fn outcome_close(state: &ConnState, close: Close) -> Close {
+    if close == Close::Open {
+        return close;
+    }
+    if state.refused != 0 {
+        return Close::Refused;
+    }
+    let silent = state.start_seen != 0 && state.replied == 0;
+    match close {
+        Close::Timeout | Close::Expired | Close::Rst if silent => Close::Unanswered,
+        _ => close,
+    }
+}
+
+/// Milliseconds from the client's SYN (the connection's first packet) to the backend's
+/// first SYN-ACK; `None` without both.
+pub fn connect_ms(state: &ConnState) -> Option<f64> {
+    (state.start_seen != 0 && state.syn_seen != 0 && state.synack_ns >= state.start_ns)
+        .then(|| (state.synack_ns - state.start_ns) as f64 / 1e6)
+        .filter(|_| state.synack_ns != 0)
 }
 
 #[cfg(test)]
@@ -242,6 +273,7 @@ mod tests {
             netns: 4026532301,
             start_seen: 1,
             seq_known: [1, 1],
+            replied: 1,
             original: FlowTuple {
                 src: endpoint([10, 244, 1, 9], 45364),
                 dst: endpoint([10, 96, 35, 226], 80),
@@ -297,7 +329,7 @@ mod tests {
         let line = serde_json::to_string(&crate::model::record::LogLine::Conn(record)).unwrap();
         assert_eq!(
             line,
-            r#"{"type":"conn","proto":"tcp","client":"10.244.1.9:45364","client_pod":null,"original_dst":"10.96.35.226:80","backend":"10.244.1.13:8080","backend_pod":null,"service":null,"frontend":null,"endpoint_in_rules":null,"netns":4026532301,"start":"2026-08-06T13:46:36.000000Z","end":"2026-08-06T13:46:40.000500Z","duration_ms":4000.5,"requests":30,"bytes_to_backend":93,"bytes_from_backend":180,"close":"fin","start_seen":true}"#
+            r#"{"type":"conn","proto":"tcp","client":"10.244.1.9:45364","client_pod":null,"original_dst":"10.96.35.226:80","backend":"10.244.1.13:8080","backend_pod":null,"service":null,"frontend":null,"endpoint_in_rules":null,"netns":4026532301,"start":"2026-08-06T13:46:36.000000Z","end":"2026-08-06T13:46:40.000500Z","duration_ms":4000.5,"requests":30,"bytes_to_backend":93,"bytes_from_backend":180,"close":"fin","connect_ms":null,"start_seen":true}"#
         );
     }
 
@@ -308,6 +340,8 @@ mod tests {
         let tcp = state(PROTO_TCP, 100 * SECOND, 101 * SECOND);
         let mut unanswered = state(PROTO_TCP, 100 * SECOND, 101 * SECOND);
         unanswered.seq_known = [1, 0];
+        unanswered.replied = 0;
+        unanswered.bytes = [93, 0];
         let entries = [(1, udp), (2, tcp), (3, unanswered)];
         let early = tracker.sweep(&entries, 130 * SECOND, true);
         assert!(early.ended.is_empty());
@@ -435,5 +469,91 @@ mod tests {
             (record.close, record.end, record.duration_ms),
             (Close::Open, None, 3000.0)
         );
+    }
+
+    /// What the kernel programs leave in a connection's state after a packet sequence
+    /// (observer-ebpf `conn::account`, `conn::refuses`, `hooks/dev_queue.rs` `refusal`),
+    /// and the outcome user space makes of it.
+    mod outcomes {
+        use super::*;
+        use crate::model::record::Outcome;
+
+        /// The client's SYN at 100 s: the first packet, so `start_seen` and `syn_seen`.
+        fn syn(protocol: u8) -> ConnState {
+            let mut state = state(protocol, 100 * SECOND, 100 * SECOND);
+            state.syn_seen = (protocol == PROTO_TCP) as u8;
+            state.seq_known = [1, 0];
+            state.replied = 0;
+            state.bytes = [0, 0];
+            state.requests = 0;
+            state
+        }
+
+        fn close_of(state: &ConnState, close: Close) -> (Close, Option<f64>) {
+            let mut tracker = tracker();
+            let (_, record) = tracker.end(7, state, close).unwrap();
+            (record.close, record.connect_ms)
+        }
+
+        #[test]
+        fn syn_then_rst_from_the_backend_is_refused() {
+            let mut state = syn(PROTO_TCP);
+            // The RST: a reply packet, no SYN-ACK before it.
+            state.replied = 1;
+            state.rst = 1;
+            state.refused = 1;
+            state.last_ns = 100 * SECOND + 300_000;
+            assert_eq!(close_of(&state, Close::Rst), (Close::Refused, None));
+        }
+
+        #[test]
+        fn syn_then_nothing_is_unanswered_at_the_idle_timeout_or_when_conntrack_drops_it() {
+            let state = syn(PROTO_TCP);
+            assert_eq!(close_of(&state, Close::Timeout), (Close::Unanswered, None));
+            assert_eq!(close_of(&state, Close::Expired), (Close::Unanswered, None));
+            // The client gave up with an RST of its own.
+            let mut reset = state;
+            reset.rst = 1;
+            assert_eq!(close_of(&reset, Close::Rst), (Close::Unanswered, None));
+            // Still open at the end of a recording: not known yet.
+            let mut tracker = tracker();
+            let records = tracker.finish(&[(7, state)], 101 * SECOND);
+            let record = &records[0].as_ref().unwrap().1;
+            assert_eq!((record.close, record.outcome()), (Close::Open, Outcome::Pending));
+        }
+
+        #[test]
+        fn syn_then_syn_ack_is_answered_with_its_connect_time() {
+            let mut state = syn(PROTO_TCP);
+            state.replied = 1;
+            state.synack_ns = 100 * SECOND + 20_412_000;
+            state.seq_known = [1, 1];
+            assert_eq!(close_of(&state, Close::Fin), (Close::Fin, Some(20.412)));
+            // An RST after the answer is a reset, not a refusal.
+            state.rst = 1;
+            assert_eq!(close_of(&state, Close::Rst), (Close::Rst, Some(20.412)));
+            // Adopted mid-stream: no connect time.
+            state.start_seen = 0;
+            state.syn_seen = 0;
+            assert_eq!(close_of(&state, Close::Rst), (Close::Rst, None));
+        }
+
+        #[test]
+        fn udp_with_and_without_a_reply() {
+            let mut answered = syn(PROTO_UDP);
+            answered.replied = 1;
+            answered.bytes = [40, 120];
+            assert_eq!(close_of(&answered, Close::Timeout), (Close::Timeout, None));
+            let silent = syn(PROTO_UDP);
+            assert_eq!(close_of(&silent, Close::Timeout), (Close::Unanswered, None));
+            // An ICMP port unreachable came back: refused, also when the recording ends
+            // before its idle timeout.
+            let mut refused = syn(PROTO_UDP);
+            refused.refused = 1;
+            assert_eq!(close_of(&refused, Close::Timeout), (Close::Refused, None));
+            let mut tracker = tracker();
+            let records = tracker.finish(&[(7, refused)], 101 * SECOND);
+            assert_eq!(records[0].as_ref().unwrap().1.close, Close::Refused);
+        }
     }
 }

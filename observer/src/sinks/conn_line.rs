@@ -85,8 +85,15 @@ impl ConnLine {
             Close::Timeout => out.extend_from_slice(b"timeout"),
             Close::Expired => out.extend_from_slice(b"expired"),
             Close::Open => out.extend_from_slice(b"open"),
+            Close::Refused => out.extend_from_slice(b"refused"),
+            Close::Unanswered => out.extend_from_slice(b"unanswered"),
         }
-        out.extend_from_slice(br#"","start_seen":"#);
+        out.extend_from_slice(br#"","connect_ms":"#);
+        match record.connect_ms {
+            Some(ms) => serde_json::to_writer(&mut *out, &ms)?,
+            None => out.extend_from_slice(b"null"),
+        }
+        out.extend_from_slice(br#","start_seen":"#);
         if record.start_seen {
             out.extend_from_slice(b"true");
         } else {
@@ -273,9 +280,14 @@ mod tests {
                     Close::Timeout,
                     Close::Expired,
                     Close::Open,
+                    Close::Refused,
+                    Close::Unanswered,
                 ] {
                     record.close = close;
-                    assert_eq!(line(&mut writer, &record), serde_line(&record));
+                    for connect_ms in [None, Some(0.0), Some(20.412), Some(1e-7)] {
+                        record.connect_ms = connect_ms;
+                        assert_eq!(line(&mut writer, &record), serde_line(&record));
+                    }
                 }
             }
         }

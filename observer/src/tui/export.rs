@@ -3,7 +3,6 @@
 
 use serde_json::{Value, json};
 
-use super::labels::close_text;
 use super::state::{Detail, Screen, ServiceKey, Shown};
 
 /// The export's text and how many lines it has.
@@ -57,7 +56,7 @@ fn service_values(key: &ServiceKey, shown: &Shown, detail: &Detail) -> Vec<Value
             "age_ms": conn.age_ms,
             "requests": conn.requests,
             "idle_ms": conn.idle_ms,
-            "close": close_text(conn.close),
+            "close": conn.close.as_str(),
         }));
     }
     values

@@ -1,13 +1,11 @@
 //! The live terminal view: Services, then one Service's backends and connections.
 //!
 //! `state` is pure state and `update`; `view` renders from `&App`; `export` turns what
-//! is shown into JSON Lines; `labels` holds words both of those use; `run` owns the
-//! terminal and performs what `update` asks; `replay` turns a recording into the same
-//! updates a capture produces. `view` and `export` depend on `state` (and `labels`),
-//! `run` on all of them; nothing depends back.
+//! is shown into JSON Lines; `run` owns the terminal and performs what `update` asks;
+//! `replay` turns a recording into the same updates a capture produces. `view` and
+//! `export` depend on `state`, `run` on all of them; nothing depends back.
 
 mod export;
-mod labels;
 mod replay;
 mod run;
 mod state;

@@ -8,7 +8,7 @@
 //!  "endpoint_in_rules":true,
 //!  "netns":4026532301,"start":"2026-08-06T13:46:36.412345Z","end":"2026-08-06T13:46:40.500000Z",
 //!  "duration_ms":4087.655,"requests":30,"bytes_to_backend":2790,"bytes_from_backend":5400,
-//!  "close":"fin","start_seen":true}
+//!  "close":"fin","connect_ms":null,"start_seen":true}
 //! {"type":"dns","proto":"udp","client":"10.244.1.9:40512","client_pod":"shop/client",
 //!  "server":"10.96.0.10:53","netns":4026532301,"id":4660,"name":"checkout.shop.svc.cluster.local",
 //!  "qtype":"A","rcode":"NOERROR","time":"2026-08-06T13:46:36.401000Z","latency_ms":0.412}
@@ -57,6 +57,77 @@ pub enum Close {
     Expired,
     /// Still open when the recording ended.
     Open,
+    /// The backend's first answer said nothing listens: a TCP RST before any SYN-ACK,
+    /// or an ICMP port unreachable (UDP, or a REJECT rule in the pod). The pod is in
+    /// the rules, but no server took the connection.
+    Refused,
+    /// Nothing ever came back from the backend (TCP SYNs, UDP datagrams without a
+    /// reply); it ended when conntrack dropped the entry, by the idle timeout, or by
+    /// the client's own RST.
+    Unanswered,
+}
+
+impl Close {
+    /// As the log writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Close::Fin => "fin",
+            Close::Rst => "rst",
+            Close::Timeout => "timeout",
+            Close::Expired => "expired",
+            Close::Open => "open",
+            Close::Refused => "refused",
+            Close::Unanswered => "unanswered",
+        }
+    }
+}
+
+/// What came of a connection attempt: summaries, metrics and `check` count these per
+/// backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Outcome {
+    /// The backend answered (a SYN-ACK, a datagram), or the connection was adopted
+    /// established.
+    Answered,
+    Refused,
+    Unanswered,
+    /// Still open without an answer when the recording ended: not known yet.
+    Pending,
+}
+
+impl Outcome {
+    pub const ALL: [Outcome; 4] = [
+        Outcome::Answered,
+        Outcome::Refused,
+        Outcome::Unanswered,
+        Outcome::Pending,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Answered => "answered",
+            Outcome::Refused => "refused",
+            Outcome::Unanswered => "unanswered",
+            Outcome::Pending => "pending",
+        }
+    }
+}
+
+impl ConnRecord {
+    /// The connection's outcome from its record: refused and unanswered are closes of
+    /// their own; an open connection without any sign of an answer is pending.
+    pub fn outcome(&self) -> Outcome {
+        match self.close {
+            Close::Refused => Outcome::Refused,
+            Close::Unanswered => Outcome::Unanswered,
+            Close::Open
+                if self.start_seen && self.connect_ms.is_none() && self.bytes_from_backend == 0 =>
+            {
+                Outcome::Pending
+            }
+            _ => Outcome::Answered,
+        }
+    }
 }
 
 /// A Service or pod name as records carry it: shared, so that naming a connection
@@ -105,6 +176,11 @@ pub struct ConnRecord {
     pub bytes_to_backend: u64,
     pub bytes_from_backend: u64,
     pub close: Close,
+    /// TCP: milliseconds from the client's first SYN to the backend's SYN-ACK, as the
+    /// node saw them; null when the connection was not answered, was adopted
+    /// mid-stream, or is UDP.
+    #[serde(default)]
+    pub connect_ms: Option<f64>,
     /// False when observer attached after the connection's first packet (counts then
     /// cover only what was seen).
     #[serde(default = "yes")]
@@ -479,6 +555,7 @@ impl ConnRecord {
             bytes_to_backend: 93,
             bytes_from_backend: 180,
             close: Close::Fin,
+            connect_ms: None,
             start_seen: true,
         }
     }

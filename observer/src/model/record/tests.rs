@@ -2,7 +2,7 @@
 
 use super::*;
 
-const EXAMPLE: &str = r#"{"type":"conn","proto":"tcp","client":"10.244.1.9:45364","client_pod":null,"original_dst":"10.96.35.226:80","backend":"10.244.1.13:3000","backend_pod":null,"service":null,"frontend":null,"endpoint_in_rules":null,"netns":4026532301,"start":"2026-08-06T13:46:36.412345Z","end":"2026-08-06T13:46:40.500000Z","duration_ms":4087.655,"requests":30,"bytes_to_backend":2790,"bytes_from_backend":5400,"close":"fin","start_seen":true}"#;
+const EXAMPLE: &str = r#"{"type":"conn","proto":"tcp","client":"10.244.1.9:45364","client_pod":null,"original_dst":"10.96.35.226:80","backend":"10.244.1.13:3000","backend_pod":null,"service":null,"frontend":null,"endpoint_in_rules":null,"netns":4026532301,"start":"2026-08-06T13:46:36.412345Z","end":"2026-08-06T13:46:40.500000Z","duration_ms":4087.655,"requests":30,"bytes_to_backend":2790,"bytes_from_backend":5400,"close":"fin","connect_ms":null,"start_seen":true}"#;
 
 #[test]
 fn conn_line_round_trips_byte_for_byte() {

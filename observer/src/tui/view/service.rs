@@ -13,7 +13,6 @@ use super::{BOLD, DIM, SELECTED};
 use crate::model::record::{Close, FrontendKind};
 use crate::sinks::text::{Digits, door_text, duration};
 use crate::stats::{BackendStats, Percentiles};
-use crate::tui::labels::close_text;
 use crate::tui::state::{App, ConnRow, Detail};
 
 pub(super) fn service_screen(
@@ -237,7 +236,7 @@ fn longest_text(detail: &Detail, names: bool) -> String {
             shown_addr(conn.backend, conn.backend_pod.as_ref(), names, usize::MAX),
             duration(conn.age_ms, Digits::Compact),
             conn.requests,
-            close_text(conn.close)
+            conn.close.as_str()
         ),
         None => "longest pinned: -".to_owned(),
     }
@@ -333,6 +332,6 @@ fn conn_texts(conn: &ConnRow, names: bool, width: usize) -> [String; 6] {
         count(conn.requests),
         conn.idle_ms
             .map_or("-".to_owned(), |ms| duration(ms, Digits::Compact)),
-        close_text(conn.close).to_owned(),
+        conn.close.as_str().to_owned(),
     ]
 }

@@ -18,7 +18,7 @@ fn expected() -> Expected {
 
 fn conn(port: u16, backend: &str, sent: u64, received: u64) -> String {
     format!(
-        r#"{{"type":"conn","proto":"tcp","client":"10.244.1.9:{port}","original_dst":"10.96.35.226:80","backend":"{backend}","service":"shop/checkout:http","endpoint_in_rules":true,"netns":1,"start":"t","end":"t","duration_ms":1.0,"requests":1,"bytes_to_backend":{sent},"bytes_from_backend":{received},"close":"fin","start_seen":true}}"#
+        r#"{{"type":"conn","proto":"tcp","client":"10.244.1.9:{port}","original_dst":"10.96.35.226:80","backend":"{backend}","service":"shop/checkout:http","endpoint_in_rules":true,"netns":1,"start":"t","end":"t","duration_ms":1.0,"requests":1,"bytes_to_backend":{sent},"bytes_from_backend":{received},"close":"fin","connect_ms":null,"start_seen":true}}"#
     )
 }
 

@@ -23,5 +23,8 @@ pub const DNS_EMITTED: u32 = 5;
 /// or a UDP payload was not in the packet's linear part (then there is nothing the
 /// forwarding hook can copy cheaply).
 pub const DNS_DROPPED: u32 = 6;
+/// Rejected-connection reports (`reject::RejectEvent`) not written: their ring buffer
+/// was full. The flow's packets are still counted in its `REJECTED` entry.
+pub const REJECTS_DROPPED: u32 = 7;
 /// Number of counters.
-pub const COUNT: u32 = 7;
+pub const COUNT: u32 = 8;

@@ -10,3 +10,4 @@ pub mod conn;
 pub mod counters;
 pub mod dns;
 pub mod offsets;
+pub mod reject;

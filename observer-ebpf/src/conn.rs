@@ -115,8 +115,7 @@ fn closing(state: *mut ConnState, dir: usize, packet: &Packet) -> u32 {
 /// The backend's SYN-ACK: the first one's time is when the connection was answered.
 #[inline(always)]
 fn answered(state: *mut ConnState, packet: &Packet, now: u64) {
-    if packet.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN | TCP_ACK && load!(state.synack_ns) == 0
-    {
+    if packet.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN | TCP_ACK && load!(state.synack_ns) == 0 {
         store!(state.synack_ns, now);
     }
 }

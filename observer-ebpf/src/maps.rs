@@ -10,6 +10,7 @@ use observer_common::{
     conn::{ConnState, DialedKey},
     counters,
     offsets::KernelOffsets,
+    reject::{RejectCount, RejectKey},
 };
 
 /// Kernel structure offsets read from BTF by user space (`EbpfLoader::set_global`).
@@ -186,6 +187,17 @@ pub static DNS_DROPPED_BY_NETNS: HashMap<u32, u64> = HashMap::with_max_entries(4
 /// Open and close events for user space.
 #[map]
 pub static EVENTS: RingBuf = RingBuf::with_byte_size(4 * 1024 * 1024, 0);
+
+/// New connections netfilter dropped before any DNAT, one entry per client flow (see
+/// `hooks/netfilter_drop.rs`); user space reads the counts and removes finished flows.
+/// LRU: a flood of new flows evicts the oldest instead of filling it for good.
+#[map]
+pub static REJECTED: LruHashMap<RejectKey, RejectCount> = LruHashMap::with_max_entries(65536, 0);
+
+/// Reports of rejected flows: a ring buffer of their own, so that a flood of rejected
+/// connections cannot cost one connection event.
+#[map]
+pub static REJECT_EVENTS: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
 
 /// `observer_common::counters` indices.
 #[map]

@@ -15,6 +15,7 @@ mod dns;
 mod ends;
 mod follow;
 mod names;
+mod rejects;
 
 pub use ends::{ConntrackStart, follow_conntrack};
 
@@ -37,7 +38,7 @@ const NAME_WAIT: Duration = Duration::from_secs(2);
 /// How long it may wait for the first read of its namespace's rules before it is
 /// written without a name (`nft -j` of 5,000 Services took 6 s on a busy lab machine).
 /// Bounds the memory held: connections closing meanwhile.
-const FIRST_NAME_WAIT: Duration = Duration::from_secs(15);
+pub(crate) const FIRST_NAME_WAIT: Duration = Duration::from_secs(15);
 
 pub struct SessionOptions {
     /// UDP (and unanswered TCP) connections end after this much silence.
@@ -89,6 +90,7 @@ struct Session {
     /// time grew (copying) and faulted in new pages at every 50 ms drain.
     drained: (Vec<ConnEvent>, Vec<observer_common::dns::DnsEvent>),
     dns: dns::DnsSide,
+    rejects: rejects::RejectSide,
 }
 
 /// Runs until `stop` completes, then detaches, drains, writes connections still open
@@ -151,6 +153,10 @@ impl Session {
             events: 0,
             drained: Default::default(),
             dns: dns::DnsSide::new(clock),
+            rejects: rejects::RejectSide::new(crate::model::rejects::RejectTracker::new(
+                clock,
+                options.idle_timeout,
+            )),
         }
     }
 
@@ -171,6 +177,7 @@ impl Session {
         }
         self.release_held_at_end()?;
         self.finish_dns()?;
+        self.finish_rejects()?;
         let stats = self.stats();
         let summary = SummaryRecord {
             connections: self.log.as_ref().map_or(0, LogWriter::connections),
@@ -187,6 +194,8 @@ impl Session {
             dns_queries: self.dns.written,
             dns_malformed: stats.dns_malformed,
             dns_malformed_by_netns: self.dns_malformed_by_netns(),
+            rejects: self.rejects.written,
+            lost_rejects: stats.lost_rejects,
             started,
             ended: Utc::now(),
         };
@@ -208,6 +217,7 @@ impl Session {
         let result = self.on_events(&events, &dns);
         self.drained = (events, dns);
         result?;
+        self.drain_rejects()?;
         self.end_superseded()?;
         self.release_held()
     }
@@ -266,6 +276,7 @@ impl Session {
             self.end(conntrack, &state, close)?;
         }
         self.release_held()?;
+        self.sweep_rejects(now)?;
         if let Some(log) = self.log.as_mut() {
             log.flush()
                 .with_context(|| format!("cannot write the connection log to {}", log.name))?;
@@ -302,6 +313,7 @@ impl Session {
             lost_events: counters.events_dropped + self.malformed,
             read_errors: counters.read_errors,
             dns_malformed: counters.dns_dropped + self.dns.malformed,
+            lost_rejects: counters.rejects_dropped + self.rejects.malformed,
             hooks_attached: self.capture.hooks_attached(),
             netns_seen: self.netns_seen.len() as u32,
             live_connections: self.tracker.open_count() as u64,

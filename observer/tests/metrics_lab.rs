@@ -97,7 +97,7 @@ fn metrics_count_what_the_clients_saw() {
         "{metrics}"
     );
     assert!(
-        metrics.lines().any(|l| l == "observer_hooks_attached 3"),
+        metrics.lines().any(|l| l == "observer_hooks_attached 4"),
         "{metrics}"
     );
     let shares = per_backend(&metrics, "observer_expected_share", name, "tcp");

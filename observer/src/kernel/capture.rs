@@ -10,6 +10,7 @@ use observer_common::{
     conn::{ConnEvent, ConnState, DialedKey},
     counters,
     dns::DnsEvent,
+    reject::{RejectCount, RejectEvent, RejectKey},
 };
 
 use std::os::fd::AsFd as _;
@@ -77,6 +78,8 @@ pub struct Counters {
     /// not in the packet's linear part).
     pub dns_emitted: u64,
     pub dns_dropped: u64,
+    /// Rejected-flow reports not written (their ring buffer was full).
+    pub rejects_dropped: u64,
 }
 
 /// Attached programs and their maps. Dropping it detaches everything.
@@ -84,6 +87,11 @@ pub struct Capture {
     /// Owns the programs; `None` once detached.
     ebpf: Option<Ebpf>,
     events: tokio::io::unix::AsyncFd<RingBuf<MapData>>,
+    /// Rejected flows' reports: drained on the drain timer (never a wake-up of its own,
+    /// so a flood of them costs user space no extra wake-ups).
+    rejects: RingBuf<MapData>,
+    /// Rejected flows' counts, by flow.
+    rejected: HashMap<MapData, RejectKey, RejectCount>,
     conns: HashMap<MapData, u64, ConnState>,
     /// `conns`' descriptor again, for batch reads (aya 0.14 has none).
     conns_fd: std::os::fd::OwnedFd,
@@ -114,10 +122,15 @@ fn cgroup2_mount() -> Option<std::path::PathBuf> {
     })
 }
 
-/// conntrack's structure offsets from the kernel's BTF at `btf_path`.
-fn read_offsets(
-    btf_path: &std::path::Path,
-) -> Result<observer_common::offsets::KernelOffsets, CaptureError> {
+/// What the programs need to know of the kernel, from its BTF: conntrack's structure
+/// offsets, and how `kfree_skb` says netfilter dropped a packet (0: it does not say).
+struct KernelLayout {
+    offsets: observer_common::offsets::KernelOffsets,
+    netfilter_drop_reason: u32,
+}
+
+/// The kernel's layout from its BTF at `btf_path`.
+fn read_layout(btf_path: &std::path::Path) -> Result<KernelLayout, CaptureError> {
     let path = btf_path.display().to_string();
     let file = std::fs::File::open(btf_path).map_err(|error| CaptureError::NoBtf {
         path: path.clone(),
@@ -133,18 +146,19 @@ fn read_offsets(
         "kernel offsets from BTF: {}",
         crate::kernel::offsets::describe(&offsets)
     );
-    Ok(offsets)
+    Ok(KernelLayout {
+        offsets,
+        netfilter_drop_reason: crate::kernel::offsets::netfilter_drop_reason(&btf),
+    })
 }
 
 /// Loads the embedded object with the offsets and table sizes filled in.
-fn load(
-    options: &CaptureOptions,
-    offsets: &observer_common::offsets::KernelOffsets,
-) -> Result<Ebpf, CaptureError> {
+fn load(options: &CaptureOptions, layout: &KernelLayout) -> Result<Ebpf, CaptureError> {
     let tick_ns = tick_ns()?;
     let mut loader = EbpfLoader::new();
     loader
-        .override_global("OFFSETS", offsets, true)
+        .override_global("OFFSETS", &layout.offsets, true)
+        .override_global("NETFILTER_DROP_REASON", &layout.netfilter_drop_reason, true)
         .override_global("TICK_NS", &tick_ns, true)
         .map_max_entries("CONNS", options.max_connections)
         .map_max_entries("DIALED", options.max_connections);
@@ -232,6 +246,34 @@ fn attach_btf_tracepoint(ebpf: &mut Ebpf) -> Result<(), String> {
     Ok(())
 }
 
+/// Loads and attaches the program on `skb:kfree_skb` (see observer-ebpf's
+/// `hooks/netfilter_drop.rs`); on failure, a sentence saying why.
+fn attach_netfilter_drop(ebpf: &mut Ebpf) -> Result<(), String> {
+    let btf = aya::Btf::from_sys_fs().map_err(|err| {
+        format!(
+            "the kernel's own BTF is not readable at /sys/kernel/btf/vmlinux ({})",
+            error_chain(&err)
+        )
+    })?;
+    let refused = |err: &dyn std::error::Error| {
+        format!(
+            "the kernel refused the program on tracepoint skb:kfree_skb ({})",
+            error_chain(err)
+        )
+    };
+    let program: &mut BtfTracePoint = ebpf
+        .program_mut("netfilter_drop")
+        .ok_or_else(|| "the skb:kfree_skb program is missing from the object".to_owned())?
+        .try_into()
+        .map_err(|err| refused(&err))?;
+    program
+        .load("kfree_skb", &btf)
+        .map_err(|err| refused(&err))?;
+    program.attach().map_err(|err| refused(&err))?;
+    log::debug!("skb:kfree_skb attached");
+    Ok(())
+}
+
 /// Attaches `program` to the cgroup v2 root `root`: `local_delivery` to ingress (every
 /// packet delivered to a local socket), `dns_egress` to egress (every packet a local
 /// socket sends).
@@ -300,11 +342,17 @@ impl Capture {
     pub fn start(options: &CaptureOptions) -> Result<Capture, CaptureError> {
         check_host()?;
         raise_memlock();
-        let offsets = read_offsets(&options.btf_path)?;
-        let mut ebpf = load(options, &offsets)?;
+        let layout = read_layout(&options.btf_path)?;
+        let mut ebpf = load(options, &layout)?;
         let mut warnings = Vec::new();
         attach_dev_queue(&mut ebpf, &mut warnings)?;
         let mut hooks_attached = 1;
+        match attach_netfilter_drop(&mut ebpf) {
+            Ok(()) => hooks_attached += 1,
+            Err(reason) => warnings.push(format!(
+                "{reason}; connections rejected because a Service has no endpoints are not seen"
+            )),
+        }
         match cgroup2_mount() {
             Some(root) => {
                 attach_cgroup(
@@ -330,6 +378,9 @@ impl Capture {
         }
         let load_error = |err: aya::maps::MapError| CaptureError::Load(error_chain(&err));
         let events = RingBuf::try_from(take_map(&mut ebpf, "EVENTS")?).map_err(load_error)?;
+        let rejects =
+            RingBuf::try_from(take_map(&mut ebpf, "REJECT_EVENTS")?).map_err(load_error)?;
+        let rejected = HashMap::try_from(take_map(&mut ebpf, "REJECTED")?).map_err(load_error)?;
         let conns = take_map(&mut ebpf, "CONNS")?;
         let conns_fd = match &conns {
             aya::maps::Map::HashMap(data) => data.fd().as_fd().try_clone_to_owned(),
@@ -338,6 +389,8 @@ impl Capture {
         .map_err(|err| CaptureError::Load(format!("cannot read map CONNS: {err}")))?;
         Ok(Capture {
             events: poll_ring_buffer(events)?,
+            rejects,
+            rejected,
             conns: HashMap::try_from(conns).map_err(load_error)?,
             conns_fd,
             dialed: HashMap::try_from(take_map(&mut ebpf, "DIALED")?).map_err(load_error)?,
@@ -384,6 +437,28 @@ impl Capture {
             }
         }
         malformed
+    }
+
+    /// Moves every pending rejected-flow report into `out`; malformed ones are counted.
+    pub fn drain_rejects(&mut self, out: &mut Vec<RejectEvent>) -> u64 {
+        let mut malformed = 0;
+        while let Some(item) = self.rejects.next() {
+            match decode::reject_event(&item) {
+                Ok(event) => out.push(event),
+                Err(_) => malformed += 1,
+            }
+        }
+        malformed
+    }
+
+    /// What the kernel counted of a rejected flow, if it still has it.
+    pub fn rejected(&self, key: &RejectKey) -> Option<RejectCount> {
+        self.rejected.get(key, 0).ok()
+    }
+
+    /// Forgets a rejected flow that user space has written.
+    pub fn forget_rejected(&mut self, key: &RejectKey) {
+        let _ = self.rejected.remove(key);
     }
 
     /// The kernel's connection table as it is now: read in batches, or entry by entry
@@ -452,6 +527,7 @@ impl Capture {
             lost_unreported: sum(counters::LOST_UNREPORTED),
             dns_emitted: sum(counters::DNS_EMITTED),
             dns_dropped: sum(counters::DNS_DROPPED),
+            rejects_dropped: sum(counters::REJECTS_DROPPED),
         }
     }
 }

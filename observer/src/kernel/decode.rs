@@ -6,6 +6,7 @@ use observer_common::conn::{
     ConnEvent, EVENT_CLOSE, EVENT_OPEN, Endpoint, FAMILY_IPV6, PROTO_TCP, PROTO_UDP,
 };
 use observer_common::dns::{DnsEvent, EVENT_DNS};
+use observer_common::reject::{EVENT_REJECT, RejectEvent};
 
 use crate::model::record::Proto;
 
@@ -47,6 +48,8 @@ unsafe trait PlainData: Sized {}
 unsafe impl PlainData for ConnEvent {}
 // SAFETY: as above.
 unsafe impl PlainData for DnsEvent {}
+// SAFETY: as above.
+unsafe impl PlainData for RejectEvent {}
 
 fn push_decoded<T: PlainData>(bytes: &[u8], out: &mut Vec<T>) -> Result<(), DecodeError> {
     check_length::<T>(bytes)?;
@@ -69,6 +72,15 @@ fn push_decoded<T: PlainData>(bytes: &[u8], out: &mut Vec<T>) -> Result<(), Deco
 /// Decodes one connection record, checking its length first.
 pub fn conn_event(bytes: &[u8]) -> Result<ConnEvent, DecodeError> {
     decoded(bytes)
+}
+
+/// Decodes one rejected-flow report, checking its length and kind.
+pub fn reject_event(bytes: &[u8]) -> Result<RejectEvent, DecodeError> {
+    let event: RejectEvent = decoded(bytes)?;
+    if event.kind != EVENT_REJECT {
+        return Err(DecodeError::Kind(event.kind));
+    }
+    Ok(event)
 }
 
 fn decoded<T: PlainData>(bytes: &[u8]) -> Result<T, DecodeError> {

@@ -142,6 +142,19 @@ fn skb_offsets(btf: &Btf) -> Result<KernelOffsets, BtfError> {
     })
 }
 
+/// `SKB_DROP_REASON_NETFILTER_DROP` as the kernel numbers it, when its `kfree_skb`
+/// tracepoint passes a drop reason (Linux 5.17 and later); 0 otherwise, and the program
+/// on that tracepoint then looks at every drop (see observer-ebpf's
+/// `hooks/netfilter_drop.rs`).
+pub fn netfilter_drop_reason(btf: &Btf) -> u32 {
+    if btf.tracepoint_args("kfree_skb").unwrap_or(0) < 3 {
+        return 0;
+    }
+    btf.enum_value("skb_drop_reason", "SKB_DROP_REASON_NETFILTER_DROP")
+        .and_then(|value| u32::try_from(value).ok())
+        .unwrap_or(0)
+}
+
 /// Every offset as `struct.member.path=bytes`, in C's notation, space-separated: what
 /// `observer` logs at debug level so other tools can check it against their own reading.
 pub fn describe(o: &KernelOffsets) -> String {
@@ -256,6 +269,8 @@ mod tests {
                 (104, 32, 128, 136, 224)
             );
         }
+        assert_eq!(btf.tracepoint_args("kfree_skb"), Some(4));
+        assert!(netfilter_drop_reason(&btf) > 0);
     }
 
     #[test]

@@ -9,5 +9,6 @@ pub type NetMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomSt
 
 pub mod ctview;
 pub mod record;
+pub mod rejects;
 pub mod tracker;
 pub mod update;

@@ -519,7 +519,10 @@ mod tests {
             let mut tracker = tracker();
             let records = tracker.finish(&[(7, state)], 101 * SECOND);
             let record = &records[0].as_ref().unwrap().1;
-            assert_eq!((record.close, record.outcome()), (Close::Open, Outcome::Pending));
+            assert_eq!(
+                (record.close, record.outcome()),
+                (Close::Open, Outcome::Pending)
+            );
         }
 
         #[test]

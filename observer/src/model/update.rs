@@ -1,7 +1,7 @@
 //! What the capture side hands to its consumers (the recorder and the live view) while
 //! it runs. Plain data: no aya or tokio types, so consumers are testable without root.
 
-use crate::model::record::{ConnRecord, DnsRecord, EndpointsRecord, ServiceRecord};
+use crate::model::record::{ConnRecord, DnsRecord, EndpointsRecord, RejectRecord, ServiceRecord};
 
 /// Identifies one connection: the kernel's `struct nf_conn` address (reused after the
 /// entry is freed) plus the time its first packet was seen.
@@ -36,6 +36,9 @@ pub struct CaptureStats {
     pub read_errors: u64,
     /// DNS messages that could not be read (malformed, or not copied by the kernel).
     pub dns_malformed: u64,
+    /// Rejected-connection reports lost (their ring buffer was full, or undecodable):
+    /// `reject` lines may be missing.
+    pub lost_rejects: u64,
     /// Kernel programs attached.
     pub hooks_attached: u32,
     /// Distinct network namespaces whose conntrack entries were seen.
@@ -58,6 +61,9 @@ pub enum Update {
     Endpoints(EndpointsRecord),
     /// A DNS query to a port-53 Service, with its response's rcode.
     Dns(DnsRecord),
+    /// A new connection to a Service that netfilter rejected before any DNAT (a TCP
+    /// attempt, or a UDP socket once quiet).
+    Reject(RejectRecord),
     /// Counters, sent about once a second.
     Stats(CaptureStats),
 }

@@ -326,6 +326,34 @@ impl Namer {
                 .is_ok_and(|seen| seen.get(&netns).is_some_and(|n| *n > space.seen))
     }
 
+    /// The Service port and frontend kind of what a client dialed, for a connection that
+    /// was never DNATed (rejected: the Service port has no endpoints), from the rules
+    /// known now; asks for a re-read when they are missing or older than `max_age`.
+    /// `service` is `None` when no Service has that frontend.
+    pub fn lookup_frontend(
+        &mut self,
+        netns: u32,
+        proto: Proto,
+        dialed: SocketAddr,
+        now: Instant,
+    ) -> Naming {
+        self.poll();
+        if self.outdated(netns, false, now) {
+            self.request(netns, now);
+        }
+        let Some(map) = self.spaces.get(&netns).map(|space| &space.map) else {
+            return Naming::default();
+        };
+        match map.lookup(proto, dialed, dialed) {
+            Some((port, _)) => Naming {
+                service: Some(port.name.as_str().into()),
+                endpoint_in_rules: None,
+                frontend: map.frontend_kind(proto, dialed),
+            },
+            None => Naming::default(),
+        }
+    }
+
     /// The name from the rules known now, without asking for anything.
     pub fn cached(
         &self,

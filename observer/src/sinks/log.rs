@@ -4,7 +4,9 @@ use std::io::Write;
 
 use serde::Serialize;
 
-use crate::model::record::{ConnRecord, DnsRecord, EndpointsRecord, ServiceRecord, SummaryRecord};
+use crate::model::record::{
+    ConnRecord, DnsRecord, EndpointsRecord, RejectRecord, ServiceRecord, SummaryRecord,
+};
 use crate::sinks::conn_line::ConnLine;
 
 /// A borrowed log line: serializes exactly like `record::LogLine` without cloning
@@ -15,6 +17,7 @@ enum LineRef<'a> {
     Service(&'a ServiceRecord),
     Endpoints(&'a EndpointsRecord),
     Dns(&'a DnsRecord),
+    Reject(&'a RejectRecord),
     Summary(&'a SummaryRecord),
 }
 
@@ -149,6 +152,10 @@ impl LogWriter {
         self.line(&LineRef::Dns(record))
     }
 
+    pub fn reject(&mut self, record: &RejectRecord) -> std::io::Result<()> {
+        self.line(&LineRef::Reject(record))
+    }
+
     /// Writes the summary line and flushes.
     pub fn summary(&mut self, summary: &SummaryRecord) -> std::io::Result<()> {
         self.line(&LineRef::Summary(summary))?;
@@ -222,6 +229,7 @@ mod tests {
             writer.line.clear();
             match serde_json::from_str::<LogLine>(line).unwrap() {
                 LogLine::Dns(record) => writer.line(&LineRef::Dns(&record)).unwrap(),
+                LogLine::Reject(record) => writer.line(&LineRef::Reject(&record)).unwrap(),
                 LogLine::Service(record) => writer.line(&LineRef::Service(&record)).unwrap(),
                 LogLine::Summary(record) => writer.line(&LineRef::Summary(&record)).unwrap(),
                 LogLine::Conn(record) => {

@@ -48,7 +48,7 @@ pub async fn run(
                 Update::Service(service) => state.aggregator.add_service(&service),
                 Update::Stats(stats) => state.capture = stats,
                 // Metrics carry no timeline and no DNS.
-                Update::Endpoints(_) | Update::Dns(_) => {}
+                Update::Endpoints(_) | Update::Dns(_) | Update::Reject(_) => {}
             }
         }
     };

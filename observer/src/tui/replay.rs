@@ -17,6 +17,7 @@ pub fn replay_updates(recording: &Recording) -> Vec<Update> {
         .map(Update::Service)
         .chain(recording.endpoints.iter().cloned().map(Update::Endpoints))
         .chain(recording.dns.iter().cloned().map(Update::Dns))
+        .chain(recording.rejects.iter().cloned().map(Update::Reject))
         .collect();
     let mut conns: Vec<_> = recording.conns.iter().enumerate().collect();
     conns.sort_by_key(|(index, conn)| (conn.start, *index));
@@ -50,6 +51,7 @@ pub fn replay_updates(recording: &Recording) -> Vec<Update> {
         lost_events: summary.lost_events,
         read_errors: summary.read_errors,
         dns_malformed: summary.dns_malformed,
+        lost_rejects: summary.lost_rejects,
         hooks_attached: 0,
         netns_seen: u32::try_from(netns.len()).unwrap_or(u32::MAX),
         live_connections: open,

@@ -109,7 +109,10 @@ enum Type {
     Alias(u32),
     /// Any other type with a byte size (int, enum, float).
     Sized(u32),
-    Pointer,
+    /// A pointer to the type with this id.
+    Pointer(u32),
+    /// A function prototype with this many parameters.
+    FuncProto(u32),
     Other,
 }
 
@@ -120,6 +123,10 @@ pub struct Btf {
     types: Vec<Type>,
     /// Every struct of each name: a name can occur more than once.
     structs: HashMap<String, Vec<u32>>,
+    /// Typedefs by name (the type each names).
+    typedefs: HashMap<String, u32>,
+    /// The enumerators of each named enum: name offset in `strings`, value.
+    enums: HashMap<String, Vec<(u32, i64)>>,
 }
 
 fn u32_at(data: &[u8], at: usize) -> Result<u32, BtfError> {
@@ -176,7 +183,7 @@ fn members(
 fn plain_type(kind: u32, vlen: usize, size_or_type: u32) -> Result<(Type, usize), BtfError> {
     Ok(match kind {
         KIND_INT => (Type::Sized(size_or_type), 4),
-        KIND_PTR => (Type::Pointer, 0),
+        KIND_PTR => (Type::Pointer(size_or_type), 0),
         KIND_ENUM => (Type::Sized(size_or_type), 8 * vlen),
         KIND_ENUM64 => (Type::Sized(size_or_type), 12 * vlen),
         KIND_FLOAT => (Type::Sized(size_or_type), 0),
@@ -184,7 +191,7 @@ fn plain_type(kind: u32, vlen: usize, size_or_type: u32) -> Result<(Type, usize)
             (Type::Alias(size_or_type), 0)
         }
         KIND_FWD | KIND_FUNC => (Type::Other, 0),
-        KIND_FUNC_PROTO => (Type::Other, 8 * vlen),
+        KIND_FUNC_PROTO => (Type::FuncProto(vlen as u32), 8 * vlen),
         KIND_VAR | KIND_DECL_TAG => (Type::Other, 4),
         KIND_DATASEC => (Type::Other, 12 * vlen),
         _ => return Err(BtfError::Malformed("unknown type kind")),
@@ -222,6 +229,8 @@ impl Btf {
             strings: strings.to_vec(),
             types: vec![Type::Other],
             structs: HashMap::new(),
+            typedefs: HashMap::new(),
+            enums: HashMap::new(),
         };
         let mut at = 0;
         while at < types_data.len() {
@@ -257,11 +266,64 @@ impl Btf {
                     members,
                 })
             }
+            KIND_ENUM | KIND_ENUM64 => {
+                let stride = if kind == KIND_ENUM { 8 } else { 12 };
+                let signed = kind_flag;
+                let mut values = Vec::with_capacity(vlen);
+                for i in 0..vlen {
+                    let entry = *at + i * stride;
+                    let low = u32_at(data, entry + 4)?;
+                    let value = if kind == KIND_ENUM {
+                        if signed {
+                            low as i32 as i64
+                        } else {
+                            low as i64
+                        }
+                    } else {
+                        ((u32_at(data, entry + 8)? as i64) << 32) | low as i64
+                    };
+                    values.push((u32_at(data, entry)?, value));
+                }
+                *at += stride * vlen;
+                let name = self.string(name)?;
+                if !name.is_empty() {
+                    self.enums.entry(name.to_owned()).or_insert(values);
+                }
+                Ok(Type::Sized(size_or_type))
+            }
             _ => {
+                if kind == KIND_TYPEDEF {
+                    let name = self.string(name)?.to_owned();
+                    self.typedefs.insert(name, size_or_type);
+                }
                 let (ty, trailing) = plain_type(kind, vlen, size_or_type)?;
                 *at += trailing;
                 Ok(ty)
             }
+        }
+    }
+
+    /// The value of enumerator `member` of `enum name`, e.g. `enum_value("skb_drop_reason",
+    /// "SKB_DROP_REASON_NETFILTER_DROP")`; `None` when either is not there.
+    pub fn enum_value(&self, name: &str, member: &str) -> Option<i64> {
+        self.enums
+            .get(name)?
+            .iter()
+            .find(|(at, _)| self.string(*at).is_ok_and(|text| text == member))
+            .map(|(_, value)| *value)
+    }
+
+    /// How many arguments tracepoint `name` passes its programs (`TP_PROTO`'s): from the
+    /// `btf_trace_<name>` typedef, a pointer to a prototype whose first parameter is the
+    /// tracepoint's private data. `None` when the kernel's BTF does not describe it.
+    pub fn tracepoint_args(&self, name: &str) -> Option<u32> {
+        let typedef = *self.typedefs.get(&format!("btf_trace_{name}"))?;
+        let Type::Pointer(target) = self.resolve(typedef) else {
+            return None;
+        };
+        match self.resolve(*target) {
+            Type::FuncProto(params) => params.checked_sub(1),
+            _ => None,
         }
     }
 
@@ -299,9 +361,9 @@ impl Btf {
     fn size_of(&self, id: u32) -> Option<u32> {
         match self.resolve(id) {
             Type::Composite { size, .. } | Type::Sized(size) => Some(*size),
-            Type::Pointer => Some(8),
+            Type::Pointer(_) => Some(8),
             Type::Array { elem, len } => self.size_of(*elem).map(|size| size * len),
-            Type::Alias(_) | Type::Other => None,
+            Type::Alias(_) | Type::FuncProto(_) | Type::Other => None,
         }
     }
 

@@ -43,6 +43,33 @@ impl Builder {
         self.push(&[0, KIND_PTR << 24, 0])
     }
 
+    pub fn pointer_to(&mut self, target: u32) -> u32 {
+        self.push(&[0, KIND_PTR << 24, target])
+    }
+
+    pub fn typedef(&mut self, name: &str, target: u32) -> u32 {
+        let name = self.name(name);
+        self.push(&[name, KIND_TYPEDEF << 24, target])
+    }
+
+    /// A prototype with `params` unnamed parameters of type `ty`.
+    pub fn func_proto(&mut self, params: u32, ty: u32) -> u32 {
+        let mut words = vec![0, (KIND_FUNC_PROTO << 24) | params, 0];
+        for _ in 0..params {
+            words.extend([0, ty]);
+        }
+        self.push(&words)
+    }
+
+    /// A 4-byte enum with (name, value) enumerators.
+    pub fn enumeration(&mut self, name: &str, values: &[(&str, u32)]) -> u32 {
+        let mut words = vec![self.name(name), (KIND_ENUM << 24) | values.len() as u32, 4];
+        for (member, value) in values {
+            words.extend([self.name(member), *value]);
+        }
+        self.push(&words)
+    }
+
     /// A struct with (name, type, bit offset) members.
     pub fn structure(&mut self, name: &str, size: u32, members: &[(&str, u32, u32)]) -> u32 {
         let mut words = vec![
@@ -267,4 +294,30 @@ fn input_that_is_not_btf_is_refused_from_its_header() {
         Btf::read(&data[..data.len() - 1]).err(),
         Some(BtfError::Malformed("string section out of bounds"))
     );
+}
+
+#[test]
+fn enumerators_and_tracepoint_arguments_are_found_by_name() {
+    let mut b = Builder::new();
+    let int = b.int("int", 4);
+    b.enumeration(
+        "skb_drop_reason",
+        &[
+            ("SKB_NOT_DROPPED_YET", 0),
+            ("SKB_DROP_REASON_NETFILTER_DROP", 11),
+        ],
+    );
+    // kfree_skb as Linux 6.18 has it: private data, skb, location, reason, rx_sk.
+    let proto = b.func_proto(5, int);
+    let pointer = b.pointer_to(proto);
+    b.typedef("btf_trace_kfree_skb", pointer);
+    let btf = Btf::parse(&b.finish()).unwrap();
+    assert_eq!(
+        btf.enum_value("skb_drop_reason", "SKB_DROP_REASON_NETFILTER_DROP"),
+        Some(11)
+    );
+    assert_eq!(btf.enum_value("skb_drop_reason", "NO_SUCH"), None);
+    assert_eq!(btf.enum_value("no_such_enum", "SKB_NOT_DROPPED_YET"), None);
+    assert_eq!(btf.tracepoint_args("kfree_skb"), Some(4));
+    assert_eq!(btf.tracepoint_args("net_dev_queue"), None);
 }

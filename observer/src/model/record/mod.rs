@@ -21,8 +21,10 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use serde::{Deserialize, Serialize};
 
 mod dns;
+mod reject;
 
 pub use dns::DnsRecord;
+pub use reject::RejectRecord;
 
 /// Transport protocol of a connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -232,6 +234,13 @@ pub struct SummaryRecord {
     /// absent when there were none.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub dns_malformed_by_netns: std::collections::BTreeMap<String, u64>,
+    /// `reject` lines written. Absent when there were none (and in older logs).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub rejects: u64,
+    /// Rejected-connection reports the kernel could not hand over (their ring buffer was
+    /// full): `reject` lines may be missing. Absent when there were none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub lost_rejects: u64,
     #[serde(with = "micros")]
     pub started: DateTime<Utc>,
     #[serde(with = "micros")]
@@ -322,6 +331,7 @@ pub enum LogLine {
     Service(ServiceRecord),
     Endpoints(EndpointsRecord),
     Dns(DnsRecord),
+    Reject(RejectRecord),
     Summary(SummaryRecord),
 }
 
@@ -354,6 +364,8 @@ pub struct Recording {
     pub endpoints: Vec<EndpointsRecord>,
     /// DNS queries in file order (none in logs written before they existed).
     pub dns: Vec<DnsRecord>,
+    /// Rejected connections in file order (none in logs written before they existed).
+    pub rejects: Vec<RejectRecord>,
     pub summary: Option<SummaryRecord>,
     /// The line number of a last line that was cut short (observer killed, disk full):
     /// everything before it was read.
@@ -399,6 +411,7 @@ impl Recording {
                 LogLine::Service(service) => recording.services.push(service),
                 LogLine::Endpoints(change) => recording.endpoints.push(change),
                 LogLine::Dns(query) => recording.dns.push(query),
+                LogLine::Reject(reject) => recording.rejects.push(reject),
                 LogLine::Summary(summary) => recording.summary = Some(summary),
             }
         }

@@ -349,6 +349,7 @@ fn from_recording_uses_line_order_ids() {
         services: vec![three_endpoints()],
         endpoints: vec![],
         dns: vec![],
+        rejects: vec![],
         summary: None,
         cut: None,
     };

@@ -257,6 +257,7 @@ impl App {
                 }
                 self.dns.push_back(record);
             }
+            Update::Reject(_) => {}
         }
     }
 

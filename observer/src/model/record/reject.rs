@@ -1,0 +1,36 @@
+//! `reject` lines: new connections to a Service that netfilter dropped before any
+//! DNAT, because the Service port has no endpoints (kube-proxy's REJECT, or DROP).
+
+use std::net::SocketAddr;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use super::{FrontendKind, Name, Proto};
+
+/// One rejected TCP connection attempt, or one UDP client socket whose datagrams were
+/// rejected (with how many).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RejectRecord {
+    pub proto: Proto,
+    /// The client's address and port.
+    pub client: SocketAddr,
+    /// `namespace/pod` of the client when it is a pod on a node observer sees.
+    #[serde(default)]
+    pub client_pod: Option<Name>,
+    /// What the client dialed: the Service's address and port.
+    pub original_dst: SocketAddr,
+    /// `ns/name:port` of the Service port, from the rules.
+    pub service: Option<Name>,
+    /// Which kind of Service address the client dialed.
+    pub frontend: Option<FrontendKind>,
+    /// Network namespace (inode) whose netfilter rejected it: which node.
+    pub netns: u32,
+    /// The first rejected packet.
+    #[serde(with = "super::micros")]
+    pub time: DateTime<Utc>,
+    /// UDP: the client socket's rejected datagrams; TCP: absent (one line per attempt,
+    /// its retransmitted SYNs not counted again).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub packets: Option<u64>,
+}

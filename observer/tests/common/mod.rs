@@ -109,6 +109,7 @@ pub fn only_node(recording: &mut Recording, node_ns: &str) {
     recording.services.retain(|service| service.netns == inode);
     recording.endpoints.retain(|change| change.netns == inode);
     recording.dns.retain(|query| query.netns == inode);
+    recording.rejects.retain(|reject| reject.netns == inode);
 }
 
 /// `conns` are exactly the DNAT decisions conntrack announced in `events` (`conntrack -E`

@@ -7,6 +7,13 @@ which local port each request or query used and which pod answered.
   udp HOST PORT COUNT             each query from a new socket and a client port not used before
   http-churn HOST PORT SECONDS THREADS  fresh `Connection: close` requests from THREADS
                                   threads for SECONDS: {"connections": N, "failed": N}
+  attempts PROTO HOST PORT COUNT TIMEOUT [DATAGRAMS]
+                                  COUNT connection attempts, each from a new socket and
+                                  a client port not used before, each given TIMEOUT
+                                  seconds: [port, "connected"|"refused"|"timeout", pod,
+                                  connect_ms, datagrams sent]. TCP: connect, then one
+                                  request; UDP: DATAGRAMS datagrams (default 1; a refusal
+                                  stops the sending), then wait for an answer
   probe PROTO:HOST:PORT...        wait until every target answers (lab start-up)
 """
 
@@ -56,6 +63,10 @@ UDP_PORTS = (20000, 30000)
 
 
 def udp_socket() -> socket.socket:
+    return fresh_socket(socket.SOCK_DGRAM)
+
+
+def fresh_socket(kind: int) -> socket.socket:
     import fcntl
     import os
 
@@ -66,7 +77,7 @@ def udp_socket() -> socket.socket:
         last = int(counter.read() or UDP_PORTS[0] - 1)
         for _ in range(UDP_PORTS[1] - UDP_PORTS[0]):
             last = last + 1 if last + 1 < UDP_PORTS[1] else UDP_PORTS[0]
-            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            sock = socket.socket(socket.AF_INET, kind)
             try:
                 sock.bind(("0.0.0.0", last))
             except OSError:
@@ -76,7 +87,7 @@ def udp_socket() -> socket.socket:
             counter.truncate()
             counter.write(str(last))
             return sock
-    raise OSError("no free UDP client port")
+    raise OSError("no free client port")
 
 
 def udp_query(host: str, port: int, tries: int = 3) -> list:
@@ -98,6 +109,40 @@ def udp_query(host: str, port: int, tries: int = 3) -> list:
 
 def udp(host: str, port: int, count: int) -> list:
     return [udp_query(host, port) for _ in range(count)]
+
+
+def attempt(proto: str, host: str, port: int, timeout: float, datagrams: int) -> list:
+    sock = fresh_socket(socket.SOCK_STREAM if proto == "tcp" else socket.SOCK_DGRAM)
+    local_port = sock.getsockname()[1]
+    sock.settimeout(timeout)
+    started = time.monotonic()
+    sent = 0
+    try:
+        sock.connect((host, port))
+        if proto == "tcp":
+            connect_ms = (time.monotonic() - started) * 1000.0
+            sock.sendall(b"GET / HTTP/1.1\r\nHost: lab\r\nConnection: close\r\n\r\n")
+            reply = b""
+            while chunk := sock.recv(4096):
+                reply += chunk
+            pod = reply.split(b"\r\n\r\n", 1)[-1].decode()
+        else:
+            connect_ms = None
+            for _ in range(datagrams):
+                sock.send(b"q")
+                sent += 1
+            pod = sock.recv(2048).decode()
+        return [local_port, "connected", pod, connect_ms, sent]
+    except ConnectionRefusedError:
+        return [local_port, "refused", None, None, sent]
+    except socket.timeout:
+        return [local_port, "timeout", None, None, sent]
+    finally:
+        sock.close()
+
+
+def attempts(proto: str, host: str, port: int, count: int, timeout: float, datagrams: int) -> list:
+    return [attempt(proto, host, port, timeout, datagrams) for _ in range(count)]
 
 
 def http_churn(host: str, port: int, seconds: float, threads: int) -> dict:
@@ -149,6 +194,9 @@ def main() -> None:
     try:
         if mode == "probe":
             result = probe(rest)
+        elif mode == "attempts":
+            datagrams = int(rest[5]) if len(rest) > 5 else 1
+            result = attempts(rest[0], rest[1], int(rest[2]), int(rest[3]), float(rest[4]), datagrams)
         elif mode == "http-churn":
             result = http_churn(rest[0], int(rest[1]), float(rest[2]), int(rest[3]))
         else:

@@ -53,6 +53,72 @@ fn python_client(
         .collect())
 }
 
+/// What one connection attempt came to, as the client saw it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum AttemptOutcome {
+    /// Connected and answered by `pod` (TCP: after `connect_ms`, the client's own
+    /// measure from its SYN to the SYN-ACK's arrival).
+    Connected {
+        pod: String,
+        connect_ms: Option<f64>,
+    },
+    /// `ECONNREFUSED`: an RST, or an ICMP port unreachable.
+    Refused,
+    /// No answer within the attempt's timeout.
+    Timeout,
+}
+
+/// One connection attempt: the client port it used (never used before in the lab) and
+/// what came of it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Attempt {
+    pub client_port: u16,
+    pub outcome: AttemptOutcome,
+    /// UDP: datagrams sent (an ICMP port unreachable makes the next send fail); TCP: 0.
+    pub datagrams_sent: u64,
+}
+
+/// Python: `count` connection attempts to `target`, each from a new socket and client
+/// port, each given `timeout`. TCP attempts that connect send one HTTP request; UDP
+/// attempts send `datagrams` datagrams, then wait for an answer.
+pub fn attempts(
+    lab: &Lab,
+    proto: crate::Proto,
+    target: SocketAddrV4,
+    count: usize,
+    timeout: std::time::Duration,
+    datagrams: usize,
+) -> anyhow::Result<Vec<Attempt>> {
+    let script = lab.state_dir.join("clients.py");
+    let args = vec![
+        script.to_string_lossy().into_owned(),
+        "attempts".to_owned(),
+        proto.to_string(),
+        target.ip().to_string(),
+        target.port().to_string(),
+        count.to_string(),
+        timeout.as_secs_f64().to_string(),
+        datagrams.to_string(),
+    ];
+    let raw: Vec<(u16, String, Option<String>, Option<f64>, u64)> =
+        run_json(lab, &lab.tools.python3, &args)?;
+    raw.into_iter()
+        .map(|(client_port, outcome, pod, connect_ms, datagrams_sent)| {
+            let outcome = match (outcome.as_str(), pod) {
+                ("connected", Some(pod)) => AttemptOutcome::Connected { pod, connect_ms },
+                ("refused", _) => AttemptOutcome::Refused,
+                ("timeout", _) => AttemptOutcome::Timeout,
+                (other, _) => anyhow::bail!("the attempts client reported `{other}`"),
+            };
+            Ok(Attempt {
+                client_port,
+                outcome,
+                datagrams_sent,
+            })
+        })
+        .collect()
+}
+
 /// Python: `count` HTTP requests, each on a new TCP connection.
 pub fn http_fresh(lab: &Lab, target: SocketAddrV4, count: usize) -> anyhow::Result<Vec<Answer>> {
     python_client(lab, "http-fresh", target, count, &[])

@@ -56,6 +56,8 @@
 //! - DNS: [`Lab::serve_dns`] runs a real authoritative DNS server (UDP and TCP, port 53)
 //!   in the dns pods behind kube-dns's ClusterIP and gives the client namespace kube's
 //!   resolv.conf ([`RESOLV_CONF`]); [`DnsLab::queries`] reads what the servers received.
+//! - Failures: [`Lab::add_default_route`] (a kind node's default route, still no uplink),
+//!   [`Lab::stop_server`], [`Lab::drop_syns`], [`Lab::delay_replies`] (netem-like).
 //! - [`ConntrackWatch`]: `conntrack -E -e NEW` in a namespace, parsed into [`CtEvent`]s.
 //! - [`Lab::install_dnat_counters`], [`Lab::dnat_decisions`]: the rules' own count of
 //!   DNAT decisions.
@@ -73,6 +75,7 @@ mod conntrack;
 mod containerd;
 mod counting;
 mod dns;
+mod failures;
 mod names;
 mod node_container;
 mod node_rules;
@@ -98,8 +101,8 @@ use serde::{Deserialize, Serialize};
 
 pub use admin::{down, namespaces, status};
 pub use clients::{
-    Answer, ChurnReport, http_churn, http_fresh, http_keepalive, http_keepalive_paced, node_fetch,
-    udp_queries,
+    Answer, Attempt, AttemptOutcome, ChurnReport, attempts, http_churn, http_fresh, http_keepalive,
+    http_keepalive_paced, node_fetch, udp_queries,
 };
 pub use conntrack::{ConntrackWatch, CtEvent};
 pub use containerd::Containerd;
@@ -113,6 +116,7 @@ use sys::{Tools, in_netns, is_lab_netns, list_netns, state_dir};
 const POD_SERVER_PY: &str = include_str!("../scripts/pod_server.py");
 const CLIENTS_PY: &str = include_str!("../scripts/clients.py");
 const NODE_FETCH_MJS: &str = include_str!("../scripts/node_fetch.mjs");
+const REPLY_DELAY_PY: &str = include_str!("../scripts/reply_delay.py");
 
 /// How pods attach to the node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]

@@ -20,6 +20,7 @@ pub fn state_dir(prefix: &str) -> PathBuf {
 #[derive(Clone, Debug)]
 pub struct Tools {
     pub ip: PathBuf,
+    pub iptables: PathBuf,
     pub iptables_restore: PathBuf,
     pub iptables_save: PathBuf,
     pub nft: PathBuf,
@@ -32,6 +33,7 @@ impl Tools {
     pub fn find() -> anyhow::Result<Tools> {
         Ok(Tools {
             ip: find_tool("ip", "iproute2")?,
+            iptables: find_tool("iptables", "iptables")?,
             iptables_restore: find_tool("iptables-restore", "iptables")?,
             iptables_save: find_tool("iptables-save", "iptables")?,
             nft: find_tool("nft", "nftables")?,

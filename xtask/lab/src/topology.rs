@@ -91,7 +91,7 @@ impl Lab {
         self.sysctls(node, &[("net/bridge/bridge-nf-call-iptables", "1")])
     }
 
-    fn ip_batch(&self, netns: &str, commands: &[String]) -> anyhow::Result<()> {
+    pub(crate) fn ip_batch(&self, netns: &str, commands: &[String]) -> anyhow::Result<()> {
         let mut input = commands.join("\n");
         input.push('\n');
         run_with_input(

@@ -100,8 +100,9 @@ pub fn attempts(
         timeout.as_secs_f64().to_string(),
         datagrams.to_string(),
     ];
-    let raw: Vec<(u16, String, Option<String>, Option<f64>, u64)> =
-        run_json(lab, &lab.tools.python3, &args)?;
+    /// `[port, outcome, pod, connect_ms, datagrams sent]`, as clients.py prints it.
+    type RawAttempt = (u16, String, Option<String>, Option<f64>, u64);
+    let raw: Vec<RawAttempt> = run_json(lab, &lab.tools.python3, &args)?;
     raw.into_iter()
         .map(|(client_port, outcome, pod, connect_ms, datagrams_sent)| {
             let outcome = match (outcome.as_str(), pod) {

@@ -14,6 +14,8 @@ which local port each request or query used and which pod answered.
                                   connect_ms, datagrams sent]. TCP: connect, then one
                                   request; UDP: DATAGRAMS datagrams (default 1; a refusal
                                   stops the sending), then wait for an answer
+  resolve NAME...                 look each name up with glibc (getaddrinfo, so the
+                                  namespace's resolv.conf applies): [[name, [addr...]]...]
   probe PROTO:HOST:PORT...        wait until every target answers (lab start-up)
 """
 
@@ -145,6 +147,17 @@ def attempts(proto: str, host: str, port: int, count: int, timeout: float, datag
     return [attempt(proto, host, port, timeout, datagrams) for _ in range(count)]
 
 
+def resolve(names: list) -> list:
+    out = []
+    for name in names:
+        try:
+            found = sorted({a[4][0] for a in socket.getaddrinfo(name, 80, proto=socket.IPPROTO_TCP)})
+        except socket.gaierror:
+            found = []
+        out.append([name, found])
+    return out
+
+
 def http_churn(host: str, port: int, seconds: float, threads: int) -> dict:
     """Fresh connections as fast as the threads go; counts those that got an answer."""
     deadline = time.monotonic() + seconds
@@ -194,6 +207,8 @@ def main() -> None:
     try:
         if mode == "probe":
             result = probe(rest)
+        elif mode == "resolve":
+            result = resolve(rest)
         elif mode == "attempts":
             datagrams = int(rest[5]) if len(rest) > 5 else 1
             result = attempts(rest[0], rest[1], int(rest[2]), int(rest[3]), float(rest[4]), datagrams)

@@ -120,6 +120,18 @@ pub fn attempts(
         .collect()
 }
 
+/// Python's `getaddrinfo` of each name in the client namespace, so that its
+/// resolv.conf ([`Lab::serve_dns`]: kube's, `ndots:5`) applies: each name and the
+/// addresses found (none when it does not resolve).
+pub fn resolve(lab: &Lab, names: &[&str]) -> anyhow::Result<Vec<(String, Vec<String>)>> {
+    let mut args = vec![
+        lab.state_dir.join("clients.py").to_string_lossy().into_owned(),
+        "resolve".to_owned(),
+    ];
+    args.extend(names.iter().map(|name| (*name).to_owned()));
+    run_json(lab, &lab.tools.python3, &args)
+}
+
 /// Python: `count` HTTP requests, each on a new TCP connection.
 pub fn http_fresh(lab: &Lab, target: SocketAddrV4, count: usize) -> anyhow::Result<Vec<Answer>> {
     python_client(lab, "http-fresh", target, count, &[])

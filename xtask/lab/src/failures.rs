@@ -1,6 +1,6 @@
 //! What goes wrong on real nodes, made on purpose: a node with a default route (so that
 //! kube-proxy's REJECT of a Service without endpoints is reached, as on a kind node), a
-//! pod whose server stopped, a pod that drops SYNs, a pod whose replies are late.
+//! pod whose server stopped (and started again), a pod that drops SYNs, a pod whose replies are late.
 
 use std::net::Ipv4Addr;
 use std::os::unix::process::CommandExt;
@@ -47,6 +47,26 @@ impl Lab {
         server
             .wait()
             .with_context(|| format!("the server of {pod_ip} did not end"))?;
+        Ok(())
+    }
+
+    /// Starts a stopped pod's server again ([`Lab::stop_server`]) and waits until it
+    /// listens.
+    pub fn restart_server(&mut self, pod_ip: Ipv4Addr) -> anyhow::Result<()> {
+        let index = self.pod_index(pod_ip)?;
+        let pod = self.pods[index].clone();
+        let ready = self.ready_file(&pod);
+        let _ = std::fs::remove_file(&ready);
+        let mut server = self.spawn_server(&pod)?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !ready.exists() {
+            if server.try_wait()?.is_some() || Instant::now() > deadline {
+                let _ = server.kill();
+                bail!("the server of pod {} did not start again", pod.name);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.servers[index] = server;
         Ok(())
     }
 

@@ -15,32 +15,8 @@ use crate::{Lab, LabState};
 
 impl Lab {
     pub(crate) fn start_servers(&mut self) -> anyhow::Result<()> {
-        let script = self.state_dir.join("pod_server.py");
-        for pod in &self.pods {
-            let log_path = self.state_dir.join(format!("{}.log", pod.name));
-            let log = File::create(&log_path)
-                .with_context(|| format!("could not create {}", log_path.display()))?;
-            let mut server = in_netns(&self.tools.ip, &pod.ns, &self.tools.python3);
-            server
-                .arg("-u")
-                .arg(&script)
-                .args(["--name", &pod.name])
-                .args([
-                    "--http-port",
-                    &pod.http_port.to_string(),
-                    "--udp-port",
-                    &pod.udp_port.to_string(),
-                ])
-                .arg("--ready-file")
-                .arg(self.ready_file(pod))
-                .stdin(Stdio::null())
-                .stdout(log.try_clone()?)
-                .stderr(log)
-                // Not in the terminal's process group: ^C after `lab up` leaves it running.
-                .process_group(0);
-            let child = self
-                .spawn_pod_process(&mut server)
-                .with_context(|| format!("could not start the server of pod {}", pod.name))?;
+        for pod in self.pods.clone() {
+            let child = self.spawn_server(&pod)?;
             self.servers.push(child);
         }
         self.start_pauses()?;
@@ -54,6 +30,34 @@ impl Lab {
             serde_json::to_string_pretty(&state)?,
         )?;
         Ok(())
+    }
+
+    /// Starts `pod`'s HTTP and UDP server; it writes its ready file once it listens.
+    pub(crate) fn spawn_server(&self, pod: &Pod) -> anyhow::Result<Child> {
+        let script = self.state_dir.join("pod_server.py");
+        let log_path = self.state_dir.join(format!("{}.log", pod.name));
+        let log = File::create(&log_path)
+            .with_context(|| format!("could not create {}", log_path.display()))?;
+        let mut server = in_netns(&self.tools.ip, &pod.ns, &self.tools.python3);
+        server
+            .arg("-u")
+            .arg(&script)
+            .args(["--name", &pod.name])
+            .args([
+                "--http-port",
+                &pod.http_port.to_string(),
+                "--udp-port",
+                &pod.udp_port.to_string(),
+            ])
+            .arg("--ready-file")
+            .arg(self.ready_file(pod))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            // Not in the terminal's process group: ^C after `lab up` leaves it running.
+            .process_group(0);
+        self.spawn_pod_process(&mut server)
+            .with_context(|| format!("could not start the server of pod {}", pod.name))
     }
 
     /// Per pod (the client too) a pause process, as a sandbox has: in the pod's netns and
@@ -91,7 +95,7 @@ impl Lab {
         Ok(())
     }
 
-    fn ready_file(&self, pod: &Pod) -> PathBuf {
+    pub(crate) fn ready_file(&self, pod: &Pod) -> PathBuf {
         self.state_dir.join(format!("{}.ready", pod.name))
     }
 

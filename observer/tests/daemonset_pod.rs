@@ -11,7 +11,7 @@
 //! The node has no sandbox bundles, so pods are named by their hostnames. `/metrics`
 //! must count every connection and request exactly per backend and name every backend
 //! by its pod, none after the node; the container's stdout must carry the connection log
-//! (`serve --log -`) matching `conntrack -E`; the pod's peak memory must stay under the
+//! (`serve --write -`) matching `conntrack -E`; the pod's peak memory must stay under the
 //! limit with the default `--max-connections`.
 
 mod common;
@@ -86,7 +86,7 @@ fn the_manifest_becomes_the_runtime_spec_a_runtime_makes() {
             "serve",
             "--listen",
             "0.0.0.0:9464",
-            "--log",
+            "--write",
             "-"
         ])
     );

@@ -133,7 +133,7 @@ fn exec_into_a_node_container_it_reads_the_rules_and_records_and_names_every_con
     // `record`, exec'd into the node: pod clients and a host-network client of the node.
     let watch = ConntrackWatch::start(lab.node_ns()).unwrap();
     let mut command = Command::new(&observer);
-    command.args(["record", "--output", "/conns.jsonl", "--idle-timeout", "1"]);
+    command.args(["record", "--write", "/conns.jsonl", "--idle-timeout", "1"]);
     let recorder = Recorder::spawn_with(command, node.root().join("conns.jsonl"), |command| {
         node.exec(command)
     });
@@ -223,7 +223,7 @@ fn one_observer_on_the_host_names_each_nodes_connections_from_that_node() {
     let output = dir.path().join("conns.jsonl");
     let mut command = Command::new(static_binary());
     command
-        .args(["record", "--idle-timeout", "1", "--output"])
+        .args(["record", "--idle-timeout", "1", "--write"])
         .arg(&output);
     let recorder = Recorder::spawn(command, output);
     let traffic: Vec<(Answered, usize)> = nodes.iter().map(pod_traffic).collect();

@@ -295,15 +295,17 @@ fn start_with_kernel_btf_elsewhere(dir: &std::path::Path, extra: &[&str]) -> Rec
         .arg(&empty)
         .arg(env!("CARGO_BIN_EXE_observer"))
         .arg("record")
-        .arg("--output")
+        .arg("--write")
         .arg(&output)
         .arg("--btf")
         .arg(&btf)
         .args(extra);
     let recorder = Recorder::spawn(command, output);
+    // Without the kernel's BTF, the skb:kfree_skb program cannot load either (observer
+    // warns that rejections are not seen).
     assert_programs(
         &recorder,
-        BPF_PROG_TYPE_RAW_TRACEPOINT,
+        &[BPF_PROG_TYPE_RAW_TRACEPOINT],
         "the raw tracepoint program",
     );
     recorder
@@ -313,16 +315,16 @@ const BPF_PROG_TYPE_CGROUP_SKB: u32 = 8;
 const BPF_PROG_TYPE_RAW_TRACEPOINT: u32 = 17;
 const BPF_PROG_TYPE_TRACING: u32 = 26;
 
-/// Asserts that observer holds the two cgroup_skb programs and, on `net_dev_queue`, a
-/// program of type `forwarding` (`what`).
-fn assert_programs(recorder: &Recorder, forwarding: u32, what: &str) {
+/// Asserts that observer holds the two cgroup_skb programs and `tracing` (`what`): on
+/// `net_dev_queue`, a BTF or raw tracepoint program, and on `skb:kfree_skb` a BTF
+/// tracepoint program where the kernel's BTF is there.
+fn assert_programs(recorder: &Recorder, tracing: &[u32], what: &str) {
+    let mut expected = vec![BPF_PROG_TYPE_CGROUP_SKB, BPF_PROG_TYPE_CGROUP_SKB];
+    expected.extend_from_slice(tracing);
+    expected.sort();
     assert_eq!(
         program_types(recorder.pid()),
-        [
-            BPF_PROG_TYPE_CGROUP_SKB,
-            BPF_PROG_TYPE_CGROUP_SKB,
-            forwarding
-        ],
+        expected,
         "{what} and the two cgroup_skb programs"
     );
 }
@@ -347,8 +349,8 @@ fn start_normally(dir: &std::path::Path, extra: &[&str]) -> Recorder {
     let recorder = Recorder::start(dir, extra);
     assert_programs(
         &recorder,
-        BPF_PROG_TYPE_TRACING,
-        "the BTF tracepoint program",
+        &[BPF_PROG_TYPE_TRACING, BPF_PROG_TYPE_TRACING],
+        "the BTF tracepoint programs (net_dev_queue, skb:kfree_skb)",
     );
     recorder
 }

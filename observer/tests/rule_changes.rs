@@ -136,7 +136,7 @@ fn changes_are_read(rules: RuleMode, tag: &str) {
     let mut command = Command::new(env!("CARGO_BIN_EXE_observer"));
     let log = dir.path().join("conns.jsonl");
     command
-        .args(["record", "--output"])
+        .args(["record", "--write"])
         .arg(&log)
         .env("RUST_LOG", "observer::naming=debug");
     let recorder = Recorder::spawn(command, log.clone());

@@ -162,7 +162,7 @@ fn alone_in_an_empty_root_with_the_daemonsets_capabilities_it_names_every_servic
 
     // `record`: traffic to both Services, every connection named.
     let mut command = root.command(Some(&numbers));
-    command.args(["record", "--output", "/conns.jsonl", "--idle-timeout", "1"]);
+    command.args(["record", "--write", "/conns.jsonl", "--idle-timeout", "1"]);
     let recorder = Recorder::spawn(command, root.path().join("conns.jsonl"));
     let checkout = lab.service("checkout").unwrap().cluster_addr();
     let dns = lab.service("kube-dns").unwrap().cluster_addr();
@@ -246,7 +246,7 @@ fn each_missing_capability_is_named(root: &EmptyRoot, caps: &[(String, u32)], no
     let without_admin: Vec<u32> = numbers.iter().copied().filter(|&cap| cap != 21).collect();
     let out = root
         .command(Some(&without_admin))
-        .args(["record", "--output", "/refused.jsonl", "--duration", "1"])
+        .args(["record", "--write", "/refused.jsonl", "--duration", "1"])
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);

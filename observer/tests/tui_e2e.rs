@@ -122,7 +122,7 @@ fn live_view_shows_pinning() {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("live.jsonl");
     let command = format!(
-        "{} --idle-timeout 2 --record {} --runtime-root {}",
+        "{} --idle-timeout 2 --write {} --runtime-root {}",
         env!("CARGO_BIN_EXE_observer"),
         log.display(),
         lab.runtime_root().display()

@@ -354,7 +354,7 @@ impl Recorder {
     fn start(observer: &Path, dir: &Path) -> anyhow::Result<Recorder> {
         let log = dir.join("conns.jsonl");
         let mut command = Command::new(observer);
-        command.args(["record", "--output"]).arg(&log);
+        command.args(["record", "--write"]).arg(&log);
         let observer = Observer::start(command, false)?;
         Ok(Recorder { observer, log })
     }

@@ -109,7 +109,7 @@ fn measure(
     std::fs::create_dir_all(&dir)?;
     let log = dir.join("conns.jsonl");
     let mut command = Command::new(observer);
-    command.args(["record", "--output"]).arg(&log);
+    command.args(["record", "--write"]).arg(&log);
     let mut recorder = Observer::start(command, false)?;
     let pid = recorder.pid();
 

@@ -18,8 +18,15 @@ use crate::tui::{self, TuiOptions};
 pub struct LiveArgs {
     /// Also write the connection log to FILE while showing it (an existing FILE is
     /// replaced only once the kernel programs are attached).
-    #[arg(long, value_name = "FILE", conflicts_with = "replay")]
-    pub record: Option<String>,
+    /// (`--record` is an older name for it.)
+    #[arg(
+        short = 'w',
+        long = "write",
+        alias = "record",
+        value_name = "FILE",
+        conflicts_with = "replay"
+    )]
+    pub write: Option<String>,
     /// Show a recorded log instead of live traffic (no root needed).
     #[arg(long, value_name = "FILE")]
     pub replay: Option<std::path::PathBuf>,
@@ -65,7 +72,7 @@ fn live(args: LiveArgs) -> anyhow::Result<Outcome> {
     check_host()?;
     tui::check_terminal()?;
     // Checked now, replaced only once the programs are attached.
-    let target = args.record.as_deref().map(LogTarget::check).transpose()?;
+    let target = args.write.as_deref().map(LogTarget::check).transpose()?;
     let warnings = Arc::new(Mutex::new(Vec::<String>::new()));
     let (send, receive) = tokio::sync::mpsc::channel(65536);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -114,7 +121,7 @@ fn live(args: LiveArgs) -> anyhow::Result<Outcome> {
         .unwrap_or_else(|_| "this node".to_owned());
     let options = TuiOptions {
         title,
-        recording: args.record.clone(),
+        recording: args.write.clone(),
         replay: false,
     };
     let shown = runtime()?.block_on(tui::run(receive, options));
@@ -123,7 +130,7 @@ fn live(args: LiveArgs) -> anyhow::Result<Outcome> {
         .join()
         .map_err(|_| anyhow::anyhow!("the capture thread panicked"))??;
     shown?;
-    if let Some(path) = &args.record {
+    if let Some(path) = &args.write {
         eprintln!(
             "observer: wrote {} connections to {path} ({} lost connections)",
             summary.connections, summary.lost_connections

@@ -120,3 +120,46 @@ pub fn emit(text: &str) -> anyhow::Result<()> {
         _ => Ok(()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    use super::{Cli, Command};
+
+    /// `-w/--write PATH` writes a log in every command that can; `-o` is a format. The
+    /// older names of the log flags keep working.
+    #[test]
+    fn logs_are_written_with_w_and_older_names_still_parse() {
+        for args in [
+            ["observer", "record", "-w", "x.jsonl"],
+            ["observer", "record", "--write", "x.jsonl"],
+            ["observer", "record", "--output", "x.jsonl"],
+        ] {
+            match Cli::try_parse_from(args).map(|cli| cli.command) {
+                Ok(Some(Command::Record(record))) => assert_eq!(record.write, "x.jsonl"),
+                _ => panic!("{args:?} does not parse"),
+            }
+        }
+        for args in [["observer", "-w", "x"], ["observer", "--record", "x"]] {
+            let cli = Cli::try_parse_from(args).unwrap();
+            assert_eq!(cli.live.write.as_deref(), Some("x"), "{args:?}");
+        }
+        for args in [["observer", "serve", "-w", "-"], ["observer", "serve", "--log", "-"]] {
+            match Cli::try_parse_from(args).map(|cli| cli.command) {
+                Ok(Some(Command::Serve(serve))) => assert_eq!(serve.write.as_deref(), Some("-")),
+                _ => panic!("{args:?} does not parse"),
+            }
+        }
+        match Cli::try_parse_from(["observer", "verify", "-w", "x", "-o", "json"])
+            .map(|cli| cli.command)
+        {
+            Ok(Some(Command::Verify(verify))) => {
+                assert_eq!(verify.write.as_deref(), Some(std::path::Path::new("x")));
+                assert_eq!(verify.output.format, super::OutputFormat::Json);
+            }
+            _ => panic!("verify -w x -o json does not parse"),
+        }
+        assert!(Cli::try_parse_from(["observer", "record", "-o", "x.jsonl"]).is_err());
+    }
+}

@@ -14,8 +14,9 @@ pub struct RecordArgs {
     /// Where to write the connection log (`-` for standard output). An existing file is
     /// replaced only once the kernel programs are attached; a killed run leaves the lines
     /// written so far.
-    #[arg(short, long, value_name = "PATH")]
-    pub output: String,
+    /// (`--output` is an older name for it.)
+    #[arg(short = 'w', long = "write", alias = "output", value_name = "PATH")]
+    pub write: String,
     /// Stop after this many seconds (otherwise at Ctrl-C or SIGTERM).
     #[arg(short, long, value_name = "SECONDS", value_parser = duration_seconds)]
     pub duration: Option<Duration>,
@@ -26,7 +27,7 @@ pub struct RecordArgs {
 pub fn run(args: RecordArgs) -> anyhow::Result<Outcome> {
     check_host()?;
     // Checked before attaching, replaced only after: a failed start keeps the old file.
-    let target = LogTarget::check(&args.output)?;
+    let target = LogTarget::check(&args.write)?;
     runtime()?.block_on(async {
         let capture = args.capture.start_capture()?;
         let log = target.open()?;

@@ -10,10 +10,11 @@ pub struct ServeArgs {
     /// Address to serve `/metrics` on.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9464")]
     pub listen: std::net::SocketAddr,
-    /// Also write the connection log (JSON Lines, as `record --output` writes it) to
+    /// Also write the connection log (JSON Lines, as `record --write` writes it) to
     /// PATH; `-` for standard output, where a cluster's log pipeline collects it.
-    #[arg(long, value_name = "PATH")]
-    pub log: Option<String>,
+    /// (`--log` is an older name for it.)
+    #[arg(short = 'w', long = "write", alias = "log", value_name = "PATH")]
+    pub write: Option<String>,
     #[command(flatten)]
     pub capture: CaptureArgs,
 }
@@ -21,7 +22,7 @@ pub struct ServeArgs {
 pub fn run(args: ServeArgs) -> anyhow::Result<Outcome> {
     check_host()?;
     // Checked before attaching, replaced only after, as `record` does.
-    let log = args.log.as_deref().map(LogTarget::check).transpose()?;
+    let log = args.write.as_deref().map(LogTarget::check).transpose()?;
     let listener = std::net::TcpListener::bind(args.listen)
         .map_err(|err| anyhow::anyhow!("cannot listen on {}: {err}", args.listen))?;
     runtime()?.block_on(async {

@@ -19,7 +19,8 @@ use crate::kernel::decode;
 use crate::model::record::Recording;
 use crate::naming::source::{NetnsInfo, list_namespaces, netns_inode};
 use crate::pipeline;
-use crate::sinks::coverage::{Decision, coverage, render};
+use super::args::OutputFormat;
+use crate::sinks::coverage::{Decision, coverage, render, render_json};
 use crate::sinks::log::LogWriter;
 
 /// Recording continues this long after the listener stops, so that the first packet of
@@ -36,8 +37,12 @@ pub struct VerifyArgs {
     #[arg(long, value_name = "PATH|INODE")]
     pub netns: Vec<String>,
     /// Also write the connection log that was compared (JSON Lines) to this file.
-    #[arg(short, long, value_name = "PATH")]
-    pub output: Option<std::path::PathBuf>,
+    #[arg(short = 'w', long = "write", value_name = "PATH")]
+    pub write: Option<std::path::PathBuf>,
+    /// `table`: the verdict for people; `json`: one line per Service and one for the
+    /// whole node (`"service": null`), then one per lost decision.
+    #[command(flatten)]
+    pub output: super::args::FormatArg,
     /// Receive buffer of each conntrack event socket, in bytes (tests make it tiny to
     /// see a listener that cannot keep up).
     #[arg(long, value_name = "BYTES", default_value_t = EVENT_BUFFER, hide = true)]
@@ -104,7 +109,7 @@ pub fn run(args: VerifyArgs) -> anyhow::Result<Outcome> {
     })?;
     let text =
         String::from_utf8_lossy(&memory.0.lock().unwrap_or_else(|e| e.into_inner())).into_owned();
-    if let Some(path) = &args.output {
+    if let Some(path) = &args.write {
         std::fs::write(path, &text)
             .with_context(|| format!("cannot write the connection log to {}", path.display()))?;
     }
@@ -124,7 +129,10 @@ pub fn run(args: VerifyArgs) -> anyhow::Result<Outcome> {
         .filter(|c| inodes.contains(&c.netns))
         .collect();
     let coverage = coverage(&decisions, &conns);
-    emit(&render(&coverage))?;
+    emit(&match args.output.format {
+        OutputFormat::Table => render(&coverage),
+        OutputFormat::Json => render_json(&coverage),
+    })?;
     Ok(if coverage.total.complete() {
         Outcome::Success
     } else {

@@ -116,6 +116,44 @@ pub fn thousands(n: u64) -> String {
     out
 }
 
+/// The report as JSON Lines (`verify -o json`): one `{"type":"node",...}` line, one
+/// `{"type":"service","service":NAME,...}` line per Service, then one `{"type":"lost",...}`
+/// line per lost decision named. Counts are `decisions`, `recorded`, `lost`.
+pub fn render_json(coverage: &Coverage) -> String {
+    let counts = |counts: &Counts| {
+        serde_json::json!({
+            "decisions": counts.decisions,
+            "recorded": counts.recorded,
+            "lost": counts.lost(),
+        })
+    };
+    let mut lines = Vec::new();
+    let mut node = counts(&coverage.total);
+    node["type"] = "node".into();
+    node["unmatched_records"] = coverage.unmatched_records.into();
+    lines.push(node);
+    for (name, service) in &coverage.services {
+        let mut line = counts(service);
+        line["type"] = "service".into();
+        line["service"] = name.as_str().into();
+        lines.push(line);
+    }
+    for lost in &coverage.lost {
+        lines.push(serde_json::json!({
+            "type": "lost",
+            "proto": lost.proto,
+            "client": lost.client,
+            "dialed": lost.dialed,
+            "backend": lost.backend,
+            "netns": lost.netns,
+        }));
+    }
+    lines
+        .iter()
+        .map(|line| format!("{line}\n"))
+        .collect()
+}
+
 /// The report: one line for the node, one per Service.
 pub fn render(coverage: &Coverage) -> String {
     let total = &coverage.total;
@@ -214,6 +252,24 @@ mod tests {
              \x20 lost: tcp 10.0.0.1:1002 -> 10.96.0.9:53 -> 10.244.1.13:8080 (netns 7)\n\
              \x20 (1 recorded connections match no decision conntrack reported while verifying)\n"
         );
+        let json = render_json(&coverage);
+        let lines: Vec<serde_json::Value> = json
+            .lines()
+            .map(|line| serde_json::from_str(line).unwrap())
+            .collect();
+        assert_eq!(
+            lines[0],
+            serde_json::json!({"type": "node", "decisions": 4, "recorded": 1, "lost": 3, "unmatched_records": 1})
+        );
+        assert_eq!(
+            lines[2],
+            serde_json::json!({"type": "service", "service": "shop/checkout:http", "decisions": 3, "recorded": 1, "lost": 2})
+        );
+        assert_eq!(
+            lines[3],
+            serde_json::json!({"type": "lost", "proto": "tcp", "client": "10.0.0.1:1000", "dialed": "10.96.35.226:80", "backend": "10.244.1.13:8080", "netns": 7})
+        );
+        assert_eq!(lines.len(), 6);
     }
 
     #[test]

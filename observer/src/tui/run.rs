@@ -39,7 +39,7 @@ pub fn check_terminal() -> anyhow::Result<()> {
         return Ok(());
     }
     anyhow::bail!(
-        "observer's live view needs a terminal; use `observer record --output FILE` to record without one"
+        "observer's live view needs a terminal; use `observer record --write FILE` to record without one"
     )
 }
 

@@ -32,14 +32,14 @@ pub struct Recorder {
 }
 
 impl Recorder {
-    /// Starts `observer record --output <dir>/conns.jsonl` with `extra` arguments and
+    /// Starts `observer record --write <dir>/conns.jsonl` with `extra` arguments and
     /// waits for its `attached` line.
     pub fn start(dir: &Path, extra: &[&str]) -> Recorder {
         let output = dir.join("conns.jsonl");
         let mut command = Command::new(env!("CARGO_BIN_EXE_observer"));
         command
             .arg("record")
-            .arg("--output")
+            .arg("--write")
             .arg(&output)
             .args(extra);
         Recorder::spawn(command, output)

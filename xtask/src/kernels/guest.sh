@@ -56,7 +56,7 @@ progs() { bpftool prog show 2>/dev/null | grep -c '^[0-9]*:'; }
 scenario() { # name
     before=$(progs)
     : > "/tmp/$1.err"
-    RUST_LOG=observer::kernel::capture=debug /observer record --output "/tmp/$1.jsonl" \
+    RUST_LOG=observer::kernel::capture=debug /observer record --write "/tmp/$1.jsonl" \
         2>"/tmp/$1.err" &
     pid=$!
     i=0
@@ -88,7 +88,7 @@ nft flush ruleset
 nft -f /rules/nftables.nft 2>/tmp/r.err || say "FAIL nft -f: $(cat /tmp/r.err)"
 scenario nftables
 
-/observer record --btf /nonexistent --output /tmp/nobtf.jsonl 2>/tmp/nobtf.err
+/observer record --btf /nonexistent --write /tmp/nobtf.jsonl 2>/tmp/nobtf.err
 say "NOBTF $? $(cat /tmp/nobtf.err)"
 say "DONE"
 exec 3>&-

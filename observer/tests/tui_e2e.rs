@@ -128,7 +128,7 @@ fn live_view_shows_pinning() {
         lab.runtime_root().display()
     );
     let tmux = Tmux::start(&format!("observer-e2e-{}", std::process::id()), &command);
-    tmux.wait_for("the status bar", |s| s.contains("hooks 3"));
+    tmux.wait_for("the status bar", |s| s.contains("hooks 4"));
 
     let service = lab.service("checkout").unwrap().clone();
     let keepalive = http_keepalive(&lab, service.cluster_addr(), 30).unwrap();

@@ -141,13 +141,17 @@ fn empty_service() -> lab::Service {
 /// (period 10 s x failure threshold, plus the sync) and leaves the Service's endpoints;
 /// at 45 s it serves and is ready again.
 fn failures(lab: &RwLock<Lab>, stop: &AtomicBool) {
-    let pod = lab
-        .read()
-        .ok()
-        .and_then(|lab| lab.pods().iter().find(|p| p.name == "checkout-b").map(|p| p.ip));
+    let pod = lab.read().ok().and_then(|lab| {
+        lab.pods()
+            .iter()
+            .find(|p| p.name == "checkout-b")
+            .map(|p| p.ip)
+    });
     let Some(pod) = pod else { return };
     let service = "shop/checkout:http";
-    let steps: [(u64, fn(&mut Lab, Ipv4Addr, &str) -> anyhow::Result<()>); 3] = [
+    /// What happens to the pod, after how many seconds.
+    type Step = (u64, fn(&mut Lab, Ipv4Addr, &str) -> anyhow::Result<()>);
+    let steps: [Step; 3] = [
         (15, |lab, pod, _| lab.stop_server(pod)),
         (11, |lab, pod, service| lab.remove_endpoint(service, pod)),
         (19, |lab, pod, service| {

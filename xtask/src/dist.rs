@@ -94,14 +94,14 @@ pub fn dist() -> anyhow::Result<PathBuf> {
     let reference = format!("{IMAGE_NAME}:{}", version()?);
     std::fs::write(
         dir.join(IMAGE_ARCHIVE),
-        oci::image_archive(&platforms, &reference),
+        oci::image_archive(&platforms, &reference)?,
     )?;
     files.push(IMAGE_ARCHIVE.to_owned());
     let sums: String = files
         .iter()
         .map(|name| {
             let bytes = std::fs::read(dir.join(name))?;
-            Ok(format!("{}  {name}\n", hex(&Sha256::digest(&bytes))))
+            Ok(format!("{:x}  {name}\n", Sha256::digest(&bytes)))
         })
         .collect::<anyhow::Result<_>>()?;
     std::fs::write(dir.join("SHA256SUMS"), sums)?;
@@ -114,10 +114,6 @@ fn write_executable(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
     std::fs::write(path, bytes).with_context(|| format!("cannot write {}", path.display()))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))?;
     Ok(())
-}
-
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Fails unless `elf` is a 64-bit little-endian executable for `machine` that needs no

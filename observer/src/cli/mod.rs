@@ -145,7 +145,10 @@ mod tests {
             let cli = Cli::try_parse_from(args).unwrap();
             assert_eq!(cli.live.write.as_deref(), Some("x"), "{args:?}");
         }
-        for args in [["observer", "serve", "-w", "-"], ["observer", "serve", "--log", "-"]] {
+        for args in [
+            ["observer", "serve", "-w", "-"],
+            ["observer", "serve", "--log", "-"],
+        ] {
             match Cli::try_parse_from(args).map(|cli| cli.command) {
                 Ok(Some(Command::Serve(serve))) => assert_eq!(serve.write.as_deref(), Some("-")),
                 _ => panic!("{args:?} does not parse"),

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 
+use super::args::OutputFormat;
 use super::args::duration_seconds;
 use super::session::{CaptureArgs, runtime, stderr_warnings, stop_signal};
 use super::{Outcome, emit};
@@ -19,7 +20,6 @@ use crate::kernel::decode;
 use crate::model::record::Recording;
 use crate::naming::source::{NetnsInfo, list_namespaces, netns_inode};
 use crate::pipeline;
-use super::args::OutputFormat;
 use crate::sinks::coverage::{Decision, coverage, render, render_json};
 use crate::sinks::log::LogWriter;
 

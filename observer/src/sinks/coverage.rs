@@ -148,10 +148,7 @@ pub fn render_json(coverage: &Coverage) -> String {
             "netns": lost.netns,
         }));
     }
-    lines
-        .iter()
-        .map(|line| format!("{line}\n"))
-        .collect()
+    lines.iter().map(|line| format!("{line}\n")).collect()
 }
 
 /// The report: one line for the node, one per Service.

@@ -16,8 +16,8 @@ use crate::conntrack::CtKind;
 use crate::conntrack::listener::{Listener, Note};
 use crate::conntrack::socket::{EVENT_BUFFER, GROUP_NEW};
 use crate::kernel::capture::check_host;
-use crate::kernel::decode;
 use crate::model::record::Recording;
+use crate::model::tuple;
 use crate::naming::source::{NetnsInfo, list_namespaces, netns_inode};
 use crate::pipeline;
 use crate::sinks::coverage::{Decision, coverage, render, render_json};
@@ -151,7 +151,7 @@ fn decisions(notes: Vec<Note>) -> anyhow::Result<Vec<Decision>> {
                 kind: CtKind::New,
                 entry,
             } => {
-                let Ok(proto) = decode::proto(entry.original.protocol) else {
+                let Ok(proto) = tuple::proto(entry.original.protocol) else {
                     continue;
                 };
                 decisions.push(Decision {

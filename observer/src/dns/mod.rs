@@ -5,7 +5,7 @@
 use observer_common::conn::{PROTO_TCP, REPLY};
 use observer_common::dns::{DNS_PREFIX, DnsEvent};
 
-use crate::kernel::decode::{proto, socket_addr};
+use crate::model::tuple::{proto, socket_addr};
 
 pub mod matcher;
 pub mod stream;

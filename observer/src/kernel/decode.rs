@@ -1,21 +1,14 @@
-//! Decoding of what the kernel programs hand over: ring-buffer records and tuples.
+//! Decoding of what the kernel programs hand over: ring-buffer records, their length
+//! and kind checked. What their fields mean is the model's (`model::tuple`).
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-
-use observer_common::conn::{
-    ConnEvent, EVENT_CLOSE, EVENT_OPEN, Endpoint, FAMILY_IPV6, PROTO_TCP, PROTO_UDP,
-};
+use observer_common::conn::{ConnEvent, EVENT_CLOSE, EVENT_OPEN};
 use observer_common::dns::{DnsEvent, EVENT_DNS};
 use observer_common::reject::{EVENT_REJECT, RejectEvent};
-
-use crate::model::record::Proto;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum DecodeError {
     #[error("ring-buffer record of {got} bytes, expected {expected}")]
     Length { got: usize, expected: usize },
-    #[error("unknown IP protocol {0} in a tracked connection")]
-    Protocol(u8),
     #[error("ring-buffer record of unknown kind {0}")]
     Kind(u32),
 }
@@ -101,30 +94,8 @@ fn check_length<T>(bytes: &[u8]) -> Result<(), DecodeError> {
     Ok(())
 }
 
-/// An endpoint as a socket address: IPv4 uses the first four address bytes.
-pub fn socket_addr(family: u16, endpoint: &Endpoint) -> SocketAddr {
-    let ip = if family == FAMILY_IPV6 {
-        IpAddr::V6(Ipv6Addr::from(endpoint.addr))
-    } else {
-        let [a, b, c, d, ..] = endpoint.addr;
-        IpAddr::V4(Ipv4Addr::new(a, b, c, d))
-    };
-    SocketAddr::new(ip, endpoint.port)
-}
-
-/// The record's protocol for a kernel protocol number.
-pub fn proto(protocol: u8) -> Result<Proto, DecodeError> {
-    match protocol {
-        PROTO_TCP => Ok(Proto::Tcp),
-        PROTO_UDP => Ok(Proto::Udp),
-        other => Err(DecodeError::Protocol(other)),
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use observer_common::conn::FAMILY_IPV4;
-
     use super::*;
 
     #[test]
@@ -230,26 +201,5 @@ mod tests {
             );
         }
         assert_eq!((conns.len(), dns.len()), (0, 0));
-    }
-
-    #[test]
-    fn addresses() {
-        let mut endpoint = Endpoint {
-            port: 8080,
-            ..Default::default()
-        };
-        endpoint.addr[..4].copy_from_slice(&[10, 244, 1, 12]);
-        assert_eq!(
-            socket_addr(FAMILY_IPV4, &endpoint).to_string(),
-            "10.244.1.12:8080"
-        );
-        let mut v6 = Endpoint {
-            port: 80,
-            ..Default::default()
-        };
-        v6.addr = "fd00::1".parse::<Ipv6Addr>().unwrap().octets();
-        assert_eq!(socket_addr(FAMILY_IPV6, &v6).to_string(), "[fd00::1]:80");
-        assert_eq!(proto(6), Ok(Proto::Tcp));
-        assert_eq!(proto(1), Err(DecodeError::Protocol(1)));
     }
 }

@@ -10,9 +10,9 @@ use chrono::{DateTime, Utc};
 use observer_common::conn::{ConnEvent, ConnState, EVENT_OPEN, REPLY};
 
 use crate::conntrack::{CtEntry, CtTuple, tcp_state};
-use crate::kernel::decode;
 use crate::model::NetMap;
 use crate::model::record::{Close, ConnRecord, Proto};
+use crate::model::tuple;
 use crate::model::update::ConnId;
 
 /// Identifies a connection across conntrack and the kernel programs.
@@ -29,8 +29,8 @@ impl CtKey {
         CtKey {
             netns: state.netns,
             protocol: state.original.protocol,
-            client: decode::socket_addr(state.original.family, &state.original.src),
-            dialed: decode::socket_addr(state.original.family, &state.original.dst),
+            client: tuple::socket_addr(state.original.family, &state.original.src),
+            dialed: tuple::socket_addr(state.original.family, &state.original.dst),
         }
     }
 
@@ -106,7 +106,7 @@ impl ConntrackView {
         let mut out = Vec::new();
         for entry in entries {
             let closed = closed_tcp(&entry);
-            let Ok(proto) = decode::proto(entry.original.protocol) else {
+            let Ok(proto) = tuple::proto(entry.original.protocol) else {
                 continue;
             };
             if !entry.dnat() || closed {

@@ -11,4 +11,5 @@ pub mod ctview;
 pub mod record;
 pub mod rejects;
 pub mod tracker;
+pub mod tuple;
 pub mod update;

@@ -6,10 +6,10 @@
 use observer_common::conn::PROTO_TCP;
 use observer_common::reject::{RejectCount, RejectEvent, RejectKey};
 
-use crate::kernel::decode::{self, DecodeError};
 use crate::model::NetMap;
 use crate::model::record::{Proto, RejectRecord};
 use crate::model::tracker::Clock;
+use crate::model::tuple::{self, UnknownProtocol};
 
 /// How long a written TCP attempt is remembered: a client whose SYNs are dropped
 /// without an answer (DROP rules) retransmits them for about two minutes, on the same
@@ -51,8 +51,11 @@ impl RejectTracker {
     /// A report from the kernel: the record of a new TCP attempt, or `None` (a UDP
     /// socket's first rejected datagram, written when the socket goes quiet; or an
     /// attempt written already).
-    pub fn on_event(&mut self, event: &RejectEvent) -> Result<Option<RejectRecord>, DecodeError> {
-        let proto = decode::proto(event.key.protocol)?;
+    pub fn on_event(
+        &mut self,
+        event: &RejectEvent,
+    ) -> Result<Option<RejectRecord>, UnknownProtocol> {
+        let proto = tuple::proto(event.key.protocol)?;
         if proto == Proto::Udp {
             self.udp.entry(event.key).or_insert(UdpFlow {
                 first_ns: event.time_ns,
@@ -82,7 +85,7 @@ impl RejectTracker {
         &mut self,
         now_ns: u64,
         count: impl Fn(&RejectKey) -> Option<RejectCount>,
-    ) -> Result<RejectSweep, DecodeError> {
+    ) -> Result<RejectSweep, UnknownProtocol> {
         let mut sweep = RejectSweep::default();
         let mut quiet = Vec::new();
         for (key, flow) in &mut self.udp {
@@ -115,7 +118,7 @@ impl RejectTracker {
     pub fn finish(
         &mut self,
         count: impl Fn(&RejectKey) -> Option<RejectCount>,
-    ) -> Result<Vec<RejectRecord>, DecodeError> {
+    ) -> Result<Vec<RejectRecord>, UnknownProtocol> {
         let mut flows: Vec<(RejectKey, UdpFlow)> = self.udp.drain().collect();
         flows.sort_by_key(|(_, flow)| flow.first_ns);
         flows
@@ -137,12 +140,12 @@ impl RejectTracker {
         key: &RejectKey,
         time_ns: u64,
         packets: Option<u64>,
-    ) -> Result<RejectRecord, DecodeError> {
+    ) -> Result<RejectRecord, UnknownProtocol> {
         Ok(RejectRecord {
-            proto: decode::proto(key.protocol)?,
-            client: decode::socket_addr(key.family, &key.client),
+            proto: tuple::proto(key.protocol)?,
+            client: tuple::socket_addr(key.family, &key.client),
             client_pod: None,
-            original_dst: decode::socket_addr(key.family, &key.dialed),
+            original_dst: tuple::socket_addr(key.family, &key.dialed),
             service: None,
             frontend: None,
             netns: key.netns,

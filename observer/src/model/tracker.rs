@@ -10,8 +10,8 @@ use observer_common::conn::{
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
-use crate::kernel::decode::{self, DecodeError};
 use crate::model::record::{Close, ConnRecord};
+use crate::model::tuple::{self, UnknownProtocol};
 use crate::model::update::ConnId;
 
 /// Maps the kernel's monotonic clock (`bpf_ktime_get_ns`) to wall-clock time.
@@ -71,7 +71,7 @@ impl Tracker {
     }
 
     /// An open or close event from the ring buffer.
-    pub fn on_event(&mut self, event: &ConnEvent) -> Result<(ConnId, ConnRecord), DecodeError> {
+    pub fn on_event(&mut self, event: &ConnEvent) -> Result<(ConnId, ConnRecord), UnknownProtocol> {
         let id = ConnId::of(event.conntrack, &event.state);
         if event.kind == EVENT_OPEN {
             let record = self.record(&event.state, Close::Open, event.time_ns)?;
@@ -133,7 +133,7 @@ impl Tracker {
         conntrack: u64,
         state: &ConnState,
         close: Close,
-    ) -> Result<(ConnId, ConnRecord), DecodeError> {
+    ) -> Result<(ConnId, ConnRecord), UnknownProtocol> {
         let id = ConnId::of(conntrack, state);
         self.open.remove(&id);
         Ok((id, self.record(state, close, state.last_ns)?))
@@ -147,7 +147,7 @@ impl Tracker {
         state: &ConnState,
         close: Close,
         until_ns: u64,
-    ) -> Result<(ConnId, ConnRecord), DecodeError> {
+    ) -> Result<(ConnId, ConnRecord), UnknownProtocol> {
         let id = ConnId::of(conntrack, state);
         self.open.remove(&id);
         Ok((id, self.record(state, close, until_ns)?))
@@ -159,7 +159,7 @@ impl Tracker {
         &mut self,
         entries: &[(u64, ConnState)],
         now_ns: u64,
-    ) -> Vec<Result<(ConnId, ConnRecord), DecodeError>> {
+    ) -> Vec<Result<(ConnId, ConnRecord), UnknownProtocol>> {
         self.open.clear();
         entries
             .iter()
@@ -193,15 +193,15 @@ impl Tracker {
         state: &ConnState,
         close: Close,
         until_ns: u64,
-    ) -> Result<ConnRecord, DecodeError> {
-        let proto = decode::proto(state.original.protocol)?;
+    ) -> Result<ConnRecord, UnknownProtocol> {
+        let proto = tuple::proto(state.original.protocol)?;
         let end_ns = until_ns.max(state.start_ns);
         Ok(ConnRecord {
             proto,
-            client: decode::socket_addr(state.original.family, &state.original.src),
+            client: tuple::socket_addr(state.original.family, &state.original.src),
             client_pod: None,
-            original_dst: decode::socket_addr(state.original.family, &state.original.dst),
-            backend: decode::socket_addr(state.reply.family, &state.reply.src),
+            original_dst: tuple::socket_addr(state.original.family, &state.original.dst),
+            backend: tuple::socket_addr(state.reply.family, &state.reply.src),
             backend_pod: None,
             service: None,
             frontend: None,

@@ -44,6 +44,12 @@ fn tar(entries: &[(&str, u32, Option<&[u8]>)]) -> anyhow::Result<Vec<u8>> {
     builder.into_inner().context("cannot finish a tar archive")
 }
 
+/// `document` as JSON with every object's keys sorted: oci-spec keeps annotations in a
+/// `HashMap`, whose order changes from run to run (serde_json's own map is ordered).
+fn canonical_json(document: &impl serde::Serialize) -> anyhow::Result<Vec<u8>> {
+    Ok(serde_json::to_vec(&serde_json::to_value(document)?)?)
+}
+
 /// `bytes`' SHA-256 as 64 hexadecimal digits.
 fn sha256_hex(bytes: &[u8]) -> String {
     format!("{:x}", Sha256::digest(bytes))
@@ -162,9 +168,8 @@ pub fn image_archive(binaries: &[(&str, &[u8])], reference: &str) -> anyhow::Res
                 ]))
                 .build()?,
         ])
-        .build()?
-        .to_string()?
-        .into_bytes();
+        .build()?;
+    let layout_index = canonical_json(&layout_index)?;
     let layout = serde_json::to_vec(
         &OciLayoutBuilder::default()
             .image_layout_version("1.0.0")

@@ -81,8 +81,8 @@ fn each_wrong_fact_is_one_line_naming_it() {
             "nftables: not attached and detached cleanly",
         ),
         (
-            "\"bytes_from_backend\":219,\"close\":\"fin\",\"start_seen\":true}\nLOG iptables {\"type\":\"conn\",\"proto\":\"tcp\",\"client\":\"10.244.1.9:40001\"",
-            "\"bytes_from_backend\":218,\"close\":\"fin\",\"start_seen\":true}\nLOG iptables {\"type\":\"conn\",\"proto\":\"tcp\",\"client\":\"10.244.1.9:40001\"",
+            "\"bytes_from_backend\":219,\"close\":\"fin\",\"connect_ms\":null,\"start_seen\":true}\nLOG iptables {\"type\":\"conn\",\"proto\":\"tcp\",\"client\":\"10.244.1.9:40001\"",
+            "\"bytes_from_backend\":218,\"close\":\"fin\",\"connect_ms\":null,\"start_seen\":true}\nLOG iptables {\"type\":\"conn\",\"proto\":\"tcp\",\"client\":\"10.244.1.9:40001\"",
             "iptables: bytes_from_backend wrong for the connection that sent 49 bytes to 10.244.1.12:8080 and got 219",
         ),
         ("NOBTF 2", "NOBTF 1", "--btf /nonexistent: expected exit 2"),

@@ -27,7 +27,7 @@ enum Task {
     /// Set up, then run every test, root integration tests included.
     Test {
         /// Leave out `cargo xtask kernels` (Debian's x86_64 and arm64 kernels under qemu,
-        /// about 5 minutes).
+        /// 5-7 minutes with downloads).
         #[arg(long)]
         no_kernels: bool,
         /// Extra arguments for `cargo test` (e.g. a test name filter).

@@ -33,7 +33,7 @@ fn conn(port: u16, backend: &str, sent: u64, received: u64) -> String {
 
 fn held(port: u16, sent: u64, received: u64) -> String {
     format!(
-        r#"{{"type":"conn","proto":"tcp","client":"10.244.1.9:{port}","original_dst":"10.96.35.226:81","backend":"10.244.1.13:8081","service":"shop/checkout:lines","endpoint_in_rules":true,"netns":1,"start":"t","end":"t","duration_ms":1.0,"requests":3,"bytes_to_backend":{sent},"bytes_from_backend":{received},"close":"fin","start_seen":false}}"#
+        r#"{{"type":"conn","proto":"tcp","client":"10.244.1.9:{port}","original_dst":"10.96.35.226:81","backend":"10.244.1.13:8081","service":"shop/checkout:lines","endpoint_in_rules":true,"netns":1,"start":"t","end":"t","duration_ms":1.0,"requests":3,"bytes_to_backend":{sent},"bytes_from_backend":{received},"close":"fin","connect_ms":null,"start_seen":false}}"#
     )
 }
 
@@ -105,8 +105,8 @@ fn each_wrong_fact_is_one_line_naming_it() {
             "nftables: not attached and detached cleanly",
         ),
         (
-            "\"bytes_from_backend\":219,\"close\":\"fin\",\"start_seen\":true}\nLOG iptables {\"type\":\"conn\",\"proto\":\"tcp\",\"client\":\"10.244.1.9:40001\"",
-            "\"bytes_from_backend\":218,\"close\":\"fin\",\"start_seen\":true}\nLOG iptables {\"type\":\"conn\",\"proto\":\"tcp\",\"client\":\"10.244.1.9:40001\"",
+            "\"bytes_from_backend\":219,\"close\":\"fin\",\"connect_ms\":null,\"start_seen\":true}\nLOG iptables {\"type\":\"conn\",\"proto\":\"tcp\",\"client\":\"10.244.1.9:40001\"",
+            "\"bytes_from_backend\":218,\"close\":\"fin\",\"connect_ms\":null,\"start_seen\":true}\nLOG iptables {\"type\":\"conn\",\"proto\":\"tcp\",\"client\":\"10.244.1.9:40001\"",
             "iptables: bytes_from_backend wrong for the connection that sent 49 bytes to 10.244.1.12:8080 and got 219",
         ),
         ("NOBTF 2", "NOBTF 1", "--btf /nonexistent: expected exit 2"),

@@ -26,7 +26,8 @@ enum Task {
     Setup,
     /// Set up, then run every test, root integration tests included.
     Test {
-        /// Leave out `cargo xtask kernels` (Debian's kernels under qemu, 2-4 minutes).
+        /// Leave out `cargo xtask kernels` (Debian's x86_64 and arm64 kernels under qemu,
+        /// 5-7 minutes with downloads).
         #[arg(long)]
         no_kernels: bool,
         /// Extra arguments for `cargo test` (e.g. a test name filter).
@@ -40,7 +41,8 @@ enum Task {
     Demo(demo::DemoArgs),
     /// New connections per second through the lab's DNAT with and without observer.
     Bench(bench::BenchArgs),
-    /// Boot Debian's 5.10, 6.1 and 6.12 kernels under qemu and prove observer on each.
+    /// Boot Debian's 5.10, 6.1 and 6.12 kernels, x86_64 and arm64, under qemu and prove
+    /// observer on each.
     Kernels(kernels::KernelsArgs),
     /// A simulated kind node (network namespaces, kube-proxy rules, pods, a client).
     Lab(observer_lab::cli::LabArgs),

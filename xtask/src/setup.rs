@@ -2,8 +2,8 @@
 //! Debian machine, and nothing when it is already there (so it is fast to re-run).
 //!
 //! - Debian packages the lab and tests use (iproute2, iptables, nftables, conntrack, tmux),
-//!   and what `cargo xtask kernels` needs (qemu-system-x86, busybox-static, bpftool, gcc,
-//!   the decompressors of Debian's kernel images and modules).
+//!   and what `cargo xtask kernels` needs (qemu-system-x86 and qemu-system-arm, bpftool,
+//!   gcc and gcc-aarch64-linux-gnu, the decompressors of Debian's kernel images and modules).
 //! - The `x86_64-unknown-linux-musl` Rust target (the static observer the VMs run).
 //! - The nightly toolchain's `rust-src` (the eBPF crate builds `core` from source).
 //! - `bpf-linker`, built against the nightly toolchain's own LLVM (Debian has no LLVM
@@ -23,7 +23,7 @@ use std::{
 use anyhow::{Context as _, bail};
 
 /// Command a package provides, and the Debian package.
-const PACKAGES: [(&str, &str); 20] = [
+const PACKAGES: [(&str, &str); 22] = [
     ("ip", "iproute2"),
     ("iptables", "iptables"),
     ("nft", "nftables"),
@@ -31,8 +31,10 @@ const PACKAGES: [(&str, &str); 20] = [
     ("tmux", "tmux"),
     ("nsenter", "util-linux"),
     ("qemu-system-x86_64", "qemu-system-x86"),
+    ("qemu-system-aarch64", "qemu-system-arm"),
     ("bpftool", "bpftool"),
     ("gcc", "gcc"),
+    ("aarch64-linux-gnu-gcc", "gcc-aarch64-linux-gnu"),
     ("lz4", "lz4"),
     ("zstd", "zstd"),
     ("xz", "xz-utils"),

@@ -33,12 +33,13 @@ pub fn run(args: RecordArgs) -> anyhow::Result<Outcome> {
         let log = target.open()?;
         // conntrack's entries are read before `attached` is said: they are there from it on.
         let options = args.capture.session_options(Some(log), stderr_warnings());
+        let stop = stop_signal(args.duration);
         eprintln!(
             "observer: attached {} kernel program(s); recording DNATed connections to {}",
             capture.hooks_attached(),
             options.log.as_ref().map_or("-", |log| log.name.as_str())
         );
-        let summary = pipeline::run(capture, options, stop_signal(args.duration)).await?;
+        let summary = pipeline::run(capture, options, stop).await?;
         eprintln!(
             "observer: wrote {} connections ({} DNAT decisions, {} lost connections, {} lost events, {} failed kernel reads)",
             summary.connections,

@@ -35,14 +35,14 @@ pub fn run(args: ServeArgs) -> anyhow::Result<Outcome> {
                 path => format!("; writing the connection log to {path}"),
             })
             .unwrap_or_default();
+        let stop = stop_signal(None);
         eprintln!(
             "observer: attached {} kernel program(s); serving metrics on http://{}/metrics{logging}",
             capture.hooks_attached(),
             args.listen
         );
         let options = args.capture.session_options(log, stderr_warnings());
-        let summary =
-            crate::sinks::serve::run(listener, capture, options, stop_signal(None)).await?;
+        let summary = crate::sinks::serve::run(listener, capture, options, stop).await?;
         eprintln!(
             "observer: stopped ({} DNAT decisions, {} lost connections)",
             summary.dnat_events, summary.lost_connections

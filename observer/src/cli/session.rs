@@ -125,19 +125,51 @@ pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .context("cannot start the async runtime")
 }
 
-/// Resolves when Ctrl-C or SIGTERM arrives, or after `duration`.
-pub async fn stop_signal(duration: Option<Duration>) {
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .expect("installing a SIGTERM handler cannot fail in a fresh runtime");
-    let deadline = async {
-        match duration {
-            Some(duration) => tokio::time::sleep(duration).await,
-            None => std::future::pending().await,
+/// Resolves when Ctrl-C (SIGINT) or SIGTERM arrives, or after `duration`. Both signals
+/// are handled from this call on, not from the future's first poll: call it before saying
+/// `attached`. A script that starts observer in the background (where SIGINT is ignored
+/// until observer handles it) and signals it once it says `attached` must stop it.
+pub fn stop_signal(duration: Option<Duration>) -> impl Future<Output = ()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let handle =
+        |kind| signal(kind).expect("installing a signal handler cannot fail in a fresh runtime");
+    let mut interrupt = handle(SignalKind::interrupt());
+    let mut terminate = handle(SignalKind::terminate());
+    async move {
+        let deadline = async {
+            match duration {
+                Some(duration) => tokio::time::sleep(duration).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = interrupt.recv() => {}
+            _ = terminate.recv() => {}
+            () = deadline => {}
         }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = terminate.recv() => {}
-        () = deadline => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use nix::sys::signal::{SigHandler, Signal, raise, signal};
+
+    #[test]
+    fn a_sigint_between_the_call_and_the_first_wait_stops() {
+        // As in a script's background job: SIGINT ignored until observer handles it.
+        // SAFETY: SIG_IGN is no handler; nothing else in this test binary handles SIGINT
+        // (tokio's handler, installed below, stays for the rest of the run).
+        unsafe { signal(Signal::SIGINT, SigHandler::SigIgn) }.unwrap();
+        let runtime = super::runtime().unwrap();
+        runtime.block_on(async {
+            let stop = super::stop_signal(None);
+            // Said `attached`, signalled at once: before the session waits.
+            raise(Signal::SIGINT).unwrap();
+            tokio::time::timeout(Duration::from_secs(10), stop)
+                .await
+                .expect("a SIGINT before the first wait stops the session");
+        });
     }
 }

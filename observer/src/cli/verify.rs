@@ -86,6 +86,7 @@ pub fn run(args: VerifyArgs) -> anyhow::Result<Outcome> {
         }
         let log = LogWriter::new(Box::new(memory.clone()), "memory");
         let options = args.capture.session_options(Some(log), stderr_warnings());
+        let stop_verifying = stop_signal(Some(args.duration));
         eprintln!(
             "observer: attached {} kernel program(s); verifying against conntrack in {} namespace(s) for {:?}",
             capture.hooks_attached(),
@@ -94,7 +95,7 @@ pub fn run(args: VerifyArgs) -> anyhow::Result<Outcome> {
         );
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let listen = async move {
-            stop_signal(Some(args.duration)).await;
+            stop_verifying.await;
             let notes = listener.stop();
             tokio::time::sleep(GRACE).await;
             let _ = stop.send(());

@@ -14,6 +14,22 @@ mod tests;
 
 use std::net::SocketAddr;
 
+/// What observer says, once, when the kernel has no conntrack netlink interface.
+pub const NETLINK_MISSING: &str = "conntrack's netlink interface is missing (module nf_conntrack_netlink is not loaded): observer cannot adopt connections that began before it, nor see conntrack remove entries (timeouts, flushes, deletes); load it with `modprobe nf_conntrack_netlink`";
+
+/// Whether `err`, from opening a ctnetlink socket or dumping conntrack through it, means
+/// that the kernel has no conntrack netlink interface: no `NETLINK_NETFILTER` protocol
+/// at all (`EPROTONOSUPPORT`: nfnetlink is not loaded), or nfnetlink without its
+/// conntrack subsystem (`EINVAL`: nfnetlink answers so for a subsystem that is not
+/// registered once it failed to load `nf_conntrack_netlink` itself, as where no
+/// modprobe can run).
+pub fn netlink_missing(err: &std::io::Error) -> bool {
+    matches!(
+        err.raw_os_error(),
+        Some(libc::EPROTONOSUPPORT | libc::EINVAL)
+    )
+}
+
 /// `IPS_DST_NAT`: the entry's destination was rewritten (a kube-proxy DNAT decision).
 pub const IPS_DST_NAT: u32 = 1 << 5;
 

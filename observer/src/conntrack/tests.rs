@@ -178,3 +178,21 @@ fn requests_are_well_formed() {
         assert!(entry.dnat());
     }
 }
+
+#[test]
+fn a_kernel_without_conntrack_netlink_is_told_apart_from_other_failures() {
+    use std::io::Error;
+    // nfnetlink without nf_conntrack_netlink; no nfnetlink at all.
+    assert!(netlink_missing(&Error::from_raw_os_error(libc::EINVAL)));
+    assert!(netlink_missing(&Error::from_raw_os_error(
+        libc::EPROTONOSUPPORT
+    )));
+    for other in [libc::EPERM, libc::ENOENT, libc::ENOBUFS] {
+        assert!(!netlink_missing(&Error::from_raw_os_error(other)));
+    }
+    assert!(!netlink_missing(&Error::other("not an errno")));
+    // One sentence that names the module and what is lost without it.
+    assert!(NETLINK_MISSING.contains("module nf_conntrack_netlink is not loaded"));
+    assert!(NETLINK_MISSING.contains("cannot adopt connections that began before it"));
+    assert_eq!(NETLINK_MISSING.matches(". ").count(), 0);
+}

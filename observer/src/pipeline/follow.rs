@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 
-use crate::conntrack::CtEntry;
 use crate::conntrack::listener::{Listener, Note};
 use crate::conntrack::socket::{CtSocket, EVENT_BUFFER, GROUP_DESTROY};
+use crate::conntrack::{CtEntry, NETLINK_MISSING, netlink_missing};
 use observer_common::conn::ConnState;
 
 use crate::model::ctview::{ConntrackView, CtKey, lacks_destroy_events};
@@ -35,6 +35,8 @@ pub struct Follower {
     /// Namespaces that could not be followed (warned about once).
     failed: std::collections::HashSet<u32>,
     warnings: Vec<String>,
+    /// The kernel has no conntrack netlink interface (said once, for every namespace).
+    netlink_missing: bool,
     /// Times the kernel dropped destroy events for lack of buffer (`ENOBUFS`).
     pub overruns: u64,
     /// When the destroy events of each namespace were subscribed to (monotonic ns).
@@ -60,6 +62,7 @@ impl Follower {
             last_scan: Instant::now(),
             failed: Default::default(),
             warnings: Vec::new(),
+            netlink_missing: false,
             overruns: 0,
             subscribed_at: HashMap::new(),
             unreported: HashMap::new(),
@@ -134,9 +137,13 @@ impl Follower {
             }
             Err(err) => {
                 self.failed.insert(netns);
-                let path = path.display();
-                self.warnings
-                    .push(format!("cannot read conntrack in {path}: {err}"));
+                if netlink_missing(&err) {
+                    self.say_netlink_missing();
+                } else {
+                    let path = path.display();
+                    self.warnings
+                        .push(format!("cannot read conntrack in {path}: {err}"));
+                }
                 return Vec::new();
             }
         };
@@ -159,6 +166,10 @@ impl Follower {
         };
         let entries = match socket.dump() {
             Ok((entries, _)) => entries,
+            Err(err) if netlink_missing(&err) => {
+                self.say_netlink_missing();
+                Vec::new()
+            }
             Err(err) => {
                 let path = path.display();
                 self.warnings
@@ -168,6 +179,14 @@ impl Follower {
         };
         self.requests.insert(netns, socket);
         self.view.found_at_start(netns, entries, now)
+    }
+
+    /// Warns that conntrack's netlink interface is missing, once: it is missing for
+    /// every namespace at once (one module serves them all).
+    fn say_netlink_missing(&mut self) {
+        if !std::mem::replace(&mut self.netlink_missing, true) {
+            self.warnings.push(NETLINK_MISSING.to_owned());
+        }
     }
 
     /// The next note from the destroy-event listener.

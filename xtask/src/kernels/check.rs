@@ -1,27 +1,57 @@
 //! Checks what the guest reported (tagged lines from `guest.sh`) against what must be
-//! true: every record matches one client's own observation exactly, the offsets observer
-//! read equal the C compiler's, observer detached cleanly, and a missing BTF is refused.
+//! true: every record matches one client's own observation exactly (the connection opened
+//! before observer too: adopted, counted from observer's start), the offsets observer read
+//! equal the C compiler's, observer detached cleanly, a missing BTF is refused, and a
+//! kernel without conntrack's netlink interface gets the one sentence that says so.
 
 use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
 
 use serde_json::Value;
+
+/// One Service port the guest's clients dial.
+pub struct ServicePort {
+    /// `ns/name:port`.
+    pub name: String,
+    /// ClusterIP:port.
+    pub addr: String,
+    /// The pods' port.
+    pub target_port: u16,
+}
+
+impl ServicePort {
+    fn backend(&self, pod: Ipv4Addr) -> String {
+        format!("{pod}:{}", self.target_port)
+    }
+}
 
 /// What the guest's clients were pointed at.
 pub struct Expected {
     pub release: String,
-    /// `ip:port` of each pod, by pod name (what its server answers).
-    pub backends: BTreeMap<String, String>,
+    /// Each pod's address by name (what its servers answer).
+    pub pods: BTreeMap<String, Ipv4Addr>,
     pub client_ip: String,
-    /// ClusterIP:port.
-    pub service_addr: String,
-    pub service: String,
+    /// The HTTP port: a connection per request.
+    pub http: ServicePort,
+    /// The line port: the connection opened before observer.
+    pub lines: ServicePort,
+    /// HTTP connections per scenario.
     pub connections: usize,
+    /// Lines the connection opened before observer carries after observer attached.
+    pub held_lines: usize,
     /// `path=bytes` as the C compiler laid the kernel's structures out.
     pub offsets: BTreeMap<String, u64>,
 }
 
-/// The scenarios `guest.sh` runs, in order.
+/// The scenarios `guest.sh` runs with conntrack's netlink interface, in order.
 pub const SCENARIOS: [&str; 2] = ["iptables", "nftables"];
+
+/// The run of `observer record` before `nf_conntrack_netlink` is loaded.
+pub const WITHOUT_CTNETLINK: &str = "without-ctnetlink";
+
+/// What observer says without conntrack's netlink interface (observer's
+/// `conntrack::NETLINK_MISSING`, as a user reads it).
+const NETLINK_MISSING: &str = "observer: warning: conntrack's netlink interface is missing (module nf_conntrack_netlink is not loaded): observer cannot adopt connections that began before it";
 
 /// One line per failure; empty when everything holds.
 pub fn check(report: &str, expected: &Expected) -> Vec<String> {
@@ -30,6 +60,12 @@ pub fn check(report: &str, expected: &Expected) -> Vec<String> {
         report
             .lines()
             .filter_map(|l| l.strip_prefix(tag)?.strip_prefix(' '))
+            .collect()
+    };
+    let of = |tag: &str, scenario: &str| -> Vec<&str> {
+        tagged(tag)
+            .into_iter()
+            .filter_map(|l| l.strip_prefix(scenario)?.strip_prefix(' '))
             .collect()
     };
     if !report.lines().any(|l| l == "DONE") {
@@ -43,27 +79,40 @@ pub fn check(report: &str, expected: &Expected) -> Vec<String> {
         )),
     }
     failures.extend(tagged("FAIL").iter().map(|l| format!("guest: {l}")));
+    check_without_ctnetlink(
+        &of("EXIT", WITHOUT_CTNETLINK),
+        &of("STDERR", WITHOUT_CTNETLINK),
+        &mut |what| failures.push(format!("{WITHOUT_CTNETLINK}: {what}")),
+    );
     for scenario in SCENARIOS {
-        let lines = |tag: &str| -> Vec<&str> {
-            tagged(tag)
-                .into_iter()
-                .filter_map(|l| l.strip_prefix(scenario)?.strip_prefix(' '))
-                .collect()
-        };
+        let lines = |tag: &str| of(tag, scenario);
         let mut fail = |what: String| failures.push(format!("{scenario}: {what}"));
         match lines("EXIT").first() {
             Some(&"0") => {}
             other => fail(format!("observer record exited with {other:?}, expected 0")),
         }
-        check_offsets(&lines("STDERR"), expected, &mut fail);
-        if !lines("STDERR")
+        let stderr = lines("STDERR");
+        check_offsets(&stderr, expected, &mut fail);
+        if !stderr
             .iter()
             .any(|l| l.ends_with("net_dev_queue attached as a BTF tracepoint"))
         {
             fail("net_dev_queue was not attached as a BTF tracepoint".to_owned());
         }
-        check_records(&lines("CLIENT"), &lines("LOG"), expected, &mut fail);
-        check_detach(&lines("PROGS"), &lines("STDERR"), &mut fail);
+        for warning in stderr
+            .iter()
+            .filter(|l| l.starts_with("observer: warning:"))
+        {
+            fail(format!("observer warned: {warning}"));
+        }
+        check_records(
+            &lines("CLIENT"),
+            &lines("HELD"),
+            &lines("LOG"),
+            expected,
+            &mut fail,
+        );
+        check_detach(&lines("PROGS"), &stderr, &mut fail);
     }
     match tagged("NOBTF").first() {
         Some(line) if line.starts_with("2 ") && line.contains("CONFIG_DEBUG_INFO_BTF") => {}
@@ -72,6 +121,29 @@ pub fn check(report: &str, expected: &Expected) -> Vec<String> {
         )),
     }
     failures
+}
+
+/// Without `nf_conntrack_netlink`, observer runs and says so once, in its sentence, and
+/// never with the bare errno.
+fn check_without_ctnetlink(exit: &[&str], stderr: &[&str], fail: &mut impl FnMut(String)) {
+    if exit.first() != Some(&"0") {
+        fail(format!(
+            "observer record exited with {:?}, expected 0",
+            exit.first()
+        ));
+    }
+    let said = stderr
+        .iter()
+        .filter(|l| l.starts_with(NETLINK_MISSING))
+        .count();
+    if said != 1 {
+        fail(format!(
+            "observer said {said} times that conntrack's netlink interface is missing, expected once: {stderr:?}"
+        ));
+    }
+    if let Some(bare) = stderr.iter().find(|l| l.contains("Invalid argument")) {
+        fail(format!("observer printed a bare errno: {bare}"));
+    }
 }
 
 /// `bpftool prog show` counted the programs observer said it attached while it ran, and
@@ -128,15 +200,23 @@ fn check_offsets(stderr: &[&str], expected: &Expected, fail: &mut impl FnMut(Str
     }
 }
 
-/// A client's own view of one connection: `i req_bytes resp_bytes body`.
+/// A client's own view of one connection: what it sent and received, and the pod that
+/// answered.
 struct Seen {
     sent: u64,
     received: u64,
     backend: String,
 }
 
+/// What the client of the connection opened before observer saw after observer attached.
+struct Held {
+    seen: Seen,
+    lines: u64,
+}
+
 fn check_records(
     clients: &[&str],
+    held: &[&str],
     log: &[&str],
     expected: &Expected,
     fail: &mut impl FnMut(String),
@@ -159,7 +239,10 @@ fn check_records(
             log.len() - records.len()
         ));
     }
-    let conns: Vec<&Value> = records.iter().filter(|r| r["type"] == "conn").collect();
+    let (held_conns, conns): (Vec<&Value>, Vec<&Value>) = records
+        .iter()
+        .filter(|r| r["type"] == "conn")
+        .partition(|r| r["original_dst"] == expected.lines.addr.as_str());
     if conns.len() != seen.len() {
         fail(format!(
             "{} conn records for {} client connections",
@@ -170,11 +253,34 @@ fn check_records(
     for conn in conns {
         let sent = conn["bytes_to_backend"].as_u64().unwrap_or(u64::MAX);
         match seen.remove(&sent) {
-            Some(client) => check_conn(conn, &client, expected, fail),
+            Some(client) => check_fields(conn, &client, &expected.http, 1, true, expected, fail),
             None => fail(format!("a record matches no client's request size: {conn}")),
         }
     }
-    check_summary(&records, expected.connections, fail);
+    let held = held_client(held, expected, fail);
+    match held_conns.as_slice() {
+        // Adopted from conntrack's dump, then counted by the kernel programs from
+        // observer's start.
+        [conn] => {
+            if let Some(held) = held {
+                let lines = held.lines;
+                check_fields(
+                    conn,
+                    &held.seen,
+                    &expected.lines,
+                    lines,
+                    false,
+                    expected,
+                    fail,
+                );
+            }
+        }
+        conns => fail(format!(
+            "{} records of the connection opened before observer, expected 1",
+            conns.len()
+        )),
+    }
+    check_summary(&records, expected.connections + 1, fail);
 }
 
 /// The clients that got an answer from a known pod, by request size.
@@ -191,7 +297,7 @@ fn answered_clients(
                 Some(Seen {
                     sent: sent.parse().ok()?,
                     received: received.parse().ok()?,
-                    backend: expected.backends.get(*body)?.clone(),
+                    backend: expected.http.backend(*expected.pods.get(*body)?),
                 })
             })(),
             _ => None,
@@ -204,28 +310,70 @@ fn answered_clients(
     seen
 }
 
-/// Checks one conn record against the client connection it belongs to.
-fn check_conn(conn: &Value, client: &Seen, expected: &Expected, fail: &mut impl FnMut(String)) {
-    let port = conn["client"]
+/// The client of the connection opened before observer: `sent received lines pod`, all
+/// counted from observer's start, the pod named by every answer.
+fn held_client(held: &[&str], expected: &Expected, fail: &mut impl FnMut(String)) -> Option<Held> {
+    let parsed = match held {
+        [line] => match line.split(' ').collect::<Vec<_>>().as_slice() {
+            [sent, received, lines, pod] => (|| {
+                Some(Held {
+                    seen: Seen {
+                        sent: sent.parse().ok()?,
+                        received: received.parse().ok()?,
+                        backend: expected.lines.backend(*expected.pods.get(*pod)?),
+                    },
+                    lines: lines.parse().ok()?,
+                })
+            })(),
+            _ => None,
+        },
+        _ => None,
+    };
+    if parsed
+        .as_ref()
+        .is_none_or(|h| h.lines != expected.held_lines as u64)
+    {
+        fail(format!(
+            "the connection opened before observer was not answered {} times by one known pod: {held:?}",
+            expected.held_lines
+        ));
+        return None;
+    }
+    parsed
+}
+
+/// Checks one conn record against the client connection it belongs to, dialed at `port`:
+/// `requests` requests, and whether observer saw it begin.
+fn check_fields(
+    conn: &Value,
+    client: &Seen,
+    port: &ServicePort,
+    requests: u64,
+    start_seen: bool,
+    expected: &Expected,
+    fail: &mut impl FnMut(String),
+) {
+    let client_port = conn["client"]
         .as_str()
         .and_then(|c| c.strip_prefix(&format!("{}:", expected.client_ip)));
-    let checks: [(&str, bool); 10] = [
+    let checks: [(&str, bool); 11] = [
         ("proto", conn["proto"] == "tcp"),
-        ("client", port.is_some_and(|p| p.parse::<u16>().is_ok())),
         (
-            "original_dst",
-            conn["original_dst"] == expected.service_addr.as_str(),
+            "client",
+            client_port.is_some_and(|p| p.parse::<u16>().is_ok()),
         ),
+        ("original_dst", conn["original_dst"] == port.addr.as_str()),
         ("backend", conn["backend"] == client.backend.as_str()),
-        ("service", conn["service"] == expected.service.as_str()),
+        ("service", conn["service"] == port.name.as_str()),
         ("endpoint_in_rules", conn["endpoint_in_rules"] == true),
-        ("requests", conn["requests"] == 1),
+        ("requests", conn["requests"] == requests),
+        ("bytes_to_backend", conn["bytes_to_backend"] == client.sent),
         (
             "bytes_from_backend",
             conn["bytes_from_backend"] == client.received,
         ),
         ("close", conn["close"] == "fin" && conn["end"].is_string()),
-        ("start_seen", conn["start_seen"] == true),
+        ("start_seen", conn["start_seen"] == start_seen),
     ];
     for (field, ok) in checks {
         if !ok {

@@ -1,11 +1,13 @@
 /* The offsets observer reads from BTF, computed by the C compiler from `bpftool btf dump
  * format c` of the same kernel: an independent reading (bpftool parses the BTF, gcc lays
- * the structures out). Output: `path=bytes` per line, in observer's notation. */
+ * the structures out for the kernel's architecture). Compiled to assembly only (`-S`),
+ * which carries one `.ascii "->path bytes"` line per offset, in observer's notation, as
+ * the kernel's own asm-offsets does: a cross compiler needs neither libraries nor a way to
+ * run what it builds. */
 #define BPF_NO_PRESERVE_ACCESS_INDEX
 #include VMLINUX_H
-int printf(const char *, ...);
-#define P(t, m) printf("%s.%s=%lu\n", #t, #m, (unsigned long)__builtin_offsetof(struct t, m))
-int main(void) {
+#define P(t, m) asm volatile("\n.ascii \"->" #t "." #m " %0\"" : : "i"(__builtin_offsetof(struct t, m)))
+void offsets(void) {
     P(sk_buff, _nfct);
     P(sk_buff, head);
     P(sk_buff, data);
@@ -25,5 +27,4 @@ int main(void) {
     P(nf_conntrack_tuple, dst.u3);
     P(nf_conntrack_tuple, dst.u.all);
     P(nf_conntrack_tuple, dst.protonum);
-    return 0;
 }

@@ -3,13 +3,22 @@ use super::*;
 fn expected() -> Expected {
     Expected {
         release: "6.1.0-57-cloud-amd64".into(),
-        backends: [("a", "10.244.1.12:8080"), ("b", "10.244.1.13:8080")]
-            .map(|(n, a)| (n.to_owned(), a.to_owned()))
+        pods: [("a", [10, 244, 1, 12]), ("b", [10, 244, 1, 13])]
+            .map(|(n, a)| (n.to_owned(), a.into()))
             .into(),
         client_ip: "10.244.1.9".into(),
-        service_addr: "10.96.35.226:80".into(),
-        service: "shop/checkout:http".into(),
+        http: ServicePort {
+            name: "shop/checkout:http".into(),
+            addr: "10.96.35.226:80".into(),
+            target_port: 8080,
+        },
+        lines: ServicePort {
+            name: "shop/checkout:lines".into(),
+            addr: "10.96.35.226:81".into(),
+            target_port: 8081,
+        },
         connections: 2,
+        held_lines: 3,
         offsets: [("sk_buff._nfct", 104), ("net.ns.inum", 144)]
             .map(|(p, o)| (p.to_owned(), o))
             .into(),
@@ -22,11 +31,26 @@ fn conn(port: u16, backend: &str, sent: u64, received: u64) -> String {
     )
 }
 
+fn held(port: u16, sent: u64, received: u64) -> String {
+    format!(
+        r#"{{"type":"conn","proto":"tcp","client":"10.244.1.9:{port}","original_dst":"10.96.35.226:81","backend":"10.244.1.13:8081","service":"shop/checkout:lines","endpoint_in_rules":true,"netns":1,"start":"t","end":"t","duration_ms":1.0,"requests":3,"bytes_to_backend":{sent},"bytes_from_backend":{received},"close":"fin","connect_ms":null,"start_seen":false}}"#
+    )
+}
+
+const NETLINK_SENTENCE: &str = "observer: warning: conntrack's netlink interface is missing (module nf_conntrack_netlink is not loaded): observer cannot adopt connections that began before it, nor see conntrack remove entries (timeouts, flushes, deletes); load it with `modprobe nf_conntrack_netlink`";
+
 /// What a guest where everything works reports.
 fn good() -> String {
-    let mut lines = vec!["RELEASE 6.1.0-57-cloud-amd64".to_owned()];
+    let mut lines = vec![
+        "RELEASE 6.1.0-57-cloud-amd64".to_owned(),
+        "EXIT without-ctnetlink 0".to_owned(),
+        format!("STDERR without-ctnetlink {NETLINK_SENTENCE}"),
+        "STDERR without-ctnetlink observer: attached 2 kernel program(s); recording".to_owned(),
+    ];
     for s in SCENARIOS {
         lines.extend([
+            format!("HELD {s} 57 87 3 b"),
+            format!("LOG {s} {}", held(39000, 57, 87)),
             format!("CLIENT {s} 1 48 219 b"),
             format!("CLIENT {s} 2 49 219 a"),
             format!("EXIT {s} 0"),
@@ -35,7 +59,7 @@ fn good() -> String {
             format!("LOG {s} {}", conn(40000, "10.244.1.12:8080", 49, 219)),
             format!("LOG {s} {}", conn(40001, "10.244.1.13:8080", 48, 219)),
             format!(
-                r#"LOG {s} {{"type":"summary","connections":2,"dnat_events":2,"lost_events":0,"read_errors":0}}"#
+                r#"LOG {s} {{"type":"summary","connections":3,"dnat_events":3,"lost_events":0,"read_errors":0}}"#
             ),
             format!("STDERR {s} observer: attached 2 kernel program(s); recording DNATed connections to /tmp/x"),
             format!("PROGS {s} 1 3 1 0"),
@@ -53,7 +77,7 @@ fn a_report_where_everything_holds_passes() {
 
 #[test]
 fn each_wrong_fact_is_one_line_naming_it() {
-    let cases: [(&str, &str, &str); 10] = [
+    let cases: [(&str, &str, &str); 15] = [
         ("DONE", "", "the guest did not finish its scenarios"),
         (
             "EXIT iptables 0",
@@ -92,9 +116,35 @@ fn each_wrong_fact_is_one_line_naming_it() {
             "iptables: net_dev_queue was not attached as a BTF tracepoint",
         ),
         (
-            "\"dnat_events\":2",
             "\"dnat_events\":3",
-            "iptables: summary should count 2 connections and DNAT events",
+            "\"dnat_events\":4",
+            "iptables: summary should count 3 connections and DNAT events",
+        ),
+        // The connection opened before observer: adopted, counted from observer's start.
+        (
+            "\"requests\":3,",
+            "\"requests\":4,",
+            "iptables: requests wrong for the connection that sent 57 bytes to 10.244.1.13:8081 and got 87",
+        ),
+        (
+            "\"bytes_to_backend\":57",
+            "\"bytes_to_backend\":64",
+            "iptables: bytes_to_backend wrong for the connection that sent 57 bytes",
+        ),
+        (
+            "\"start_seen\":false",
+            "\"start_seen\":true",
+            "iptables: start_seen wrong for the connection that sent 57 bytes",
+        ),
+        (
+            "HELD nftables 57 87 3 b",
+            "HELD nftables 57 87 2 b",
+            "nftables: the connection opened before observer was not answered 3 times by one known pod",
+        ),
+        (
+            "STDERR nftables [DEBUG] net_dev_queue",
+            "STDERR nftables observer: warning: cannot dump conntrack in /proc/1/ns/net: Invalid argument\nSTDERR nftables [DEBUG] net_dev_queue",
+            "nftables: observer warned: observer: warning: cannot dump conntrack",
         ),
     ];
     for (from, to, want) in cases {
@@ -145,5 +195,34 @@ fn missing_records_and_unanswered_clients_are_counted() {
     assert!(
         failures.contains(&"nftables: 1 conn records for 2 client connections".to_owned()),
         "{failures:#?}"
+    );
+}
+
+#[test]
+fn without_ctnetlink_observer_says_so_once_and_never_with_a_bare_errno() {
+    let once = format!("STDERR without-ctnetlink {NETLINK_SENTENCE}\n");
+    let twice = good().replacen(&once, &format!("{once}{once}"), 1);
+    assert_eq!(
+        check(&twice, &expected()),
+        [format!(
+            "without-ctnetlink: observer said 2 times that conntrack's netlink interface is missing, expected once: {:?}",
+            [
+                NETLINK_SENTENCE,
+                NETLINK_SENTENCE,
+                "observer: attached 2 kernel program(s); recording"
+            ]
+        )]
+    );
+    let bare = good().replacen(
+        &once,
+        "STDERR without-ctnetlink observer: warning: cannot dump conntrack in /proc/1/ns/net: Invalid argument\n",
+        1,
+    );
+    let failures = check(&bare, &expected());
+    assert_eq!(failures.len(), 2, "{failures:#?}");
+    assert!(failures[0].starts_with("without-ctnetlink: observer said 0 times"));
+    assert_eq!(
+        failures[1],
+        "without-ctnetlink: observer printed a bare errno: observer: warning: cannot dump conntrack in /proc/1/ns/net: Invalid argument"
     );
 }

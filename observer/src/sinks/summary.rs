@@ -214,18 +214,21 @@ pub fn failure_lines(s: &ServiceStats) -> Vec<String> {
         ));
     }
     if s.rejected > 0 {
-        let datagrams = if s.rejected_datagrams > 0 {
-            format!(
-                " ({} from {})",
-                plural(s.rejected_datagrams, "datagram"),
-                plural(s.rejected, "client socket")
-            )
-        } else {
-            String::new()
-        };
+        let datagrams = rejected_datagrams(s).map_or(String::new(), |d| format!(" ({d})"));
         lines.push(format!("{} rejected: no endpoints{datagrams}", s.rejected));
     }
     lines
+}
+
+/// "4 datagrams from 1 client socket": what a UDP Service's rejected sockets sent.
+pub fn rejected_datagrams(s: &ServiceStats) -> Option<String> {
+    (s.rejected_datagrams > 0).then(|| {
+        format!(
+            "{} from {}",
+            plural(s.rejected_datagrams, "datagram"),
+            plural(s.rejected, "client socket")
+        )
+    })
 }
 
 /// The Service's line: name, frontends, totals (stale pins and failures when there

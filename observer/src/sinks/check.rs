@@ -243,15 +243,20 @@ fn min_backends(s: &ServiceStats, min: u64) -> Option<String> {
         .filter(|b| b.requests == 0 && b.in_rules)
         .map(|b| b.backend.to_string())
         .collect();
-    let detail = if idle.is_empty() {
+    Some(format!(
+        "{} got requests < --min-backends {min}{}",
+        plural(served, "backend"),
+        listed("none to ", &idle)
+    ))
+}
+
+/// " (none to a, b)": `items` after `before`, in parentheses; nothing without items.
+fn listed(before: &str, items: &[String]) -> String {
+    if items.is_empty() {
         String::new()
     } else {
-        format!(" (none to {})", idle.join(", "))
-    };
-    Some(format!(
-        "{} got requests < --min-backends {min}{detail}",
-        plural(served, "backend")
-    ))
+        format!(" ({before}{})", items.join(", "))
+    }
 }
 
 fn max_skew(s: &ServiceStats, max: f64) -> Option<String> {
@@ -331,14 +336,10 @@ fn max_connect_p99(s: &ServiceStats, max: f64) -> Option<String> {
             Some(format!("{}: {}", b.backend, latency(p99, Digits::Report)))
         })
         .collect();
-    let detail = if slow.is_empty() {
-        String::new()
-    } else {
-        format!(" ({})", slow.join(", "))
-    };
     Some(format!(
-        "connect p99 {} > --max-connect-p99 {max}{detail}",
-        latency(p99, Digits::Report)
+        "connect p99 {} > --max-connect-p99 {max}{}",
+        latency(p99, Digits::Report),
+        listed("", &slow)
     ))
 }
 

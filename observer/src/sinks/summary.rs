@@ -451,12 +451,7 @@ shop/empty:http (tcp, ClusterIP 10.96.200.1:80): 0 connections, 0 active, 0 requ
         let services_text: Vec<&str> = text.lines().skip(3).collect();
         assert_eq!(services_text.join("\n") + "\n", expected);
 
-        let json = SummaryJson {
-            file: "outcomes.jsonl",
-            summary: recording.summary.as_ref(),
-            services: &services,
-        };
-        let value = serde_json::to_value(&json).unwrap();
+        let value = json_of("outcomes.jsonl");
         assert_eq!(value["summary"]["rejects"], 6);
         let checkout = &value["services"][0];
         assert_eq!(
@@ -549,15 +544,20 @@ shop/empty:http (tcp, ClusterIP 10.96.200.1:80): 0 connections, 0 active, 0 requ
         assert_eq!(bar(1.0), "[####################]");
     }
 
-    #[test]
-    fn json_has_summary_and_services() {
-        let (recording, services) = fixture("keepalive.jsonl");
+    /// What `summary -o json` prints for a fixture.
+    fn json_of(name: &str) -> serde_json::Value {
+        let (recording, services) = fixture(name);
         let json = SummaryJson {
-            file: "keepalive.jsonl",
+            file: name,
             summary: recording.summary.as_ref(),
             services: &services,
         };
-        let value = serde_json::to_value(&json).unwrap();
+        serde_json::to_value(&json).unwrap()
+    }
+
+    #[test]
+    fn json_has_summary_and_services() {
+        let value = json_of("keepalive.jsonl");
         assert_eq!(value["summary"]["lost_events"], 0);
         assert_eq!(value["summary"]["lost_connections"], 0);
         let service = &value["services"][0];

@@ -113,9 +113,10 @@ enum Column {
     Conns,
     Reqs,
     Share,
-    LifetimeP50,
-    LifetimeP90,
-    LifetimeMax,
+    /// Pinning lifetimes: p50, p90, max.
+    P50,
+    P90,
+    Max,
     /// Answered/refused/unanswered, when any connection failed.
     Outcomes,
     /// Connect-time p50/p99, when any was measured (full layout).
@@ -124,7 +125,7 @@ enum Column {
 
 /// The full layout gives these up, in order, before the share bar gets narrower than
 /// `MIN_BAR`: the histogram line still shows lifetimes, the outcomes add up to CONNS.
-const GIVEN_UP_FIRST: [Column; 3] = [Column::LifetimeP90, Column::LifetimeP50, Column::Conns];
+const GIVEN_UP_FIRST: [Column; 3] = [Column::P90, Column::P50, Column::Conns];
 const MIN_BAR: usize = 5;
 /// The percentage after the bar.
 const PCT_WIDTH: usize = 4;
@@ -154,18 +155,9 @@ impl BackendColumns {
     fn new(width: usize, compact: bool, names: bool, backends: &[BackendStats]) -> BackendColumns {
         use Column::*;
         let mut columns = if compact {
-            vec![Addr, Active, Reqs, Share, LifetimeMax]
+            vec![Addr, Active, Reqs, Share, Max]
         } else {
-            vec![
-                Addr,
-                Active,
-                Conns,
-                Reqs,
-                Share,
-                LifetimeP50,
-                LifetimeP90,
-                LifetimeMax,
-            ]
+            vec![Addr, Active, Conns, Reqs, Share, P50, P90, Max]
         };
         if backends.iter().any(|b| b.outcomes.failed() > 0) {
             columns.push(Outcomes);
@@ -226,9 +218,9 @@ impl BackendColumns {
             Column::Reqs => "REQS",
             Column::Share if self.share >= 16 => "SHARE │=expected",
             Column::Share => "SHARE",
-            Column::LifetimeP50 => "P50",
-            Column::LifetimeP90 => "P90",
-            Column::LifetimeMax => "MAX",
+            Column::P50 => "P50",
+            Column::P90 => "P90",
+            Column::Max => "MAX",
             Column::Outcomes => "ANS/REF/UNA",
             Column::Connect => "CONN P50/99",
         };
@@ -273,9 +265,9 @@ impl BackendColumns {
                 share_bar(backend.request_share, backend.expected_share, self.bar),
                 backend.request_share * 100.0
             )),
-            Column::LifetimeP50 => plain(lifetime(|p| p.p50)),
-            Column::LifetimeP90 => plain(lifetime(|p| p.p90)),
-            Column::LifetimeMax => plain(lifetime(|p| p.max)),
+            Column::P50 => plain(lifetime(|p| p.p50)),
+            Column::P90 => plain(lifetime(|p| p.p90)),
+            Column::Max => plain(lifetime(|p| p.max)),
             Column::Outcomes => outcome_parts(&backend.outcomes),
             Column::Connect => plain(backend.connect_ms.map_or("-".to_owned(), |c| {
                 format!(

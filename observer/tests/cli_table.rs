@@ -37,12 +37,12 @@ const TABLE: &[(&str, i32, &str)] = &[
     ),
     // Negative numbers get the same sentence however they are written.
     (
-        "record -o - --duration -5",
+        "record -w - --duration -5",
         2,
         "`-5` is not a positive number of seconds",
     ),
     (
-        "record -o - --duration=-5",
+        "record -w - --duration=-5",
         2,
         "`-5` is not a positive number of seconds",
     ),
@@ -63,12 +63,12 @@ const TABLE: &[(&str, i32, &str)] = &[
     ),
     // Absurd values are refused with the allowed range.
     (
-        "record -o - --idle-timeout 1e-9",
+        "record -w - --idle-timeout 1e-9",
         2,
         "`1e-9` seconds is out of range: allowed are 0.1 to 86400",
     ),
     (
-        "record -o - --duration 1e12",
+        "record -w - --duration 1e12",
         2,
         "`1e12` seconds is out of range: allowed are 0.01 to 31536000",
     ),

@@ -484,6 +484,26 @@ shop/empty:http (tcp, ClusterIP 10.96.200.1:80): 0 connections, 0 active, 0 requ
     }
 
     #[test]
+    fn connections_still_waiting_for_an_answer_get_a_pending_column() {
+        let (_, mut services) = fixture("outcomes.jsonl");
+        let checkout = &mut services[0];
+        checkout.backends[2].outcomes.pending = 2;
+        let table = backend_table(checkout);
+        let lines: Vec<&str> = table.lines().collect();
+        assert!(
+            lines[0].starts_with(
+                "  backend           conns  answered  refused  unanswered  pending  active"
+            ),
+            "{table}"
+        );
+        assert!(
+            lines[3]
+                .starts_with("  10.244.1.14:8080      6         0        0           6        2"),
+            "{table}"
+        );
+    }
+
+    #[test]
     fn lost_reject_reports_are_a_warning() {
         let summary = SummaryRecord {
             lost_rejects: 3,

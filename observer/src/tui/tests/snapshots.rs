@@ -165,6 +165,9 @@ fn snapshot_refused_unanswered_and_rejected() {
     assert_eq!(color_at(&app, (80, 24), 2, "0/0"), Color::Reset);
     assert_eq!(color_at(&app, (80, 24), 12, "unanswered"), Color::Red);
     assert_snapshot("outcomes_service_wide", &screen(&app, 120, 24));
+    // The compact layout shows the outcomes instead of the lifetime max, and no connect
+    // times.
+    assert_snapshot("outcomes_narrow_60x20_service", &screen(&app, 60, 20));
     // The Service that only rejects.
     assert_eq!(key(&mut app, KeyCode::Esc), None);
     keys(&mut app, "j");

@@ -117,7 +117,7 @@ enum Column {
     P50,
     P90,
     Max,
-    /// Answered/refused/unanswered, when any connection failed.
+    /// Answered/refused/unanswered, when any connection failed (compact: instead of MAX).
     Outcomes,
     /// Connect-time p50/p99, when any was measured (full layout).
     Connect,
@@ -160,6 +160,10 @@ impl BackendColumns {
             vec![Addr, Active, Conns, Reqs, Share, P50, P90, Max]
         };
         if backends.iter().any(|b| b.outcomes.failed() > 0) {
+            // The compact layout has room for them in place of the lifetime max.
+            if compact {
+                columns.retain(|c| *c != Max);
+            }
             columns.push(Outcomes);
         }
         if !compact && backends.iter().any(|b| b.connect_ms.is_some()) {

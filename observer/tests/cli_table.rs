@@ -82,6 +82,16 @@ const TABLE: &[(&str, i32, &str)] = &[
         2,
         "is not a ratio >= 1",
     ),
+    (
+        "check --max-connect-p99=-5 {logs}/outcomes.jsonl",
+        2,
+        "`-5` is not a positive number of milliseconds",
+    ),
+    (
+        "check --max-refused many {logs}/outcomes.jsonl",
+        2,
+        "`many` is not a whole number >= 0",
+    ),
     // Verdicts: 1 when a condition fails, 0 when all hold.
     (
         "check --max-skew 1.5 {logs}/keepalive.jsonl",
@@ -90,6 +100,16 @@ const TABLE: &[(&str, i32, &str)] = &[
     ),
     (
         "check --max-skew 1.5 {logs}/balanced.jsonl",
+        0,
+        "every condition holds",
+    ),
+    (
+        "check --max-refused 0 --max-rejected 0 {logs}/outcomes.jsonl",
+        1,
+        "shop/checkout:http: 7 refused > --max-refused 0 (10.244.1.13:8080: 7)\nshop/empty:dns: 1 rejected",
+    ),
+    (
+        "check --max-unanswered 6 --max-connect-p99 12.5 {logs}/outcomes.jsonl",
         0,
         "every condition holds",
     ),
@@ -121,6 +141,17 @@ const TABLE: &[(&str, i32, &str)] = &[
         "cannot be used with",
     ),
     ("summary {logs}/dns.jsonl", 0, "kube-system/kube-dns:dns"),
+    // Outcomes and rejects read from a log, in every reader.
+    (
+        "summary {logs}/outcomes.jsonl",
+        0,
+        "  ! 7 refused by 10.244.1.13:8080 (nothing listens)\n",
+    ),
+    (
+        "summary --service shop/empty:http {logs}/outcomes.jsonl",
+        0,
+        "  ! 5 rejected: no endpoints\n",
+    ),
     ("check {logs}/dns.jsonl", 0, ""),
 ];
 

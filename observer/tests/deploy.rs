@@ -1,7 +1,8 @@
 //! deploy/: every Kubernetes manifest validates against the Kubernetes schemas
 //! (kubernetes-validate, which `cargo xtask setup` installs), the Prometheus alert rules
-//! pass `promtool check rules` and their unit tests, and every query of the alerts and
-//! the Grafana dashboard parses and uses only metrics `observer serve` exports.
+//! pass `promtool check rules` and their unit tests, every query of the alerts and the
+//! Grafana dashboard parses and uses only metrics `observer serve` exports, and those
+//! metrics pass `promtool check metrics` with every family filled.
 
 mod common;
 
@@ -9,7 +10,9 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use observer::model::record::Recording;
 use observer::model::update::CaptureStats;
+use observer::stats::Aggregator;
 
 fn deploy() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")
@@ -67,7 +70,7 @@ fn alert_rules_check_and_pass_their_unit_tests() {
         .args(["check", "rules", "observer-alerts.yml"])
         .current_dir(&dir));
     assert!(
-        String::from_utf8_lossy(&out.stdout).contains("SUCCESS: 4 rules found"),
+        String::from_utf8_lossy(&out.stdout).contains("SUCCESS: 6 rules found"),
         "{out:?}"
     );
     run(Command::new("promtool")
@@ -133,4 +136,21 @@ fn dashboard_queries_parse_and_use_exported_metrics() {
         unknown.is_empty(),
         "not exported by observer serve: {unknown:?}"
     );
+}
+
+#[test]
+#[ignore = "needs promtool and kubernetes-validate (cargo xtask setup): run by cargo xtask test"]
+fn metrics_of_every_outcome_pass_promtool_lint() {
+    // Refused, unanswered and answered connections with connect times, rejects at two
+    // Services, and every capture counter.
+    let log = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/logs/outcomes.jsonl");
+    let recording = Recording::read(&log).unwrap();
+    let metrics = observer::sinks::metrics::render(
+        &Aggregator::from_recording(&recording).services(),
+        &CaptureStats {
+            lost_rejects: 1,
+            ..CaptureStats::default()
+        },
+    );
+    common::metrics::promtool_lint(&metrics);
 }

@@ -36,6 +36,21 @@ pub struct CheckArgs {
     /// Fail when a Service got fewer than N requests.
     #[arg(long, value_name = "N", value_parser = count)]
     pub min_requests: Option<u64>,
+    /// Fail when more than N connections were refused (the backend answered with an RST
+    /// or an ICMP port unreachable: nothing listens).
+    #[arg(long, value_name = "N", value_parser = count)]
+    pub max_refused: Option<u64>,
+    /// Fail when more than N connections got no answer at all from their backend.
+    #[arg(long, value_name = "N", value_parser = count)]
+    pub max_unanswered: Option<u64>,
+    /// Fail when more than N connections were rejected before reaching any backend (the
+    /// Service port had no endpoints; UDP: client sockets).
+    #[arg(long, value_name = "N", value_parser = count)]
+    pub max_rejected: Option<u64>,
+    /// Fail when a Service's connect-time p99 (first SYN to the backend's SYN-ACK, TCP)
+    /// is above MS milliseconds.
+    #[arg(long, value_name = "MS", value_parser = milliseconds)]
+    pub max_connect_p99: Option<f64>,
 }
 
 impl CheckArgs {
@@ -48,6 +63,10 @@ impl CheckArgs {
             min_connections: self.min_connections,
             max_lost: self.max_lost,
             min_requests: self.min_requests,
+            max_refused: self.max_refused,
+            max_unanswered: self.max_unanswered,
+            max_rejected: self.max_rejected,
+            max_connect_p99: self.max_connect_p99,
         }
     }
 }
@@ -57,6 +76,14 @@ fn skew_ratio(text: &str) -> Result<f64, String> {
     match text.parse::<f64>() {
         Ok(r) if r.is_finite() && r >= 1.0 => Ok(r),
         _ => Err(format!("{text:?} is not a ratio >= 1 (1 = perfectly even)")),
+    }
+}
+
+/// A time bound in milliseconds: a positive number (`10`, `0.5`).
+fn milliseconds(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(ms) if ms.is_finite() && ms > 0.0 => Ok(ms),
+        _ => Err(format!("`{text}` is not a positive number of milliseconds")),
     }
 }
 
@@ -139,5 +166,40 @@ mod tests {
             (parsed.check.max_skew, parsed.check.max_lost),
             (Some(1.5), 0)
         );
+        let parsed = Cli::try_parse_from([
+            "observer",
+            "--max-refused",
+            "0",
+            "--max-unanswered",
+            "2",
+            "--max-rejected",
+            "3",
+            "--max-connect-p99",
+            "0.5",
+            "x.jsonl",
+        ])
+        .unwrap();
+        let conditions = parsed.check.conditions();
+        assert_eq!(
+            (
+                conditions.max_refused,
+                conditions.max_unanswered,
+                conditions.max_rejected,
+                conditions.max_connect_p99
+            ),
+            (Some(0), Some(2), Some(3), Some(0.5))
+        );
+        for bad in ["0", "-1", "abc", "inf"] {
+            let flag = format!("--max-connect-p99={bad}");
+            let err = Cli::try_parse_from(["observer", &flag, "x.jsonl"])
+                .err()
+                .unwrap();
+            assert_eq!(err.exit_code(), 2);
+            assert!(
+                err.to_string()
+                    .contains(&format!("`{bad}` is not a positive number of milliseconds")),
+                "{err}"
+            );
+        }
     }
 }

@@ -27,14 +27,26 @@
 //! ```
 //!
 //! Conditions on Services apply to each Service selected with `--service` (all of them
-//! by default); a `--service` the recording does not have is a violation. Skew and stale
-//! pins are defined in [`crate::stats`].
+//! by default); a `--service` the recording does not have is a violation. Skew, stale
+//! pins, outcomes, connect times and rejects are defined in [`crate::stats`].
+//!
+//! ```text
+//! $ observer check --max-refused 0 --max-unanswered 0 --max-rejected 0 --max-connect-p99 10 observer/tests/data/logs/outcomes.jsonl
+//! shop/checkout:http: 7 refused > --max-refused 0 (10.244.1.13:8080: 7)
+//! shop/checkout:http: 6 unanswered > --max-unanswered 0 (10.244.1.14:8080: 6)
+//! shop/checkout:http: connect p99 12.5ms > --max-connect-p99 10 (10.244.1.12:8080: 12.5ms)
+//! shop/empty:dns: 1 rejected > --max-rejected 0 (no endpoints; 4 datagrams from 1 client socket)
+//! shop/empty:http: 5 rejected > --max-rejected 0 (no endpoints)
+//! ```
+//!
+//! A Service without connect times (UDP, nothing answered) passes `--max-connect-p99`;
+//! `--max-unanswered` is what catches a backend that never answers.
 
 use std::fmt;
 
-use crate::model::record::{Recording, SummaryRecord};
-use crate::sinks::summary::skew_cause;
-use crate::sinks::text::plural;
+use crate::model::record::{Outcome, Recording, SummaryRecord};
+use crate::sinks::summary::{rejected_datagrams, skew_cause};
+use crate::sinks::text::{Digits, latency, plural};
 use crate::stats::{Aggregator, ServiceStats};
 
 /// What `observer check` asserts; `None` leaves a condition out.
@@ -48,6 +60,11 @@ pub struct Conditions {
     pub min_connections: Option<u64>,
     pub max_lost: u64,
     pub min_requests: Option<u64>,
+    pub max_refused: Option<u64>,
+    pub max_unanswered: Option<u64>,
+    pub max_rejected: Option<u64>,
+    /// Milliseconds.
+    pub max_connect_p99: Option<f64>,
 }
 
 /// One violated condition: `subject: text`.
@@ -121,6 +138,10 @@ impl Conditions {
             || self.max_stale.is_some()
             || self.min_connections.is_some()
             || self.min_requests.is_some()
+            || self.max_refused.is_some()
+            || self.max_unanswered.is_some()
+            || self.max_rejected.is_some()
+            || self.max_connect_p99.is_some()
     }
 }
 
@@ -183,6 +204,10 @@ fn service_violations(args: &Conditions, s: &ServiceStats) -> Vec<Violation> {
         args.min_backends.and_then(|min| min_backends(s, min)),
         args.max_skew.and_then(|max| max_skew(s, max)),
         args.max_stale.and_then(|max| max_stale(s, max)),
+        args.max_refused.and_then(|max| max_refused(s, max)),
+        args.max_unanswered.and_then(|max| max_unanswered(s, max)),
+        args.max_rejected.and_then(|max| max_rejected(s, max)),
+        args.max_connect_p99.and_then(|max| max_connect_p99(s, max)),
     ];
     texts
         .into_iter()
@@ -218,15 +243,20 @@ fn min_backends(s: &ServiceStats, min: u64) -> Option<String> {
         .filter(|b| b.requests == 0 && b.in_rules)
         .map(|b| b.backend.to_string())
         .collect();
-    let detail = if idle.is_empty() {
+    Some(format!(
+        "{} got requests < --min-backends {min}{}",
+        plural(served, "backend"),
+        listed("none to ", &idle)
+    ))
+}
+
+/// " (none to a, b)": `items` after `before`, in parentheses; nothing without items.
+fn listed(before: &str, items: &[String]) -> String {
+    if items.is_empty() {
         String::new()
     } else {
-        format!(" (none to {})", idle.join(", "))
-    };
-    Some(format!(
-        "{} got requests < --min-backends {min}{detail}",
-        plural(served, "backend")
-    ))
+        format!(" ({before}{})", items.join(", "))
+    }
 }
 
 fn max_skew(s: &ServiceStats, max: f64) -> Option<String> {
@@ -252,6 +282,64 @@ fn max_stale(s: &ServiceStats, max: u64) -> Option<String> {
         "{} > --max-stale {max} ({})",
         plural(s.stale_pins, "stale pin"),
         pinned.join(", ")
+    ))
+}
+
+/// "7 refused > --max-refused 0 (10.244.1.13:8080: 7)": a count of `outcome` over the
+/// Service's backends above `max`, with the backends that have any.
+fn max_outcome(s: &ServiceStats, outcome: Outcome, flag: &str, max: u64) -> Option<String> {
+    let total = s.outcomes.get(outcome);
+    if total <= max {
+        return None;
+    }
+    let per_backend: Vec<String> = s
+        .backends
+        .iter()
+        .filter(|b| b.outcomes.get(outcome) > 0)
+        .map(|b| format!("{}: {}", b.backend, b.outcomes.get(outcome)))
+        .collect();
+    Some(format!(
+        "{total} {} > {flag} {max} ({})",
+        outcome.as_str(),
+        per_backend.join(", ")
+    ))
+}
+
+fn max_refused(s: &ServiceStats, max: u64) -> Option<String> {
+    max_outcome(s, Outcome::Refused, "--max-refused", max)
+}
+
+fn max_unanswered(s: &ServiceStats, max: u64) -> Option<String> {
+    max_outcome(s, Outcome::Unanswered, "--max-unanswered", max)
+}
+
+fn max_rejected(s: &ServiceStats, max: u64) -> Option<String> {
+    if s.rejected <= max {
+        return None;
+    }
+    let datagrams = rejected_datagrams(s).map_or(String::new(), |d| format!("; {d}"));
+    Some(format!(
+        "{} rejected > --max-rejected {max} (no endpoints{datagrams})",
+        s.rejected
+    ))
+}
+
+/// Over all the Service's connect times; the backends whose own p99 is above `max` are
+/// named. A Service without connect times (UDP, nothing answered) has nothing to fail.
+fn max_connect_p99(s: &ServiceStats, max: f64) -> Option<String> {
+    let p99 = s.connect_ms.filter(|c| c.p99 > max)?.p99;
+    let slow: Vec<String> = s
+        .backends
+        .iter()
+        .filter_map(|b| {
+            let p99 = b.connect_ms.filter(|c| c.p99 > max)?.p99;
+            Some(format!("{}: {}", b.backend, latency(p99, Digits::Report)))
+        })
+        .collect();
+    Some(format!(
+        "connect p99 {} > --max-connect-p99 {max}{}",
+        latency(p99, Digits::Report),
+        listed("", &slow)
     ))
 }
 

@@ -3,8 +3,9 @@
 
 use std::fmt::Write as _;
 
+use crate::model::record::{FrontendKind, Outcome, Proto};
 use crate::model::update::CaptureStats;
-use crate::stats::{BackendStats, ServiceStats};
+use crate::stats::{BackendStats, CONNECT_BUCKETS_MS, ServiceStats};
 
 /// Escapes a label value: backslash, double quote and newline.
 fn escape(value: &str) -> String {
@@ -18,7 +19,9 @@ struct Family {
     name: &'static str,
     kind: &'static str,
     help: &'static str,
-    samples: Vec<(String, f64)>,
+    /// Suffix of the sample's name (`_bucket`, `_sum`, `_count` of a histogram; empty
+    /// otherwise), labels and value.
+    samples: Vec<(&'static str, String, f64)>,
 }
 
 impl Family {
@@ -32,7 +35,12 @@ impl Family {
     }
 
     fn add(&mut self, labels: String, value: f64) {
-        self.samples.push((labels, value));
+        self.samples.push(("", labels, value));
+    }
+
+    /// A histogram's sample: `suffix` is `_bucket`, `_sum` or `_count`.
+    fn add_part(&mut self, suffix: &'static str, labels: String, value: f64) {
+        self.samples.push((suffix, labels, value));
     }
 }
 
@@ -58,11 +66,11 @@ impl Family {
     fn write(&self, out: &mut String) {
         let _ = writeln!(out, "# HELP {} {}", self.name, self.help);
         let _ = writeln!(out, "# TYPE {} {}", self.name, self.kind);
-        for (labels, value) in &self.samples {
+        for (suffix, labels, value) in &self.samples {
             if labels.is_empty() {
-                let _ = writeln!(out, "{} {value}", self.name);
+                let _ = writeln!(out, "{}{suffix} {value}", self.name);
             } else {
-                let _ = writeln!(out, "{}{{{labels}}} {value}", self.name);
+                let _ = writeln!(out, "{}{suffix}{{{labels}}} {value}", self.name);
             }
         }
     }
@@ -80,6 +88,9 @@ struct ServiceFamilies {
     stale: Family,
     skew: Family,
     doors: Family,
+    outcomes: Family,
+    connect: Family,
+    rejected: Family,
 }
 
 impl ServiceFamilies {
@@ -137,6 +148,21 @@ impl ServiceFamilies {
                 "counter",
                 "Connections per Service by the door they came through (cluster_ip, node_port, external_ip, load_balancer).",
             ),
+            outcomes: Family::new(
+                "observer_connection_outcomes_total",
+                "counter",
+                "Connections to the backend by outcome: answered, refused (an RST or ICMP port unreachable: nothing listens), unanswered (nothing came back).",
+            ),
+            connect: Family::new(
+                "observer_connect_seconds",
+                "histogram",
+                "TCP connect times to the backend: the client's first SYN to the backend's SYN-ACK, as the node saw them.",
+            ),
+            rejected: Family::new(
+                "observer_rejected_total",
+                "counter",
+                "Connections to the Service rejected before any DNAT because its port had no endpoints (TCP attempts, UDP client sockets), by the door dialed.",
+            ),
         }
     }
 
@@ -150,24 +176,23 @@ impl ServiceFamilies {
             self.skew.add(service_labels.clone(), value);
         }
         for (door, count) in &service.doors {
-            let door = serde_json::to_value(door).unwrap_or_default();
-            let door = door.as_str().unwrap_or_default();
             self.doors.add(
-                format!("{service_labels},frontend=\"{door}\""),
+                format!("{service_labels},frontend=\"{}\"", door_label(*door)),
                 *count as f64,
             );
         }
+        self.add_rejected(&service_labels, service);
         for backend in &service.backends {
             let mut labels = format!("{service_labels},backend=\"{}\"", backend.backend);
             // Only where the pod is known: Prometheus reads an empty label as absent.
             if let Some(pod) = &backend.pod {
                 labels.push_str(&format!(",backend_pod=\"{}\"", escape(pod)));
             }
-            self.add_backend(labels, backend);
+            self.add_backend(labels, service.proto, backend);
         }
     }
 
-    fn add_backend(&mut self, labels: String, backend: &BackendStats) {
+    fn add_backend(&mut self, labels: String, proto: Proto, backend: &BackendStats) {
         self.connections
             .add(labels.clone(), backend.connections as f64);
         self.active.add(labels.clone(), backend.active as f64);
@@ -191,11 +216,52 @@ impl ServiceFamilies {
                     .add(format!("{labels},quantile=\"{quantile}\""), ms / 1000.0);
             }
         }
+        for outcome in [Outcome::Answered, Outcome::Refused, Outcome::Unanswered] {
+            self.outcomes.add(
+                format!("{labels},outcome=\"{}\"", outcome.as_str()),
+                backend.outcomes.get(outcome) as f64,
+            );
+        }
+        if proto == Proto::Tcp {
+            let histogram = &backend.connect_histogram;
+            let bounds = CONNECT_BUCKETS_MS
+                .iter()
+                .map(|ms| (ms / 1000.0).to_string());
+            let cumulative = histogram.cumulative().into_iter();
+            let inf = std::iter::once(("+Inf".to_owned(), histogram.count));
+            for (le, count) in bounds.zip(cumulative).chain(inf) {
+                self.connect
+                    .add_part("_bucket", format!("{labels},le=\"{le}\""), count as f64);
+            }
+            self.connect
+                .add_part("_sum", labels.clone(), histogram.sum_us as f64 / 1e6);
+            self.connect
+                .add_part("_count", labels.clone(), histogram.count as f64);
+        }
         self.stale.add(labels, backend.stale_pins as f64);
     }
 
+    /// Per door the rules list (so that a first reject is an increase from 0) and per
+    /// door rejects came through; rejects whose door is unknown without a `frontend`.
+    fn add_rejected(&mut self, service_labels: &str, service: &ServiceStats) {
+        let mut doors = service.rejected_doors.clone();
+        for frontend in &service.frontends {
+            doors.entry(frontend.kind).or_insert(0);
+        }
+        for (door, count) in &doors {
+            self.rejected.add(
+                format!("{service_labels},frontend=\"{}\"", door_label(*door)),
+                *count as f64,
+            );
+        }
+        let unknown = service.rejected - service.rejected_doors.values().sum::<u64>();
+        if unknown > 0 {
+            self.rejected.add(service_labels.to_owned(), unknown as f64);
+        }
+    }
+
     /// In exposition order.
-    fn into_families(self) -> [Family; 10] {
+    fn into_families(self) -> [Family; 13] {
         [
             self.connections,
             self.active,
@@ -207,12 +273,21 @@ impl ServiceFamilies {
             self.stale,
             self.skew,
             self.doors,
+            self.outcomes,
+            self.connect,
+            self.rejected,
         ]
     }
 }
 
+/// A door as the log spells it (`cluster_ip`, `node_port`, ...).
+fn door_label(door: FrontendKind) -> String {
+    let door = serde_json::to_value(door).unwrap_or_default();
+    door.as_str().unwrap_or_default().to_owned()
+}
+
 /// The capture counters, one unlabelled sample each.
-fn capture_families(capture: &CaptureStats) -> [Family; 7] {
+fn capture_families(capture: &CaptureStats) -> [Family; 8] {
     let mut counters = [
         Family::new(
             "observer_dnat_events_total",
@@ -240,6 +315,11 @@ fn capture_families(capture: &CaptureStats) -> [Family; 7] {
             "DNS messages to or from port-53 Services that could not be read (malformed, truncated, or not copied by the kernel).",
         ),
         Family::new(
+            "observer_lost_rejects_total",
+            "counter",
+            "Reports of rejected connections the kernel could not hand over (their ring buffer was full): observer_rejected_total is incomplete when non-zero.",
+        ),
+        Family::new(
             "observer_hooks_attached",
             "gauge",
             "Kernel programs attached.",
@@ -256,6 +336,7 @@ fn capture_families(capture: &CaptureStats) -> [Family; 7] {
         capture.lost_events as f64,
         capture.read_errors as f64,
         capture.dns_malformed as f64,
+        capture.lost_rejects as f64,
         capture.hooks_attached as f64,
         capture.live_connections as f64,
     ];
@@ -363,6 +444,76 @@ mod tests {
             format!(r#"observer_frontend_connections_total{{{svc},frontend="cluster_ip"}} 2"#),
             format!(r#"observer_frontend_connections_total{{{svc},frontend="node_port"}} 1"#),
             "# TYPE observer_frontend_connections_total counter".to_owned(),
+        ] {
+            assert!(
+                metrics.lines().any(|l| l == line),
+                "missing {line:?} in\n{metrics}"
+            );
+        }
+    }
+
+    #[test]
+    fn outcomes_connect_times_and_rejects_per_backend_and_door() {
+        let text = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/data/logs/outcomes.jsonl"
+        ))
+        .unwrap();
+        let recording = Recording::parse("outcomes.jsonl", &text).unwrap();
+        let services = Aggregator::from_recording(&recording).services();
+        let capture = CaptureStats {
+            lost_rejects: 2,
+            ..CaptureStats::default()
+        };
+        let metrics = render(&services, &capture);
+        let svc = r#"service="shop/checkout:http",proto="tcp""#;
+        let a = r#"backend="10.244.1.12:8080""#;
+        let b = r#"backend="10.244.1.13:8080""#;
+        let c = r#"backend="10.244.1.14:8080""#;
+        for line in [
+            format!(r#"observer_connection_outcomes_total{{{svc},{a},outcome="answered"}} 11"#),
+            format!(r#"observer_connection_outcomes_total{{{svc},{a},outcome="refused"}} 0"#),
+            format!(r#"observer_connection_outcomes_total{{{svc},{b},outcome="refused"}} 7"#),
+            format!(r#"observer_connection_outcomes_total{{{svc},{c},outcome="unanswered"}} 6"#),
+            "# TYPE observer_connect_seconds histogram".to_owned(),
+            // Ten connect times of 0.276-0.415 ms, one of 12.5 ms.
+            format!(r#"observer_connect_seconds_bucket{{{svc},{a},le="0.001"}} 10"#),
+            format!(r#"observer_connect_seconds_bucket{{{svc},{a},le="0.01"}} 10"#),
+            format!(r#"observer_connect_seconds_bucket{{{svc},{a},le="0.025"}} 11"#),
+            format!(r#"observer_connect_seconds_bucket{{{svc},{a},le="5"}} 11"#),
+            format!(r#"observer_connect_seconds_bucket{{{svc},{a},le="+Inf"}} 11"#),
+            format!(r#"observer_connect_seconds_sum{{{svc},{a}}} 0.015837"#),
+            format!(r#"observer_connect_seconds_count{{{svc},{a}}} 11"#),
+            format!(r#"observer_connect_seconds_count{{{svc},{b}}} 0"#),
+            r#"observer_rejected_total{service="shop/empty:http",proto="tcp",frontend="cluster_ip"} 5"#.to_owned(),
+            r#"observer_rejected_total{service="shop/empty:dns",proto="udp",frontend="cluster_ip"} 1"#.to_owned(),
+            // A Service with endpoints starts at 0 at each of its doors.
+            format!(r#"observer_rejected_total{{{svc},frontend="cluster_ip"}} 0"#),
+            "observer_lost_rejects_total 2".to_owned(),
+        ] {
+            assert!(
+                metrics.lines().any(|l| l == line),
+                "missing {line:?} in\n{metrics}"
+            );
+        }
+        // UDP has no connect: no histogram for it.
+        assert!(!metrics.contains(r#"observer_connect_seconds_count{service="shop/empty:dns""#));
+    }
+
+    #[test]
+    fn rejects_without_a_known_door_have_no_frontend_label() {
+        let mut aggregator = Aggregator::default();
+        let reject = crate::model::record::RejectRecord {
+            frontend: None,
+            ..crate::model::record::RejectRecord::example()
+        };
+        aggregator.add_reject(&reject);
+        aggregator.add_reject(&crate::model::record::RejectRecord::example());
+        let metrics = render(&aggregator.services(), &CaptureStats::default());
+        let svc = r#"service="shop/empty:http",proto="tcp""#;
+        for line in [
+            format!(r#"observer_rejected_total{{{svc},frontend="cluster_ip"}} 1"#),
+            format!(r#"observer_rejected_total{{{svc}}} 1"#),
         ] {
             assert!(
                 metrics.lines().any(|l| l == line),

@@ -46,9 +46,10 @@ pub async fn run(
             match update {
                 Update::Conn { id, record } => state.aggregator.apply(id, &record),
                 Update::Service(service) => state.aggregator.add_service(&service),
+                Update::Reject(reject) => state.aggregator.add_reject(&reject),
                 Update::Stats(stats) => state.capture = stats,
                 // Metrics carry no timeline and no DNS.
-                Update::Endpoints(_) | Update::Dns(_) | Update::Reject(_) => {}
+                Update::Endpoints(_) | Update::Dns(_) => {}
             }
         }
     };

@@ -10,8 +10,8 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use crate::model::record::{SummaryRecord, format_time};
-use crate::sinks::text::{Digits, bytes, door_text, duration, plural};
-use crate::stats::{BackendStats, ServiceStats, SkewDetail};
+use crate::sinks::text::{Digits, bytes, door_text, duration, latency, plural};
+use crate::stats::{BackendStats, ConnectTimes, Percentiles, ServiceStats, SkewDetail};
 
 /// Skew from which a Service gets a marked `! skew` line: one backend got at least 1.5
 /// times its expected share of the requests.
@@ -67,6 +67,13 @@ pub fn render(file: &str, summary: Option<&SummaryRecord>, services: &[ServiceSt
                     out,
                     "WARNING: {} kernel reads failed: some connections may be missing or lack details",
                     s.read_errors
+                );
+            }
+            if s.lost_rejects > 0 {
+                let _ = writeln!(
+                    out,
+                    "WARNING: {} of rejected connections lost (ring buffer full): the rejected counts below are incomplete",
+                    plural(s.lost_rejects, "report")
                 );
             }
         }
@@ -167,7 +174,9 @@ fn render_service(s: &ServiceStats) -> String {
             .collect();
         let _ = writeln!(out, "  doors: {}", doors.join(", "));
     }
-    out.push_str(&backend_table(s));
+    if !s.backends.is_empty() {
+        out.push_str(&backend_table(s));
+    }
     if let Some(detail) = s.skew_detail()
         && detail.skew >= SKEW_MARK
     {
@@ -182,82 +191,152 @@ fn render_service(s: &ServiceStats) -> String {
             b.active,
         );
     }
+    for line in failure_lines(s) {
+        let _ = writeln!(out, "  ! {line}");
+    }
     out
 }
 
-/// The Service's line: name, frontends, totals and skew.
+/// "7 refused by 10.244.1.13:8080 (nothing listens)", "5 rejected: no endpoints": what
+/// went wrong for the Service's connections, per backend, then the rejected ones.
+pub fn failure_lines(s: &ServiceStats) -> Vec<String> {
+    let mut lines = Vec::new();
+    for b in s.backends.iter().filter(|b| b.outcomes.refused > 0) {
+        lines.push(format!(
+            "{} refused by {} (nothing listens)",
+            b.outcomes.refused, b.backend
+        ));
+    }
+    for b in s.backends.iter().filter(|b| b.outcomes.unanswered > 0) {
+        lines.push(format!(
+            "{} unanswered by {} (nothing came back)",
+            b.outcomes.unanswered, b.backend
+        ));
+    }
+    if s.rejected > 0 {
+        let datagrams = rejected_datagrams(s).map_or(String::new(), |d| format!(" ({d})"));
+        lines.push(format!("{} rejected: no endpoints{datagrams}", s.rejected));
+    }
+    lines
+}
+
+/// "4 datagrams from 1 client socket": what a UDP Service's rejected sockets sent.
+pub fn rejected_datagrams(s: &ServiceStats) -> Option<String> {
+    (s.rejected_datagrams > 0).then(|| {
+        format!(
+            "{} from {}",
+            plural(s.rejected_datagrams, "datagram"),
+            plural(s.rejected, "client socket")
+        )
+    })
+}
+
+/// The Service's line: name, frontends, totals (stale pins and failures when there
+/// were any) and skew.
 fn heading(s: &ServiceStats) -> String {
     let skew = s.skew.map_or("-".to_owned(), |k| format!("{k:.2}x"));
+    let mut totals = vec![
+        plural(s.connections, "connection"),
+        format!("{} active", s.active),
+        plural(s.requests, "request"),
+    ];
+    let extras = [
+        (s.stale_pins, plural(s.stale_pins, "stale pin")),
+        (
+            s.outcomes.refused,
+            format!("{} refused", s.outcomes.refused),
+        ),
+        (
+            s.outcomes.unanswered,
+            format!("{} unanswered", s.outcomes.unanswered),
+        ),
+        (s.rejected, format!("{} rejected", s.rejected)),
+    ];
+    totals.extend(
+        extras
+            .into_iter()
+            .filter(|(n, _)| *n > 0)
+            .map(|(_, text)| text),
+    );
     format!(
-        "{} ({}, {}): {}, {} active, {}{}, skew {skew}\n",
+        "{} ({}, {}): {}, skew {skew}\n",
         s.service,
         s.proto,
         frontend_text(s),
-        plural(s.connections, "connection"),
-        s.active,
-        plural(s.requests, "request"),
-        if s.stale_pins > 0 {
-            format!(", {}", plural(s.stale_pins, "stale pin"))
-        } else {
-            String::new()
-        },
+        totals.join(", ")
     )
 }
 
-/// One row per backend, indented under the Service's line; a `pod` column beside the
-/// address when any backend's pod is known.
+/// A column of the backend table: its title, whether it is left-aligned, and its cell.
+type Column = (&'static str, bool, fn(&BackendStats) -> String);
+
+/// One row per backend, indented under the Service's line. Columns that only some
+/// recordings fill appear when any backend has something in them: `pod` beside the
+/// address, the outcomes beside `conns` when a connection was refused or unanswered
+/// (`pending` when one was still waiting for its answer at the end), connect times
+/// after the lifetimes when any were measured.
 fn backend_table(s: &ServiceStats) -> String {
-    let mut header = vec![
-        "backend",
-        "conns",
-        "active",
-        "requests",
-        "share",
-        "",
-        "expected",
-        "p50",
-        "p90",
-        "max",
-        "to backend",
-        "from backend",
-        "",
-    ];
-    let mut rows: Vec<Vec<String>> = s.backends.iter().map(backend_row).collect();
-    // Left-aligned: backend, bar, note; the rest are numbers.
-    let mut left = vec![
-        true, false, false, false, false, true, false, false, false, false, false, false, true,
-    ];
-    if s.backends.iter().any(|b| b.pod.is_some()) {
-        header.insert(1, "pod");
-        left.insert(1, true);
-        for (row, b) in rows.iter_mut().zip(&s.backends) {
-            row.insert(1, b.pod.clone().unwrap_or_else(|| "-".to_owned()));
+    let any = |has: fn(&BackendStats) -> bool| s.backends.iter().any(has);
+    let mut columns: Vec<Column> = vec![("backend", true, |b| b.backend.to_string())];
+    if any(|b| b.pod.is_some()) {
+        columns.push(("pod", true, |b| {
+            b.pod.clone().unwrap_or_else(|| "-".to_owned())
+        }));
+    }
+    columns.push(("conns", false, |b| b.connections.to_string()));
+    if any(|b| b.outcomes.failed() > 0) {
+        columns.extend::<[Column; 3]>([
+            ("answered", false, |b| b.outcomes.answered.to_string()),
+            ("refused", false, |b| b.outcomes.refused.to_string()),
+            ("unanswered", false, |b| b.outcomes.unanswered.to_string()),
+        ]);
+        if any(|b| b.outcomes.pending > 0) {
+            columns.push(("pending", false, |b| b.outcomes.pending.to_string()));
         }
     }
+    columns.extend::<[Column; 8]>([
+        ("active", false, |b| b.active.to_string()),
+        ("requests", false, |b| b.requests.to_string()),
+        ("share", false, |b| percent(b.request_share)),
+        ("", true, |b| bar(b.request_share)),
+        ("expected", false, |b| {
+            b.expected_share.map_or("-".to_owned(), percent)
+        }),
+        ("p50", false, |b| lifetime(b, |p| p.p50)),
+        ("p90", false, |b| lifetime(b, |p| p.p90)),
+        ("max", false, |b| lifetime(b, |p| p.max)),
+    ]);
+    if any(|b| b.connect_ms.is_some()) {
+        columns.extend::<[Column; 2]>([
+            ("connect p50", false, |b| connect_time(b, |c| c.p50)),
+            ("connect p99", false, |b| connect_time(b, |c| c.p99)),
+        ]);
+    }
+    columns.extend::<[Column; 3]>([
+        ("to backend", false, |b| bytes(b.bytes_to_backend)),
+        ("from backend", false, |b| bytes(b.bytes_from_backend)),
+        ("", true, backend_note),
+    ]);
+    let header: Vec<&str> = columns.iter().map(|(title, _, _)| *title).collect();
+    let left: Vec<bool> = columns.iter().map(|(_, left, _)| *left).collect();
+    let rows: Vec<Vec<String>> = s
+        .backends
+        .iter()
+        .map(|b| columns.iter().map(|(_, _, cell)| cell(b)).collect())
+        .collect();
     table(&header, &rows, &left, "  ")
 }
 
-fn backend_row(b: &BackendStats) -> Vec<String> {
-    let lifetime = |pick: fn(&crate::stats::Percentiles) -> f64| {
-        b.lifetime_ms
-            .as_ref()
-            .map_or("-".to_owned(), |p| duration(pick(p), Digits::Report))
-    };
-    vec![
-        b.backend.to_string(),
-        b.connections.to_string(),
-        b.active.to_string(),
-        b.requests.to_string(),
-        percent(b.request_share),
-        bar(b.request_share),
-        b.expected_share.map_or("-".to_owned(), percent),
-        lifetime(|p| p.p50),
-        lifetime(|p| p.p90),
-        lifetime(|p| p.max),
-        bytes(b.bytes_to_backend),
-        bytes(b.bytes_from_backend),
-        backend_note(b),
-    ]
+fn lifetime(b: &BackendStats, pick: fn(&Percentiles) -> f64) -> String {
+    b.lifetime_ms
+        .as_ref()
+        .map_or("-".to_owned(), |p| duration(pick(p), Digits::Report))
+}
+
+fn connect_time(b: &BackendStats, pick: fn(&ConnectTimes) -> f64) -> String {
+    b.connect_ms
+        .as_ref()
+        .map_or("-".to_owned(), |c| latency(pick(c), Digits::Report))
 }
 
 /// Aligned columns separated by two spaces, each line indented by `indent`, trailing
@@ -349,6 +428,95 @@ shop/cart:http (tcp, ClusterIP 10.96.40.10:80): 4 connections, 2 active, 128 req
     }
 
     #[test]
+    fn refused_unanswered_and_rejected_connections_are_counted_and_flagged() {
+        let (recording, services) = fixture("outcomes.jsonl");
+        let text = render("outcomes.jsonl", recording.summary.as_ref(), &services);
+        let expected = "\
+shop/checkout:http (tcp, ClusterIP 10.96.35.226:80): 24 connections, 0 active, 11 requests, 7 refused, 6 unanswered, skew 3.00x
+  doors: ClusterIP 24
+  backend           conns  answered  refused  unanswered  active  requests  share                          expected    p50     p90     max  connect p50  connect p99  to backend  from backend
+  10.244.1.12:8080     11        11        0           0       0        11   100%  [####################]       33%  9.8ms  11.0ms  11.0ms        330µs       12.5ms       858 B       1.9 KiB
+  10.244.1.13:8080      7         0        7           0       0         0     0%  [....................]       33%  0.1ms   0.1ms   0.1ms            -            -         0 B           0 B
+  10.244.1.14:8080      6         0        0           6       0         0     0%  [....................]       33%  3.00s   3.00s   3.00s            -            -         0 B           0 B
+  ! skew 3.00x: 10.244.1.12:8080 got 100% of requests, expected 33%
+  ! 7 refused by 10.244.1.13:8080 (nothing listens)
+  ! 6 unanswered by 10.244.1.14:8080 (nothing came back)
+
+shop/empty:dns (udp, ClusterIP 10.96.200.1:53): 0 connections, 0 active, 0 requests, 1 rejected, skew -
+  ! 1 rejected: no endpoints (4 datagrams from 1 client socket)
+
+shop/empty:http (tcp, ClusterIP 10.96.200.1:80): 0 connections, 0 active, 0 requests, 5 rejected, skew -
+  ! 5 rejected: no endpoints
+";
+        let services_text: Vec<&str> = text.lines().skip(3).collect();
+        assert_eq!(services_text.join("\n") + "\n", expected);
+
+        let value = json_of("outcomes.jsonl");
+        assert_eq!(value["summary"]["rejects"], 6);
+        let checkout = &value["services"][0];
+        assert_eq!(
+            checkout["outcomes"],
+            serde_json::json!({"answered": 11, "refused": 7, "unanswered": 6, "pending": 0})
+        );
+        assert_eq!(
+            checkout["backends"][0]["connect_ms"],
+            serde_json::json!({"p50": 0.33, "p99": 12.5})
+        );
+        assert_eq!(checkout["backends"][1]["outcomes"]["refused"], 7);
+        assert_eq!(
+            checkout["backends"][1]["connect_ms"],
+            serde_json::Value::Null
+        );
+        let empty = &value["services"][2];
+        assert_eq!(
+            (
+                &empty["service"],
+                &empty["rejected"],
+                &empty["rejected_doors"]
+            ),
+            (
+                &serde_json::json!("shop/empty:http"),
+                &serde_json::json!(5),
+                &serde_json::json!({"cluster_ip": 5})
+            )
+        );
+        assert_eq!(value["services"][1]["rejected_datagrams"], 4);
+    }
+
+    #[test]
+    fn connections_still_waiting_for_an_answer_get_a_pending_column() {
+        let (_, mut services) = fixture("outcomes.jsonl");
+        let checkout = &mut services[0];
+        checkout.backends[2].outcomes.pending = 2;
+        let table = backend_table(checkout);
+        let lines: Vec<&str> = table.lines().collect();
+        assert!(
+            lines[0].starts_with(
+                "  backend           conns  answered  refused  unanswered  pending  active"
+            ),
+            "{table}"
+        );
+        assert!(
+            lines[3]
+                .starts_with("  10.244.1.14:8080      6         0        0           6        2"),
+            "{table}"
+        );
+    }
+
+    #[test]
+    fn lost_reject_reports_are_a_warning() {
+        let summary = SummaryRecord {
+            lost_rejects: 3,
+            ..SummaryRecord::default()
+        };
+        let text = render("x.jsonl", Some(&summary), &[]);
+        assert!(
+            text.contains("\nWARNING: 3 reports of rejected connections lost (ring buffer full): the rejected counts below are incomplete\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn missing_summary_line_and_empty_recordings_are_said() {
         let text = render("x.jsonl", None, &[]);
         assert_eq!(
@@ -396,15 +564,20 @@ shop/cart:http (tcp, ClusterIP 10.96.40.10:80): 4 connections, 2 active, 128 req
         assert_eq!(bar(1.0), "[####################]");
     }
 
-    #[test]
-    fn json_has_summary_and_services() {
-        let (recording, services) = fixture("keepalive.jsonl");
+    /// What `summary -o json` prints for a fixture.
+    fn json_of(name: &str) -> serde_json::Value {
+        let (recording, services) = fixture(name);
         let json = SummaryJson {
-            file: "keepalive.jsonl",
+            file: name,
             summary: recording.summary.as_ref(),
             services: &services,
         };
-        let value = serde_json::to_value(&json).unwrap();
+        serde_json::to_value(&json).unwrap()
+    }
+
+    #[test]
+    fn json_has_summary_and_services() {
+        let value = json_of("keepalive.jsonl");
         assert_eq!(value["summary"]["lost_events"], 0);
         assert_eq!(value["summary"]["lost_connections"], 0);
         let service = &value["services"][0];
@@ -450,6 +623,7 @@ shop/checkout:http (tcp, ClusterIP 10.96.35.226:80, NodePort :30080): 3 connecti
             "balanced.jsonl",
             "nosummary.jsonl",
             "pods.jsonl",
+            "outcomes.jsonl",
         ] {
             let text = std::fs::read_to_string(format!("{dir}/{name}")).unwrap();
             for line in text.lines() {

@@ -45,6 +45,17 @@ pub fn duration(ms: f64, digits: Digits) -> String {
     }
 }
 
+/// A short time such as a connect time: below a millisecond in microseconds (`287µs`),
+/// otherwise as [`duration`] says it.
+pub fn latency(ms: f64, digits: Digits) -> String {
+    let micros = ms * 1000.0;
+    if micros < 999.5 {
+        format!("{micros:.0}µs")
+    } else {
+        duration(ms, digits)
+    }
+}
+
 /// Bytes in binary units: 930 B, 2.7 KiB, 1.2 MiB.
 pub fn bytes(n: u64) -> String {
     const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
@@ -83,5 +94,12 @@ mod tests {
             .map(|ms| duration(ms, Digits::Compact))
             .to_vec();
         assert_eq!(compact, ["22ms", "4.1s", "1m05s", "1h03m"]);
+    }
+
+    #[test]
+    fn latencies_below_a_millisecond_are_in_microseconds() {
+        let texts = [0.0, 0.2874, 0.9994, 0.9996, 12.5].map(|ms| latency(ms, Digits::Report));
+        assert_eq!(texts, ["0µs", "287µs", "999µs", "1.0ms", "12.5ms"]);
+        assert_eq!(latency(12.4, Digits::Compact), "12ms");
     }
 }

@@ -1,20 +1,29 @@
 //! The running totals: per connection id, per Service, per backend.
 
 use std::collections::hash_map::Entry;
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::net::SocketAddr;
 
-use super::lifetimes::{Lifetimes, lifetime_percentiles};
+use super::outcomes::{ConnectHistogram, DoorCounts, OutcomeCounts};
+use super::quantiles::{Group, Reservoir, connect_times, lifetime_percentiles};
 use super::{BackendStats, ServiceStats};
-use crate::model::record::{ConnRecord, FrontendKind, Proto, Recording, ServiceRecord};
+use crate::model::record::{
+    ConnRecord, FrontendKind, Outcome, Proto, Recording, RejectRecord, ServiceRecord,
+};
 use crate::model::update::ConnId;
 
 type ServiceKey = (String, Proto);
 
-fn service_key(record: &ConnRecord) -> (ServiceKey, bool) {
-    match &record.service {
-        Some(name) => ((name.to_string(), record.proto), true),
-        None => ((record.original_dst.to_string(), record.proto), false),
+/// The Service a connection or reject line belongs to, and whether the rules named it
+/// (unnamed ones are keyed by what the client dialed).
+fn service_key(
+    service: Option<&str>,
+    original_dst: SocketAddr,
+    proto: Proto,
+) -> (ServiceKey, bool) {
+    match service {
+        Some(name) => ((name.to_owned(), proto), true),
+        None => ((original_dst.to_string(), proto), false),
     }
 }
 
@@ -26,19 +35,9 @@ struct Counts {
     stale_pins: u64,
     bytes_to_backend: u64,
     bytes_from_backend: u64,
-    /// Connections per door (frontend kind), in `DOORS` order.
-    doors: [u64; 4],
-}
-
-const DOORS: [FrontendKind; 4] = [
-    FrontendKind::ClusterIp,
-    FrontendKind::NodePort,
-    FrontendKind::ExternalIp,
-    FrontendKind::LoadBalancer,
-];
-
-fn door_index(kind: FrontendKind) -> usize {
-    DOORS.iter().position(|d| *d == kind).unwrap_or(0)
+    doors: DoorCounts,
+    outcomes: OutcomeCounts,
+    connect: ConnectHistogram,
 }
 
 impl Counts {
@@ -49,8 +48,10 @@ impl Counts {
         self.stale_pins += u64::from(c.stale);
         self.bytes_to_backend += c.bytes_to_backend;
         self.bytes_from_backend += c.bytes_from_backend;
-        if let Some(door) = c.frontend {
-            self.doors[door_index(door)] += 1;
+        self.doors.add(c.frontend);
+        self.outcomes.add(c.outcome);
+        if let Some(ms) = c.connect_ms {
+            self.connect.add(ms);
         }
     }
 
@@ -62,20 +63,22 @@ impl Counts {
         self.stale_pins -= u64::from(c.stale);
         self.bytes_to_backend -= c.bytes_to_backend;
         self.bytes_from_backend -= c.bytes_from_backend;
-        if let Some(door) = c.frontend {
-            self.doors[door_index(door)] -= 1;
+        self.doors.subtract(c.frontend);
+        self.outcomes.subtract(c.outcome);
+        if let Some(ms) = c.connect_ms {
+            self.connect.subtract(ms);
         }
     }
+}
 
-    /// The doors connections came through, with their counts (none with no count).
-    fn doors(&self) -> BTreeMap<FrontendKind, u64> {
-        DOORS
-            .iter()
-            .zip(self.doors)
-            .filter(|(_, n)| *n > 0)
-            .map(|(door, n)| (*door, n))
-            .collect()
-    }
+/// Connections to a Service that netfilter rejected before any DNAT (`reject` lines).
+#[derive(Default)]
+struct Rejects {
+    /// TCP attempts and UDP client sockets.
+    count: u64,
+    /// The UDP sockets' datagrams.
+    datagrams: u64,
+    doors: DoorCounts,
 }
 
 /// Final records kept by id so that a repeated one replaces instead of adding.
@@ -85,13 +88,16 @@ pub(super) struct BackendAcc {
     counts: Counts,
     /// The pod the latest record named for this backend.
     pod: Option<String>,
-    pub(super) lifetimes: Lifetimes,
+    pub(super) lifetimes: Reservoir,
+    /// Connect times of its closed connections older than the recent window.
+    pub(super) connect_times: Reservoir,
 }
 
 pub(super) struct ServiceAcc {
     key: ServiceKey,
     named: bool,
     counts: Counts,
+    rejects: Rejects,
     pub(super) backends: HashMap<SocketAddr, BackendAcc>,
 }
 
@@ -108,6 +114,15 @@ pub(super) struct Contribution {
     bytes_to_backend: u64,
     bytes_from_backend: u64,
     frontend: Option<FrontendKind>,
+    outcome: Outcome,
+    connect_ms: Option<f64>,
+}
+
+/// Exact values of a backend's open and recently closed connections.
+#[derive(Default)]
+struct Exact {
+    lifetimes: Vec<f64>,
+    connect_times: Vec<f64>,
 }
 
 /// Running per-Service, per-backend totals; feed it records, read `services()`.
@@ -145,20 +160,11 @@ impl Aggregator {
         if open && self.closed.contains_key(&id) {
             return;
         }
-        let (key, named) = service_key(record);
-        let index = match self.index.get(&key) {
-            Some(&index) => index,
-            None => {
-                self.accs.push(ServiceAcc {
-                    key: key.clone(),
-                    named,
-                    counts: Counts::default(),
-                    backends: HashMap::new(),
-                });
-                self.index.insert(key, self.accs.len() - 1);
-                self.accs.len() - 1
-            }
-        };
+        let index = self.acc_index(service_key(
+            record.service.as_deref(),
+            record.original_dst,
+            record.proto,
+        ));
         let old = match self.open.remove(&id) {
             Some(old) => Some(old),
             None => self.closed.remove(&id).map(|(_, old)| old),
@@ -180,6 +186,8 @@ impl Aggregator {
             bytes_to_backend: record.bytes_to_backend,
             bytes_from_backend: record.bytes_from_backend,
             frontend: record.frontend,
+            outcome: record.outcome(),
+            connect_ms: record.connect_ms,
         };
         let service = &mut self.accs[index];
         service.counts.add(&contribution);
@@ -193,6 +201,35 @@ impl Aggregator {
         } else {
             self.close(id, contribution);
         }
+    }
+
+    /// Counts a connection that netfilter rejected before any DNAT.
+    pub fn add_reject(&mut self, reject: &RejectRecord) {
+        let index = self.acc_index(service_key(
+            reject.service.as_deref(),
+            reject.original_dst,
+            reject.proto,
+        ));
+        let rejects = &mut self.accs[index].rejects;
+        rejects.count += 1;
+        rejects.datagrams += reject.packets.unwrap_or(0);
+        rejects.doors.add(reject.frontend);
+    }
+
+    /// Where a Service's totals are, created empty on first sight.
+    fn acc_index(&mut self, (key, named): (ServiceKey, bool)) -> usize {
+        if let Some(&index) = self.index.get(&key) {
+            return index;
+        }
+        self.accs.push(ServiceAcc {
+            key: key.clone(),
+            named,
+            counts: Counts::default(),
+            rejects: Rejects::default(),
+            backends: HashMap::new(),
+        });
+        self.index.insert(key, self.accs.len() - 1);
+        self.accs.len() - 1
     }
 
     /// Puts a final record in the recent window, folding the oldest one out of it.
@@ -211,14 +248,17 @@ impl Aggregator {
             {
                 let (_, old) = entry.remove();
                 let service = &mut self.accs[old.service];
-                backend_acc(service, old.backend)
-                    .lifetimes
-                    .add(old.duration);
+                let backend = backend_acc(service, old.backend);
+                backend.lifetimes.add(old.duration);
+                if let Some(ms) = old.connect_ms {
+                    backend.connect_times.add(ms);
+                }
             }
         }
     }
 
-    /// Every Service with a `ServiceRecord` or a connection, sorted by name (then proto).
+    /// Every Service with a `ServiceRecord`, a connection or a rejected connection,
+    /// sorted by name (then proto).
     pub fn services(&self) -> Vec<ServiceStats> {
         let keys: BTreeSet<&ServiceKey> = self
             .rules
@@ -226,21 +266,20 @@ impl Aggregator {
             .chain(
                 self.accs
                     .iter()
-                    .filter(|s| s.counts.connections > 0)
+                    .filter(|s| s.counts.connections > 0 || s.rejects.count > 0)
                     .map(|s| &s.key),
             )
             .collect();
-        // Exact lifetimes of open and recently closed connections per (Service, backend).
-        let mut exact: HashMap<(usize, SocketAddr), Vec<f64>> = HashMap::new();
+        // Exact values of open and recently closed connections per (Service, backend).
+        let mut exact: HashMap<(usize, SocketAddr), Exact> = HashMap::new();
         for c in self
             .open
             .values()
             .chain(self.closed.values().map(|(_, c)| c))
         {
-            exact
-                .entry((c.service, c.backend))
-                .or_default()
-                .push(c.duration);
+            let values = exact.entry((c.service, c.backend)).or_default();
+            values.lifetimes.push(c.duration);
+            values.connect_times.extend(c.connect_ms);
         }
         keys.into_iter()
             .map(|key| self.service_stats(key, &exact))
@@ -250,7 +289,7 @@ impl Aggregator {
     fn service_stats(
         &self,
         key: &ServiceKey,
-        exact: &HashMap<(usize, SocketAddr), Vec<f64>>,
+        exact: &HashMap<(usize, SocketAddr), Exact>,
     ) -> ServiceStats {
         let rule = self.rules.get(key);
         let index = self.index.get(key).copied();
@@ -282,10 +321,13 @@ impl Aggregator {
                     None => (Some(1.0 / seen.len() as f64), true),
                 };
                 let b = backend.map_or(&empty, |b| &b.counts);
-                let exact = index
-                    .and_then(|index| exact.get(&(index, addr)))
-                    .map_or(&[][..], Vec::as_slice);
-                let lifetime_ms = backend.and_then(|b| lifetime_percentiles(&b.lifetimes, exact));
+                let exact = index.and_then(|index| exact.get(&(index, addr)));
+                let exact_lifetimes = exact.map_or(&[][..], |e| e.lifetimes.as_slice());
+                let lifetime_ms =
+                    backend.and_then(|b| lifetime_percentiles(&b.lifetimes, exact_lifetimes));
+                let connect_ms = backend.and_then(|b| {
+                    connect_times(&[b.connect_times.group(), exact_connect_times(exact)])
+                });
                 BackendStats {
                     backend: addr,
                     // From its connections, else from the rules' line for it.
@@ -308,9 +350,22 @@ impl Aggregator {
                     lifetime_ms,
                     bytes_to_backend: b.bytes_to_backend,
                     bytes_from_backend: b.bytes_from_backend,
+                    outcomes: b.outcomes,
+                    connect_ms,
+                    connect_histogram: b.connect,
                 }
             })
             .collect();
+        // Every connect time of the Service: each backend's folded and exact ones.
+        let connect_groups: Vec<Group<'_>> = seen
+            .iter()
+            .flat_map(|(addr, b)| {
+                let exact = index.and_then(|index| exact.get(&(index, **addr)));
+                [b.connect_times.group(), exact_connect_times(exact)]
+            })
+            .collect();
+        let no_rejects = Rejects::default();
+        let rejects = acc.map_or(&no_rejects, |acc| &acc.rejects);
         let mut stats = ServiceStats {
             service: key.0.clone(),
             named: acc.is_none_or(|acc| acc.named),
@@ -321,7 +376,12 @@ impl Aggregator {
             active: counts.active,
             requests: counts.requests,
             stale_pins: counts.stale_pins,
-            doors: counts.doors(),
+            doors: counts.doors.to_map(),
+            outcomes: counts.outcomes,
+            connect_ms: connect_times(&connect_groups),
+            rejected: rejects.count,
+            rejected_datagrams: rejects.datagrams,
+            rejected_doors: rejects.doors.to_map(),
             backends,
             skew: None,
         };
@@ -334,6 +394,9 @@ impl Aggregator {
         let mut aggregator = Aggregator::default();
         for service in &recording.services {
             aggregator.add_service(service);
+        }
+        for reject in &recording.rejects {
+            aggregator.add_reject(reject);
         }
         for (index, conn) in recording.conns.iter().enumerate() {
             let id = ConnId {
@@ -353,6 +416,12 @@ fn backend_acc(service: &mut ServiceAcc, backend: SocketAddr) -> &mut BackendAcc
         .or_insert_with(|| BackendAcc {
             counts: Counts::default(),
             pod: None,
-            lifetimes: Lifetimes::new(backend),
+            lifetimes: Reservoir::new("lifetime", backend),
+            connect_times: Reservoir::new("connect", backend),
         })
+}
+
+/// A backend's exact connect times as a group of weight 1 (none without any).
+fn exact_connect_times(exact: Option<&Exact>) -> Group<'_> {
+    (exact.map_or(&[][..], |e| e.connect_times.as_slice()), 1.0)
 }

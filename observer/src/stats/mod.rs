@@ -17,28 +17,39 @@
 //!   those are reported as stale pins instead of dragging skew below 1). 1.00 is a
 //!   perfect spread, 3.00 is "one backend of three got everything". `None` when no such
 //!   backend got a request.
-//! - Lifetime percentiles are exact while a backend has at most `EXACT_LIFETIMES` (4096)
+//! - Lifetime percentiles are exact while a backend has at most `EXACT_VALUES` (4096)
 //!   closed connections, not counting the latest `RECENT_CLOSED` (1024) final records,
 //!   which are always exact. Beyond that a backend's older closed connections are
 //!   represented by a uniform sample of 4096 lifetimes (reservoir sampling, seeded per
 //!   backend so results are reproducible), each standing for closed/4096 connections:
 //!   p50/p90 are then estimates, `max` stays exact. Open connections count with their
 //!   exact duration so far.
+//! - Outcomes: each connection counts once, under its record's latest
+//!   [`ConnRecord::outcome`](crate::model::record::ConnRecord::outcome) (answered,
+//!   refused, unanswered, or pending while open without an answer).
+//! - Connect times (`connect_ms`, TCP only) get p50/p99 the same way as lifetimes
+//!   (exact, then from a reservoir per backend; a Service's over all its backends'), and
+//!   are also counted in fixed histogram buckets (`CONNECT_BUCKETS_MS`) for metrics.
+//! - Rejected connections (`reject` lines) count per Service, keyed like connections;
+//!   they have no backend. A Service that only ever got rejects is listed too.
 //!
 //! [`Aggregator::apply`] keeps running totals, so an update costs a few hash look-ups;
 //! percentiles are computed only when [`Aggregator::services`] is called. Memory stays
 //! bounded in a long live session: per connection id only open connections and the latest
 //! `RECENT_CLOSED` final records are kept (so a repeated final record replaces instead of
-//! adding); older closed connections live on as per-backend totals and lifetime samples.
+//! adding); older closed connections live on as per-backend totals and lifetime and
+//! connect-time samples.
 
 mod aggregator;
 pub mod dns;
-mod lifetimes;
+mod outcomes;
+mod quantiles;
 mod service;
 #[cfg(test)]
 pub(crate) mod tests;
 pub mod timeline;
 
 pub use aggregator::Aggregator;
-pub use lifetimes::{Percentiles, percentiles};
+pub use outcomes::{CONNECT_BUCKETS_MS, ConnectHistogram, OutcomeCounts};
+pub use quantiles::{ConnectTimes, Percentiles, percentiles};
 pub use service::{BackendStats, ServiceStats, SkewDetail};

@@ -5,7 +5,8 @@ use std::net::SocketAddr;
 
 use serde::Serialize;
 
-use super::Percentiles;
+use super::outcomes::{ConnectHistogram, OutcomeCounts};
+use super::{ConnectTimes, Percentiles};
 use crate::model::record::{Frontend, FrontendKind, Proto};
 
 /// One backend (pod IP:targetPort) of a Service.
@@ -34,6 +35,13 @@ pub struct BackendStats {
     pub longest_pinned_ms: f64,
     pub bytes_to_backend: u64,
     pub bytes_from_backend: u64,
+    /// Its connections by outcome (answered, refused, unanswered, pending).
+    pub outcomes: OutcomeCounts,
+    /// Over the `connect_ms` of its connections that have one; `None` with none.
+    pub connect_ms: Option<ConnectTimes>,
+    /// The same connect times in histogram buckets (for metrics).
+    #[serde(skip)]
+    pub connect_histogram: ConnectHistogram,
 }
 
 /// One Service port and how its traffic was spread.
@@ -56,6 +64,18 @@ pub struct ServiceStats {
     /// Connections per door they came through (the frontend kind their rule matched);
     /// connections without a known door are not counted here.
     pub doors: BTreeMap<FrontendKind, u64>,
+    /// Its connections by outcome, over every backend.
+    pub outcomes: OutcomeCounts,
+    /// Over the `connect_ms` of all its connections that have one; `None` with none.
+    pub connect_ms: Option<ConnectTimes>,
+    /// Connections rejected before any DNAT (`reject` lines: TCP attempts, UDP client
+    /// sockets), because the Service port had no endpoints.
+    pub rejected: u64,
+    /// The datagrams of the rejected UDP sockets.
+    pub rejected_datagrams: u64,
+    /// Rejected connections per door they were dialed at; those without a known door
+    /// are not counted here.
+    pub rejected_doors: BTreeMap<FrontendKind, u64>,
     /// Every endpoint of the latest `ServiceRecord` (even with no connections) and every
     /// backend seen, sorted by address.
     pub backends: Vec<BackendStats>,

@@ -43,6 +43,8 @@ fn service_values(key: &ServiceKey, shown: &Shown, detail: &Detail) -> Vec<Value
                 "stale_pins": b.stale_pins,
                 "lifetime_ms": b.lifetime_ms,
                 "longest_pinned_ms": b.longest_pinned_ms,
+                "outcomes": b.outcomes,
+                "connect_ms": b.connect_ms,
             }));
         }
     }
@@ -82,6 +84,8 @@ fn services_values(shown: &Shown) -> Vec<Value> {
                 "backends": s.backends.len(),
                 "skew": s.skew,
                 "stale_pins": s.stale_pins,
+                "outcomes": s.outcomes,
+                "rejected": s.rejected,
             })
         })
         .collect()

@@ -31,6 +31,31 @@ pub fn scrape_in(netns: &str, addr: &str, path: &str) -> String {
     })
 }
 
+/// Prometheus' own linter (`promtool check metrics`: format and naming conventions)
+/// accepts `metrics`; fails with its complaints and the text otherwise.
+pub fn promtool_lint(metrics: &str) {
+    let mut promtool = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("promtool (Debian package prometheus; `cargo xtask setup` installs it)");
+    promtool
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(metrics.as_bytes())
+        .unwrap();
+    let checked = promtool.wait_with_output().unwrap();
+    assert!(
+        checked.status.success(),
+        "promtool check metrics: {}{}\n{metrics}",
+        String::from_utf8_lossy(&checked.stdout),
+        String::from_utf8_lossy(&checked.stderr)
+    );
+}
+
 /// The samples of `metric`: each one's labels and value.
 pub fn samples(metrics: &str, metric: &str) -> Vec<(BTreeMap<String, String>, f64)> {
     metrics

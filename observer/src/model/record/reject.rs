@@ -34,3 +34,23 @@ pub struct RejectRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub packets: Option<u64>,
 }
+
+/// A rejected TCP attempt to `shop/empty:http` at its ClusterIP, for tests: each test
+/// changes what it needs with `RejectRecord { field, ..RejectRecord::example() }`.
+#[cfg(test)]
+impl RejectRecord {
+    pub(crate) fn example() -> RejectRecord {
+        use chrono::TimeZone as _;
+        RejectRecord {
+            proto: Proto::Tcp,
+            client: "10.244.1.9:40000".parse().unwrap(),
+            client_pod: None,
+            original_dst: "10.96.200.1:80".parse().unwrap(),
+            service: Some("shop/empty:http".into()),
+            frontend: Some(FrontendKind::ClusterIp),
+            netns: 4026532301,
+            time: Utc.with_ymd_and_hms(2026, 8, 6, 13, 46, 37).unwrap(),
+            packets: None,
+        }
+    }
+}

@@ -26,6 +26,7 @@ impl CheckArgs {
             min_connections: self.min_connections,
             max_lost: self.max_lost,
             min_requests: self.min_requests,
+            ..Conditions::default()
         }
     }
 }
@@ -265,4 +266,77 @@ fn service_filter_limits_the_conditions_to_the_named_services() {
     assert_eq!(lines(&check), Vec::<String>::new());
     let (services, _) = check_file(&check).unwrap();
     assert_eq!(services.len(), 1);
+}
+
+/// The violation lines of `conditions` on the fixture with every outcome and rejects.
+fn outcome_lines(conditions: &Conditions) -> Vec<String> {
+    let recording = Recording::read(&path("outcomes.jsonl")).unwrap();
+    let (_, found) = check_recording(&recording, conditions);
+    found.iter().map(Violation::to_string).collect()
+}
+
+#[test]
+fn worked_example_of_outcomes_in_the_module_doc_is_exact() {
+    let strict = Conditions {
+        max_refused: Some(0),
+        max_unanswered: Some(0),
+        max_rejected: Some(0),
+        max_connect_p99: Some(10.0),
+        ..Conditions::default()
+    };
+    assert_eq!(
+        outcome_lines(&strict),
+        [
+            "shop/checkout:http: 7 refused > --max-refused 0 (10.244.1.13:8080: 7)",
+            "shop/checkout:http: 6 unanswered > --max-unanswered 0 (10.244.1.14:8080: 6)",
+            "shop/checkout:http: connect p99 12.5ms > --max-connect-p99 10 (10.244.1.12:8080: 12.5ms)",
+            "shop/empty:dns: 1 rejected > --max-rejected 0 (no endpoints; 4 datagrams from 1 client socket)",
+            "shop/empty:http: 5 rejected > --max-rejected 0 (no endpoints)",
+        ]
+    );
+}
+
+#[test]
+fn outcome_conditions_pass_at_their_limit() {
+    let at_limit = Conditions {
+        max_refused: Some(7),
+        max_unanswered: Some(6),
+        max_rejected: Some(5),
+        max_connect_p99: Some(12.5),
+        ..Conditions::default()
+    };
+    assert_eq!(outcome_lines(&at_limit), Vec::<String>::new());
+    // One below fails each; the filter keeps the Service that only got rejects.
+    let below = Conditions {
+        service: vec!["shop/empty:http".to_owned()],
+        max_rejected: Some(4),
+        ..at_limit.clone()
+    };
+    assert_eq!(
+        outcome_lines(&below),
+        ["shop/empty:http: 5 rejected > --max-rejected 4 (no endpoints)"]
+    );
+    let refused = Conditions {
+        service: vec![CHECKOUT.to_owned()],
+        max_refused: Some(6),
+        ..at_limit
+    };
+    assert_eq!(
+        outcome_lines(&refused),
+        ["shop/checkout:http: 7 refused > --max-refused 6 (10.244.1.13:8080: 7)"]
+    );
+}
+
+#[test]
+fn recordings_without_outcomes_pass_the_outcome_conditions() {
+    // Written before outcomes existed: every connection answered, no connect times.
+    let conditions = Conditions {
+        max_refused: Some(0),
+        max_unanswered: Some(0),
+        max_rejected: Some(0),
+        max_connect_p99: Some(0.001),
+        ..Conditions::default()
+    };
+    let recording = Recording::read(&path("balanced.jsonl")).unwrap();
+    assert_eq!(check_recording(&recording, &conditions).1, []);
 }

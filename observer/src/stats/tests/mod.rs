@@ -119,35 +119,35 @@ fn keep_alive_client_shows_30_0_0_with_skew_3() {
 
 #[test]
 fn percentiles_are_nearest_rank() {
-    let mut values: Vec<f64> = (1..=10).rev().map(f64::from).collect();
+    let values: Vec<f64> = (1..=10).rev().map(f64::from).collect();
     assert_eq!(
-        percentiles(&mut values),
+        percentiles(&values),
         Some(Percentiles {
             p50: 5.0,
             p90: 9.0,
             max: 10.0
         })
     );
-    let mut values = vec![3.0, 1.0, 2.0];
+    let values = vec![3.0, 1.0, 2.0];
     assert_eq!(
-        percentiles(&mut values),
+        percentiles(&values),
         Some(Percentiles {
             p50: 2.0,
             p90: 3.0,
             max: 3.0
         })
     );
-    let mut values = vec![1.0, 2.0, 3.0, 4.0];
+    let values = vec![1.0, 2.0, 3.0, 4.0];
     // rank ceil(0.5 * 4) = 2, ceil(0.9 * 4) = 4
     assert_eq!(
-        percentiles(&mut values),
+        percentiles(&values),
         Some(Percentiles {
             p50: 2.0,
             p90: 4.0,
             max: 4.0
         })
     );
-    assert_eq!(percentiles(&mut []), None);
+    assert_eq!(percentiles(&[]), None);
 }
 
 #[test]
@@ -360,4 +360,5 @@ fn from_recording_uses_line_order_ids() {
 }
 
 mod doors;
+mod outcomes;
 mod window;

@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::stats::aggregator::RECENT_CLOSED;
-use crate::stats::lifetimes::{EXACT_LIFETIMES, Lifetimes};
+use crate::stats::quantiles::{EXACT_VALUES, Reservoir};
 
 fn open(backend: &str, requests: u64, duration_ms: f64) -> ConnRecord {
     let mut record = conn(Some(CHECKOUT), backend, requests, duration_ms);
@@ -11,7 +11,7 @@ fn open(backend: &str, requests: u64, duration_ms: f64) -> ConnRecord {
     record
 }
 
-fn lifetimes<'a>(agg: &'a Aggregator, backend: &str) -> &'a Lifetimes {
+fn lifetimes<'a>(agg: &'a Aggregator, backend: &str) -> &'a Reservoir {
     &agg.accs[0].backends[&addr(backend)].lifetimes
 }
 
@@ -33,7 +33,7 @@ fn memory_stays_bounded_over_many_connections() {
         (RECENT_CLOSED, RECENT_CLOSED)
     );
     let folded = lifetimes(&agg, "10.244.1.12:8080");
-    assert_eq!(folded.values.len(), EXACT_LIFETIMES);
+    assert_eq!(folded.values.len(), EXACT_VALUES);
     assert_eq!(folded.seen, PAIRS - RECENT_CLOSED as u64);
 
     // An open connection still counts, with its duration so far.
@@ -120,7 +120,7 @@ fn a_final_record_never_seen_open_is_counted_once() {
 #[test]
 fn percentiles_are_exact_up_to_the_limit_then_keep_an_exact_max() {
     // Every closed lifetime is kept exactly: the folded ones and the recent window.
-    let closed = (EXACT_LIFETIMES + RECENT_CLOSED) as u64;
+    let closed = (EXACT_VALUES + RECENT_CLOSED) as u64;
     let mut agg = Aggregator::default();
     for n in 0..closed {
         // 1..=closed in a scrambled order (2029 is prime and is coprime with it).
@@ -156,9 +156,6 @@ fn percentiles_are_exact_up_to_the_limit_then_keep_an_exact_max() {
     }
     let folded = lifetimes(&agg, "10.244.1.12:8080");
     assert!(folded.sampled());
-    assert_eq!(
-        (folded.values.len(), folded.max),
-        (EXACT_LIFETIMES, 30_000.0)
-    );
+    assert_eq!((folded.values.len(), folded.max), (EXACT_VALUES, 30_000.0));
     assert_eq!(agg.services()[0].backends[0].longest_pinned_ms, 30_000.0);
 }

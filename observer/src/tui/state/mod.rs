@@ -257,12 +257,15 @@ impl App {
                 }
                 self.dns.push_back(record);
             }
-            Update::Reject(_) => {}
+            Update::Reject(record) => {
+                self.see_time(record.time);
+                self.aggregator.add_reject(&record);
+            }
         }
     }
 
-    /// Forgets closed connections, cumulative counts, rates and lost connections; keeps
-    /// Service definitions and open connections.
+    /// Forgets closed connections, cumulative counts (rejected connections too), rates
+    /// and lost connections; keeps Service definitions and open connections.
     fn reset(&mut self) {
         let mut aggregator = Aggregator::default();
         for service in self.service_records.values() {

@@ -30,7 +30,8 @@ fn export_writes_the_rows_on_screen() {
         contents,
         concat!(
             r#"{"active":0,"backends":2,"connections":4,"frontend":"10.96.12.40:9090","new_per_s":0.8,"#,
-            r#""proto":"tcp","requests":8,"requests_per_s":1.6,"service":"shop/payments:grpc","skew":1.0,"#,
+            r#""outcomes":{"answered":4,"pending":0,"refused":0,"unanswered":0},"proto":"tcp","#,
+            r#""rejected":0,"requests":8,"requests_per_s":1.6,"service":"shop/payments:grpc","skew":1.0,"#,
             r#""stale_pins":0,"type":"service_row"}"#,
             "\n"
         )

@@ -174,6 +174,76 @@ fn steady() -> App {
     app
 }
 
+const EMPTY: &str = "shop/empty:http";
+
+/// The lab: the first pod answers 5 connections (connect 0.3 to 12.5 ms), the
+/// second refuses 7 (nothing listens), the third leaves 6 unanswered; `shop/empty:http`
+/// has no endpoints and rejects 5 attempts; 2 reject reports were lost. Shown 10 s in.
+fn failing() -> App {
+    let mut app = new_app();
+    live(
+        &mut app,
+        Update::Service(service(CHECKOUT, "10.96.35.226:80", &PODS)),
+    );
+    live(
+        &mut app,
+        Update::Service(service(EMPTY, "10.96.200.1:80", &[])),
+    );
+    let mut n = 0;
+    let mut attempt = |app: &mut App, pod: &str, close: Close, connect_ms: Option<f64>| {
+        n += 1;
+        // Answered: one request; refused: the RST came at once; unanswered: the last
+        // SYN retransmission 3 s after the first.
+        let (duration_ms, requests) = match close {
+            Close::Refused => (0.087, 0),
+            Close::Unanswered => (3000.0, 0),
+            _ => (8.0, 1),
+        };
+        let record = ConnRecord {
+            connect_ms,
+            ..conn(
+                CHECKOUT,
+                &format!("10.244.1.9:{}", 41000 + n),
+                pod,
+                n as i64 * 300,
+                duration_ms,
+                requests,
+                close,
+            )
+        };
+        live_conn(app, n, record);
+    };
+    for connect_ms in [0.31, 0.29, 0.4, 0.35, 12.5] {
+        attempt(&mut app, PODS[0], Close::Fin, Some(connect_ms));
+    }
+    for _ in 0..7 {
+        attempt(&mut app, PODS[1], Close::Refused, None);
+    }
+    for _ in 0..6 {
+        attempt(&mut app, PODS[2], Close::Unanswered, None);
+    }
+    for port in 0..5 {
+        live(
+            &mut app,
+            Update::Reject(crate::model::record::RejectRecord {
+                client: addr(&format!("10.244.1.9:{}", 40000 + port)),
+                time: at(1000 + i64::from(port) * 200),
+                ..crate::model::record::RejectRecord::example()
+            }),
+        );
+    }
+    live(
+        &mut app,
+        Update::Stats(CaptureStats {
+            events: 40,
+            lost_rejects: 2,
+            ..stats()
+        }),
+    );
+    tick(&mut app, 10_000);
+    app
+}
+
 /// `steady` plus two more Services, for filter and sort.
 fn three_services() -> App {
     let mut app = steady();

@@ -126,3 +126,55 @@ fn replay_shows_dns_lines() {
     assert_eq!(app.dns.len(), 11);
     assert_eq!(app.capture.dns_malformed, 2);
 }
+
+/// A recording with refused, unanswered and rejected connections shows them as a live
+/// capture would: the same counts `observer summary` prints for it.
+#[test]
+fn replayed_outcomes_and_rejects_show_like_live_ones() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/logs/outcomes.jsonl"
+    );
+    let recording = Recording::read(std::path::Path::new(path)).unwrap();
+    let mut app = App::new("outcomes.jsonl", None, true, at(0));
+    for update_ in replay_updates(&recording) {
+        live(&mut app, update_);
+    }
+    assert_eq!(update(&mut app, Msg::UpdatesClosed), None);
+    tick(&mut app, 0);
+    let rows: Vec<(&str, u64, u64, u64)> = app
+        .shown
+        .rows
+        .iter()
+        .map(|row| {
+            let s = &row.stats;
+            (
+                s.service.as_str(),
+                s.outcomes.refused,
+                s.outcomes.unanswered,
+                s.rejected,
+            )
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            (CHECKOUT, 7, 6, 0),
+            ("shop/empty:dns", 0, 0, 1),
+            ("shop/empty:http", 0, 0, 5)
+        ]
+    );
+    let services = super::snapshots::screen(&app, 100, 24);
+    assert!(services.contains(" FAILED REJECT\n"), "{services}");
+    assert!(services.contains("     13      0\n"), "{services}");
+    assert_eq!(key(&mut app, KeyCode::Enter), None);
+    let checkout = super::snapshots::screen(&app, 100, 24);
+    for text in [
+        "      11/0/0  330µs/12ms\n",
+        "       0/7/0           -\n",
+        "! 7 refused by 10.244.1.13:8080 (nothing listens)",
+        "! 6 unanswered by 10.244.1.14:8080 (nothing came back)",
+    ] {
+        assert!(checkout.contains(text), "{text:?} in\n{checkout}");
+    }
+}

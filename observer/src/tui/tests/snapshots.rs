@@ -2,6 +2,7 @@
 
 use ratatui::Terminal;
 use ratatui::backend::TestBackend;
+use ratatui::style::Color;
 
 use super::*;
 use crate::tui::view::render;
@@ -126,15 +127,52 @@ fn snapshot_lost_events() {
     let text = screen(&app, 80, 24);
     assert_snapshot("lost_events", &text);
     // The count is drawn red.
-    let mut terminal = Terminal::new(TestBackend::new(80, 24)).unwrap();
-    terminal.draw(|frame| render(&app, frame)).unwrap();
-    let status = text.lines().nth(23).unwrap();
-    let x = status.find("lost 12").unwrap();
-    let x = status[..x].chars().count() as u16;
-    assert_eq!(
-        terminal.backend().buffer()[(x, 23)].fg,
-        ratatui::style::Color::Red
-    );
+    assert_eq!(color_at(&app, (80, 24), 23, "lost 12"), Color::Red);
+}
+
+/// The colour of the first character of `text` on line `y` of the screen.
+fn color_at(app: &App, (width, height): (u16, u16), y: u16, text: &str) -> Color {
+    let mut terminal = Terminal::new(TestBackend::new(width, height)).unwrap();
+    terminal.draw(|frame| render(app, frame)).unwrap();
+    let buffer = terminal.backend().buffer();
+    let line: String = (0..width).map(|x| buffer[(x, y)].symbol()).collect();
+    let x = line
+        .find(text)
+        .unwrap_or_else(|| panic!("{text:?} not in line {y}: {line:?}"));
+    buffer[(line[..x].chars().count() as u16, y)].fg
+}
+
+/// Refused, unanswered and rejected connections: the FAILED and REJECT columns on the
+/// Services screen; answered/refused/unanswered and connect times per backend, and the
+/// failures spelled out, on the Service screen (80 columns give up the lifetime p50/p90
+/// and CONNS for them; 120 have room for all); lost reject reports in the status bar.
+#[test]
+fn snapshot_refused_unanswered_and_rejected() {
+    let mut app = failing();
+    let services = screen(&app, 80, 24);
+    assert_snapshot("outcomes_services", &services);
+    // Red: failures and rejects where there are any, and the lost reports.
+    assert_eq!(color_at(&app, (80, 24), 2, "13 "), Color::Red);
+    assert_eq!(color_at(&app, (80, 24), 3, "5"), Color::Red);
+    assert_eq!(color_at(&app, (80, 24), 23, "lost rejects 2"), Color::Red);
+    assert_eq!(key(&mut app, KeyCode::Enter), None);
+    assert_snapshot("outcomes_service", &screen(&app, 80, 24));
+    // Refused and unanswered counts red, answered ones not; so are those connections.
+    assert_eq!(color_at(&app, (80, 24), 3, "7/0"), Color::Red);
+    assert_eq!(color_at(&app, (80, 24), 3, "0/7"), Color::Reset);
+    assert_eq!(color_at(&app, (80, 24), 4, "6 "), Color::Red);
+    assert_eq!(color_at(&app, (80, 24), 2, "5/0/0"), Color::Reset);
+    assert_eq!(color_at(&app, (80, 24), 2, "0/0"), Color::Reset);
+    assert_eq!(color_at(&app, (80, 24), 12, "unanswered"), Color::Red);
+    assert_snapshot("outcomes_service_wide", &screen(&app, 120, 24));
+    // The compact layout shows the outcomes instead of the lifetime max, and no connect
+    // times.
+    assert_snapshot("outcomes_narrow_60x20_service", &screen(&app, 60, 20));
+    // The Service that only rejects.
+    assert_eq!(key(&mut app, KeyCode::Esc), None);
+    keys(&mut app, "j");
+    assert_eq!(key(&mut app, KeyCode::Enter), None);
+    assert_snapshot("outcomes_rejects_only", &screen(&app, 80, 24));
 }
 
 #[test]

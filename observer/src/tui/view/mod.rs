@@ -125,11 +125,13 @@ fn status_line(app: &App, width: u16) -> Line<'static> {
         spans.push(Span::raw(format!(" │ hooks {}", capture.hooks_attached)));
     }
     spans.push(Span::raw(format!(" │ netns {}", capture.netns_seen)));
-    if capture.dns_malformed > 0 {
-        spans.push(Span::styled(
-            format!(" │ dns malformed {}", capture.dns_malformed),
-            ALERT,
-        ));
+    for (label, lost) in [
+        ("dns malformed", capture.dns_malformed),
+        ("lost rejects", capture.lost_rejects),
+    ] {
+        if lost > 0 {
+            spans.push(Span::styled(format!(" │ {label} {lost}"), ALERT));
+        }
     }
     if let Some(file) = capture.recording.as_ref().or(app.recording.as_ref()) {
         let verb = if app.replay { "file" } else { "rec" };

@@ -6,14 +6,20 @@ use std::net::SocketAddr;
 
 use ratatui::layout::Rect;
 use ratatui::style::{Color, Style};
-use ratatui::text::Line;
+use ratatui::text::{Line, Span};
 
-use super::widgets::{Align, count, histogram_text, row, scroll, share_bar, truncate};
-use super::{BOLD, DIM, SELECTED};
+use super::widgets::{
+    Align, Parts, count, histogram_text, plain, row, scroll, share_bar, styled_row, truncate,
+};
+use super::{ALERT, BOLD, DIM, SELECTED};
 use crate::model::record::{Close, FrontendKind};
-use crate::sinks::text::{Digits, door_text, duration};
-use crate::stats::{BackendStats, Percentiles};
+use crate::sinks::summary::failure_lines;
+use crate::sinks::text::{Digits, door_text, duration, latency};
+use crate::stats::{BackendStats, OutcomeCounts, Percentiles};
 use crate::tui::state::{App, ConnRow, Detail};
+
+/// Failure lines shown at most ("7 refused by 10.244.1.13:8080 (nothing listens)").
+const FAILURE_MARKS: usize = 3;
 
 pub(super) fn service_screen(
     app: &App,
@@ -32,13 +38,18 @@ pub(super) fn service_screen(
     let names = app.pod_names;
     let mut lines = backend_lines(backends, backend_rows, width, compact, names);
     lines.push(Line::raw(truncate(&longest_text(detail, names), width)));
-    // Endpoint changes, only when there were any: the rest moves down.
+    // Endpoint changes and failures, only when there were any: the rest moves down.
     let yellow = Style::default().fg(Color::Yellow);
     for change in &detail.changes {
         lines.push(Line::styled(
             truncate(&format!("! {change}"), width),
             yellow,
         ));
+    }
+    let failures = app.shown_service().map(|row| failure_lines(&row.stats));
+    let red = Style::default().fg(Color::Red);
+    for failure in failures.unwrap_or_default().iter().take(FAILURE_MARKS) {
+        lines.push(Line::styled(truncate(&format!("! {failure}"), width), red));
     }
     if fixed_lines == 5 {
         lines.push(Line::raw(truncate(
@@ -94,10 +105,46 @@ fn shown_addr(addr: SocketAddr, pod: Option<&String>, names: bool, width: usize)
     }
 }
 
-/// How wide the backend table's columns are.
+/// A column of the backend table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Column {
+    Addr,
+    Active,
+    Conns,
+    Reqs,
+    Share,
+    /// Pinning lifetimes: p50, p90, max.
+    P50,
+    P90,
+    Max,
+    /// Answered/refused/unanswered, when any connection failed (compact: instead of MAX).
+    Outcomes,
+    /// Connect-time p50/p99, when any was measured (full layout).
+    Connect,
+}
+
+/// The full layout gives these up, in order, before the share bar gets narrower than
+/// `MIN_BAR`: the histogram line still shows lifetimes, the outcomes add up to CONNS.
+const GIVEN_UP_FIRST: [Column; 3] = [Column::P90, Column::P50, Column::Conns];
+const MIN_BAR: usize = 5;
+/// The percentage after the bar.
+const PCT_WIDTH: usize = 4;
+
+impl Column {
+    /// Its width; the address and the share bar are sized by `BackendColumns`.
+    fn width(self) -> usize {
+        match self {
+            Column::Addr | Column::Share => 0,
+            Column::Outcomes | Column::Connect => 11,
+            _ => 6,
+        }
+    }
+}
+
+/// Which columns the backend table has and how wide they are.
 struct BackendColumns {
-    compact: bool,
     names: bool,
+    columns: Vec<Column>,
     addr: usize,
     bar: usize,
     /// The bar, a space and the percentage.
@@ -105,97 +152,148 @@ struct BackendColumns {
 }
 
 impl BackendColumns {
-    fn new(width: usize, compact: bool, names: bool) -> BackendColumns {
-        let pct_width = 4;
+    fn new(width: usize, compact: bool, names: bool, backends: &[BackendStats]) -> BackendColumns {
+        use Column::*;
+        let mut columns = if compact {
+            vec![Addr, Active, Reqs, Share, Max]
+        } else {
+            vec![Addr, Active, Conns, Reqs, Share, P50, P90, Max]
+        };
+        if backends.iter().any(|b| b.outcomes.failed() > 0) {
+            // The compact layout has room for them in place of the lifetime max.
+            if compact {
+                columns.retain(|c| *c != Max);
+            }
+            columns.push(Outcomes);
+        }
+        if !compact && backends.iter().any(|b| b.connect_ms.is_some()) {
+            columns.push(Connect);
+        }
+        // Everything but the address and the bar: widths, separators, the percentage.
+        let others = |columns: &[Column]| {
+            columns.iter().map(|c| c.width()).sum::<usize>() + columns.len() + PCT_WIDTH
+        };
         let (addr, bar) = if compact {
             let bar = 10;
-            (
-                width.saturating_sub(6 + 6 + bar + pct_width + 6 + 5).max(8),
-                bar,
-            )
+            (width.saturating_sub(others(&columns) + bar).max(8), bar)
         } else {
+            let addr = 21;
+            for column in GIVEN_UP_FIRST {
+                if width >= others(&columns) + addr + MIN_BAR {
+                    break;
+                }
+                columns.retain(|c| *c != column);
+            }
             (
-                21,
-                width
-                    .saturating_sub(21 + 6 + 6 + 6 + pct_width + 6 + 6 + 6 + 8)
-                    .max(5),
+                addr,
+                width.saturating_sub(others(&columns) + addr).max(MIN_BAR),
             )
         };
         BackendColumns {
-            compact,
             names,
+            columns,
             addr,
             bar,
-            share: bar + 1 + pct_width,
+            share: bar + 1 + PCT_WIDTH,
+        }
+    }
+
+    fn width(&self, column: Column) -> usize {
+        match column {
+            Column::Addr => self.addr,
+            Column::Share => self.share,
+            _ => column.width(),
+        }
+    }
+
+    fn align(column: Column) -> Align {
+        match column {
+            Column::Addr | Column::Share => Align::Left,
+            _ => Align::Right,
         }
     }
 
     fn header(&self) -> String {
-        let share_title = if self.share >= 16 {
-            "SHARE │=expected"
-        } else {
-            "SHARE"
+        let title = |column: Column| match column {
+            Column::Addr if self.names => "BACKEND POD",
+            Column::Addr => "BACKEND",
+            Column::Active => "ACTIVE",
+            Column::Conns => "CONNS",
+            Column::Reqs => "REQS",
+            Column::Share if self.share >= 16 => "SHARE │=expected",
+            Column::Share => "SHARE",
+            Column::P50 => "P50",
+            Column::P90 => "P90",
+            Column::Max => "MAX",
+            Column::Outcomes => "ANS/REF/UNA",
+            Column::Connect => "CONN P50/99",
         };
-        let title = if self.names { "BACKEND POD" } else { "BACKEND" };
-        if self.compact {
-            row(&[
-                (title, self.addr, Align::Left),
-                ("ACTIVE", 6, Align::Right),
-                ("REQS", 6, Align::Right),
-                (share_title, self.share, Align::Left),
-                ("MAX", 6, Align::Right),
-            ])
-        } else {
-            row(&[
-                (title, self.addr, Align::Left),
-                ("ACTIVE", 6, Align::Right),
-                ("CONNS", 6, Align::Right),
-                ("REQS", 6, Align::Right),
-                (share_title, self.share, Align::Left),
-                ("P50", 6, Align::Right),
-                ("P90", 6, Align::Right),
-                ("MAX", 6, Align::Right),
-            ])
-        }
+        let cells: Vec<(&str, usize, Align)> = self
+            .columns
+            .iter()
+            .map(|c| (title(*c), self.width(*c), Self::align(*c)))
+            .collect();
+        row(&cells)
     }
 
-    fn cells(&self, backend: &BackendStats) -> String {
-        let share = format!(
-            "{} {:>3.0}%",
-            share_bar(backend.request_share, backend.expected_share, self.bar),
-            backend.request_share * 100.0
-        );
+    fn cells(&self, backend: &BackendStats) -> Vec<Span<'static>> {
+        let cells: Vec<(Parts, usize, Align)> = self
+            .columns
+            .iter()
+            .map(|c| (self.cell(*c, backend), self.width(*c), Self::align(*c)))
+            .collect();
+        styled_row(&cells)
+    }
+
+    fn cell(&self, column: Column, backend: &BackendStats) -> Parts {
         let lifetime = |pick: fn(&Percentiles) -> f64| {
             backend
                 .lifetime_ms
                 .as_ref()
                 .map_or("-".to_owned(), |p| duration(pick(p), Digits::Compact))
         };
-        let mut addr = shown_addr(backend.backend, backend.pod.as_ref(), self.names, self.addr);
-        if !backend.in_rules {
-            addr.push_str(" gone");
-        }
-        if self.compact {
-            row(&[
-                (&addr, self.addr, Align::Left),
-                (&count(backend.active), 6, Align::Right),
-                (&count(backend.requests), 6, Align::Right),
-                (&share, self.share, Align::Left),
-                (&lifetime(|p| p.max), 6, Align::Right),
-            ])
-        } else {
-            row(&[
-                (&addr, self.addr, Align::Left),
-                (&count(backend.active), 6, Align::Right),
-                (&count(backend.connections), 6, Align::Right),
-                (&count(backend.requests), 6, Align::Right),
-                (&share, self.share, Align::Left),
-                (&lifetime(|p| p.p50), 6, Align::Right),
-                (&lifetime(|p| p.p90), 6, Align::Right),
-                (&lifetime(|p| p.max), 6, Align::Right),
-            ])
+        match column {
+            Column::Addr => {
+                let mut addr =
+                    shown_addr(backend.backend, backend.pod.as_ref(), self.names, self.addr);
+                if !backend.in_rules {
+                    addr.push_str(" gone");
+                }
+                plain(addr)
+            }
+            Column::Active => plain(count(backend.active)),
+            Column::Conns => plain(count(backend.connections)),
+            Column::Reqs => plain(count(backend.requests)),
+            Column::Share => plain(format!(
+                "{} {:>3.0}%",
+                share_bar(backend.request_share, backend.expected_share, self.bar),
+                backend.request_share * 100.0
+            )),
+            Column::P50 => plain(lifetime(|p| p.p50)),
+            Column::P90 => plain(lifetime(|p| p.p90)),
+            Column::Max => plain(lifetime(|p| p.max)),
+            Column::Outcomes => outcome_parts(&backend.outcomes),
+            Column::Connect => plain(backend.connect_ms.map_or("-".to_owned(), |c| {
+                format!(
+                    "{}/{}",
+                    latency(c.p50, Digits::Compact),
+                    latency(c.p99, Digits::Compact)
+                )
+            })),
         }
     }
+}
+
+/// "158/7/6": answered, refused and unanswered; refused and unanswered in red when any.
+fn outcome_parts(outcomes: &OutcomeCounts) -> Parts {
+    let red = |n: u64| if n > 0 { ALERT } else { Style::new() };
+    vec![
+        (count(outcomes.answered), Style::new()),
+        ("/".to_owned(), Style::new()),
+        (count(outcomes.refused), red(outcomes.refused)),
+        ("/".to_owned(), Style::new()),
+        (count(outcomes.unanswered), red(outcomes.unanswered)),
+    ]
 }
 
 /// The backend table's header and up to `rows` backends, the last one giving way to
@@ -207,7 +305,7 @@ fn backend_lines(
     compact: bool,
     names: bool,
 ) -> Vec<Line<'static>> {
-    let columns = BackendColumns::new(width, compact, names);
+    let columns = BackendColumns::new(width, compact, names, backends);
     let mut lines = vec![Line::styled(columns.header(), BOLD)];
     for backend in backends.iter().take(rows) {
         let style = if backend.in_rules {
@@ -215,7 +313,7 @@ fn backend_lines(
         } else {
             Style::new().fg(Color::Yellow)
         };
-        lines.push(Line::styled(columns.cells(backend), style));
+        lines.push(Line::from(columns.cells(backend)).style(style));
     }
     if backends.len() > rows {
         // Replace the last row with how many are hidden rather than hiding it silently.
@@ -289,7 +387,7 @@ fn connection_lines(detail: &Detail, view: ConnView) -> Vec<Line<'static>> {
         ];
         if !compact {
             cells.push((idle, 7, Align::Right));
-            cells.push((state, 7, Align::Left));
+            cells.push((state, 10, Align::Left));
         }
         row(&cells)
     };
@@ -312,12 +410,11 @@ fn connection_lines(detail: &Detail, view: ConnView) -> Vec<Line<'static>> {
         let texts = conn_texts(conn, names, addr);
         let text = cells(texts.each_ref().map(String::as_str));
         let marker = if index == selected { "> " } else { "  " };
-        let style = if index == selected {
-            SELECTED
-        } else if conn.close == Close::Open {
-            Style::new()
-        } else {
-            DIM
+        let style = match conn.close {
+            _ if index == selected => SELECTED,
+            Close::Open => Style::new(),
+            Close::Refused | Close::Unanswered => DIM.fg(Color::Red),
+            _ => DIM,
         };
         lines.push(Line::styled(format!("{marker}{text}"), style));
     }

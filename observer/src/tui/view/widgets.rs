@@ -1,5 +1,6 @@
 //! Text building blocks: fixed-width cells cut with an ellipsis, short numbers, bars.
 
+use ratatui::style::Style;
 use ratatui::text::Span;
 
 use crate::tui::state::LIFETIME_BUCKETS;
@@ -38,6 +39,42 @@ pub(super) fn row(cells: &[(&str, usize, Align)]) -> String {
         .map(|(text, width, align)| pad(text, *width, *align))
         .collect();
     cells.join(" ")
+}
+
+/// A cell made of differently styled parts (`158/7/6` with the 7 and 6 in red).
+pub(super) type Parts = Vec<(String, Style)>;
+
+/// Lays styled cells out as `row` does: each padded to its width, or cut with an
+/// ellipsis keeping the styles of what stays.
+pub(super) fn styled_row(cells: &[(Parts, usize, Align)]) -> Vec<Span<'static>> {
+    let mut spans = Vec::new();
+    for (index, (parts, width, align)) in cells.iter().enumerate() {
+        if index > 0 {
+            spans.push(Span::raw(" "));
+        }
+        let len: usize = parts.iter().map(|(text, _)| text.chars().count()).sum();
+        let gap = Span::raw(" ".repeat(width.saturating_sub(len)));
+        let texts = parts
+            .iter()
+            .map(|(text, style)| Span::styled(text.clone(), *style));
+        match align {
+            _ if len > *width => spans.extend(fit(texts.collect(), *width)),
+            Align::Left => {
+                spans.extend(texts);
+                spans.push(gap);
+            }
+            Align::Right => {
+                spans.push(gap);
+                spans.extend(texts);
+            }
+        }
+    }
+    spans
+}
+
+/// One part in the default style.
+pub(super) fn plain(text: impl Into<String>) -> Parts {
+    vec![(text.into(), Style::new())]
 }
 
 pub(super) fn rate(value: Option<f64>) -> String {

@@ -60,6 +60,19 @@ pub fn bytes(n: u64) -> String {
     format!("{value:.1} {}", UNITS[unit])
 }
 
+/// `1234567` as `1,234,567`.
+pub fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, digit) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(digit);
+    }
+    out
+}
+
 /// `1 connection`, `3 connections`.
 pub fn plural(n: u64, word: &str) -> String {
     if n == 1 {
@@ -83,5 +96,13 @@ mod tests {
             .map(|ms| duration(ms, Digits::Compact))
             .to_vec();
         assert_eq!(compact, ["22ms", "4.1s", "1m05s", "1h03m"]);
+    }
+
+    #[test]
+    fn thousands_separators() {
+        assert_eq!(thousands(0), "0");
+        assert_eq!(thousands(999), "999");
+        assert_eq!(thousands(10234), "10,234");
+        assert_eq!(thousands(1234567), "1,234,567");
     }
 }

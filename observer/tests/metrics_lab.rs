@@ -7,13 +7,12 @@ mod common;
 
 use std::{
     collections::BTreeMap,
-    io::Write,
     net::SocketAddr,
-    process::{Command, Stdio},
+    process::Command,
     time::{Duration, Instant},
 };
 
-use common::metrics::{per_backend, samples, scrape};
+use common::metrics::{assert_promtool_accepts, per_backend, samples, scrape};
 use common::{prefix, require_root};
 use observer_lab::{Lab, LabConfig, Observer, RuleMode, Topology, http_fresh, http_keepalive};
 
@@ -104,24 +103,5 @@ fn metrics_count_what_the_clients_saw() {
     assert_eq!(shares.len(), 3, "{metrics}");
 
     // Prometheus' own linter accepts the real scrape (format and naming conventions).
-    let mut promtool = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("promtool (Debian package prometheus; `cargo xtask setup` installs it)");
-    promtool
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(metrics.as_bytes())
-        .unwrap();
-    let checked = promtool.wait_with_output().unwrap();
-    assert!(
-        checked.status.success(),
-        "promtool check metrics: {}{}\n{metrics}",
-        String::from_utf8_lossy(&checked.stdout),
-        String::from_utf8_lossy(&checked.stderr)
-    );
+    assert_promtool_accepts(&metrics);
 }

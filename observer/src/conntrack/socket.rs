@@ -96,7 +96,7 @@ impl CtSocket {
                 }
                 Ok(CtMessage::Error(0)) => Some(Ok(found.take())),
                 Ok(CtMessage::Error(code)) if -code == libc::ENOENT => Some(Ok(None)),
-                other => refusal(other),
+                other => unawaited(other),
             },
         )
     }
@@ -116,7 +116,7 @@ impl CtSocket {
             Ok(CtMessage::Error(0)) => Some(table.ok_or_else(|| {
                 io::Error::new(io::ErrorKind::InvalidData, "no table size in the answer")
             })),
-            other => refusal(other),
+            other => unawaited(other),
         })?;
         let mut cpus = Vec::new();
         self.ask(parse::cpu_stats_request, |message| match message {
@@ -125,7 +125,7 @@ impl CtSocket {
                 None
             }
             Ok(CtMessage::Done) => Some(Ok(())),
-            other => refusal(other),
+            other => unawaited(other),
         })?;
         Ok(CtStats::of(entries, max_entries, &cpus))
     }
@@ -207,9 +207,9 @@ fn errno(code: i32) -> io::Error {
     io::Error::from_raw_os_error(-code)
 }
 
-/// For a request whose answer is not `message`: an error (netlink's, or an unreadable
-/// message) ends it; anything else (a message of another kind) is passed over.
-fn refusal<T>(message: Result<CtMessage, ParseError>) -> Option<io::Result<T>> {
+/// What a request makes of a message it does not wait for: an error from netlink, or a
+/// message that cannot be read, ends it; any other is passed over.
+fn unawaited<T>(message: Result<CtMessage, ParseError>) -> Option<io::Result<T>> {
     match message {
         Ok(CtMessage::Error(code)) if code < 0 => Some(Err(errno(code))),
         Ok(_) => None,

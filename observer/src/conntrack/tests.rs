@@ -1,6 +1,7 @@
 //! The parser against messages captured from this machine's kernel (6.18): events of
-//! `conntrack -I` / `conntrack -D` with `--dst-nat`, and a dump of both entries; then
-//! every truncation and corruption of them.
+//! `conntrack -I` / `conntrack -D` with `--dst-nat`, a dump of both entries, and the
+//! statistics `conntrack -C` and `conntrack -S` read; then every truncation and
+//! corruption of them.
 
 use super::parse::{self, ParseError};
 use super::*;
@@ -11,6 +12,15 @@ const DESTROY_TCP4: &[u8] = include_bytes!("fixtures/destroy_tcp4.bin");
 const DESTROY_UDP6: &[u8] = include_bytes!("fixtures/destroy_udp6.bin");
 const DUMP: &[u8] = include_bytes!("fixtures/dump.bin");
 const DUMP_DONE: &[u8] = include_bytes!("fixtures/dump_done.bin");
+
+/// `conntrack -C` and `conntrack -S` in a namespace of this kernel whose table had been
+/// filled to `nf_conntrack_max` (262,144) with entries mostly assured, then sent 40 new
+/// UDP flows from each CPU (drops where no entry could be evicted, early drops where
+/// one could), then had 22,143 entries deleted. What the tools printed:
+/// `240001`, and `cpu=0 ... insert_failed=0 drop=34 early_drop=6`,
+/// `cpu=1 ... insert_failed=0 drop=35 early_drop=5`.
+const STATS_TABLE: &[u8] = include_bytes!("fixtures/stats_table.bin");
+const STATS_CPU: &[u8] = include_bytes!("fixtures/stats_cpu.bin");
 
 fn tcp4() -> (CtTuple, CtTuple) {
     (
@@ -114,9 +124,8 @@ fn every_truncation_is_an_error_never_a_panic() {
 
 #[test]
 fn corrupted_lengths_and_attributes_are_errors() {
-    // Every byte set to every interesting value: no panic, and no entry with a
-    // protocol the fixture never had.
-    for fixture in [NEW_TCP4, DESTROY_UDP6] {
+    // Every byte set to every interesting value: no panic.
+    for fixture in [NEW_TCP4, DESTROY_UDP6, STATS_TABLE, STATS_CPU] {
         for at in 0..fixture.len() {
             for value in [0u8, 1, 3, 4, 0x7f, 0x80, 0xff] {
                 let mut bad = fixture.to_vec();
@@ -149,12 +158,16 @@ fn corrupted_lengths_and_attributes_are_errors() {
     assert!(parse::messages(&[]).is_empty());
 }
 
+/// A request's length, message type and flags.
+fn header(request: &[u8]) -> (usize, u16, u16) {
+    let kind = u16::from_ne_bytes([request[4], request[5]]);
+    let flags = u16::from_ne_bytes([request[6], request[7]]);
+    (request.len(), kind, flags)
+}
+
 #[test]
 fn requests_are_well_formed() {
-    let dump = parse::dump_request(7);
-    assert_eq!(dump.len(), 20);
-    assert_eq!(u16::from_ne_bytes([dump[4], dump[5]]), 0x101);
-    assert_eq!(u16::from_ne_bytes([dump[6], dump[7]]), 0x301);
+    assert_eq!(header(&parse::dump_request(7)), (20, 0x101, 0x301));
     // A get request carries the tuple as the kernel's own events do: parse it back.
     for (tuple, _) in [tcp4(), udp6()] {
         let get = parse::get_request(1, &tuple);
@@ -178,15 +191,6 @@ fn requests_are_well_formed() {
         assert!(entry.dnat());
     }
 }
-
-/// `conntrack -C` and `conntrack -S` in a namespace of this kernel whose table had been
-/// filled to `nf_conntrack_max` (262,144) with entries mostly assured, then sent 40 new
-/// UDP flows from each CPU (drops where no entry could be evicted, early drops where
-/// one could), then had 22,143 entries deleted. What the tools printed:
-/// `240001`, and `cpu=0 ... insert_failed=0 drop=34 early_drop=6`,
-/// `cpu=1 ... insert_failed=0 drop=35 early_drop=5`.
-const STATS_TABLE: &[u8] = include_bytes!("fixtures/stats_table.bin");
-const STATS_CPU: &[u8] = include_bytes!("fixtures/stats_cpu.bin");
 
 #[test]
 fn statistics_of_this_kernel_as_conntrack_prints_them() {
@@ -241,13 +245,6 @@ fn broken_statistics_are_errors_never_a_panic() {
                 "{len}"
             );
         }
-        for at in 0..fixture.len() {
-            for value in [0u8, 1, 3, 4, 0x7f, 0x80, 0xff] {
-                let mut bad = fixture.to_vec();
-                bad[at] = value;
-                let _ = parse::messages(&bad);
-            }
-        }
     }
     // Without the maximum (the second attribute's type zeroed): incomplete.
     let mut bad = STATS_TABLE.to_vec();
@@ -281,17 +278,10 @@ fn statistics_requests_are_what_conntrack_sends() {
     // `conntrack -C` sends GET_STATS (0x105) with NLM_F_REQUEST; observer adds NLM_F_ACK
     // to know where the answer ends. `conntrack -S` dumps GET_STATS_CPU (0x104).
     let table = parse::table_request(3);
-    assert_eq!(table.len(), 20);
-    assert_eq!(u16::from_ne_bytes([table[4], table[5]]), 0x105);
-    assert_eq!(u16::from_ne_bytes([table[6], table[7]]), 0x5);
-    assert_eq!(
-        u32::from_ne_bytes([table[8], table[9], table[10], table[11]]),
-        3
-    );
+    assert_eq!(header(&table), (20, 0x105, 0x5));
+    assert_eq!(&table[8..12], &3u32.to_ne_bytes(), "the sequence number");
     let cpu = parse::cpu_stats_request(4);
-    assert_eq!(cpu.len(), 20);
-    assert_eq!(u16::from_ne_bytes([cpu[4], cpu[5]]), 0x104);
-    assert_eq!(u16::from_ne_bytes([cpu[6], cpu[7]]), 0x301);
+    assert_eq!(header(&cpu), (20, 0x104, 0x301));
     assert_eq!(&cpu[16..], &[0, 0, 0, 0], "nfgenmsg: AF_UNSPEC, version 0");
 }
 

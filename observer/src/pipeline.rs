@@ -15,6 +15,7 @@ mod dns;
 mod ends;
 mod follow;
 mod names;
+mod pressure;
 mod rejects;
 
 pub use ends::{ConntrackStart, follow_conntrack};
@@ -91,6 +92,8 @@ struct Session {
     drained: (Vec<ConnEvent>, Vec<observer_common::dns::DnsEvent>),
     dns: dns::DnsSide,
     rejects: rejects::RejectSide,
+    /// conntrack's figures per namespace, for the summary line.
+    pressure: pressure::Pressure,
 }
 
 /// Runs until `stop` completes, then detaches, drains, writes connections still open
@@ -157,6 +160,7 @@ impl Session {
                 clock,
                 options.idle_timeout,
             )),
+            pressure: Default::default(),
         }
     }
 
@@ -178,6 +182,7 @@ impl Session {
         self.release_held_at_end()?;
         self.finish_dns()?;
         self.finish_rejects()?;
+        self.stop_following();
         let stats = self.stats();
         let summary = SummaryRecord {
             connections: self.log.as_ref().map_or(0, LogWriter::connections),
@@ -196,6 +201,7 @@ impl Session {
             dns_malformed_by_netns: self.dns_malformed_by_netns(),
             rejects: self.rejects.written,
             lost_rejects: stats.lost_rejects,
+            conntrack: self.pressure.summary(),
             started,
             ended: Utc::now(),
         };
@@ -257,13 +263,14 @@ impl Session {
         let sweep = self.tracker.sweep(&entries, now, self.updates.is_some());
         let checked = self.follower.as_mut().map(|follower| {
             follower.view.on_sweep(&entries);
-            follower.rescan();
-            (follower.check(Utc::now()), follower.take_warnings())
+            let gone = follower.rescan();
+            (follower.check(Utc::now()), follower.take_warnings(), gone)
         });
-        let (checked, warnings) = checked.unwrap_or_default();
+        let (checked, warnings, gone) = checked.unwrap_or_default();
         for warning in warnings {
             (self.warn)(warning);
         }
+        self.conntrack_gone(gone);
         for (id, record) in checked {
             self.finished(id, record)?;
         }

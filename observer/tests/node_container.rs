@@ -83,6 +83,7 @@ fn from_client_pod(lab: &Lab, conns: &[ConnRecord]) -> Vec<ConnRecord> {
 }
 
 #[test]
+#[ignore = "root: run by cargo xtask test"]
 fn exec_into_a_node_container_it_reads_the_rules_and_records_and_names_every_connection() {
     require_root();
     let lab = Lab::up_in_node_container(LabConfig {
@@ -168,6 +169,7 @@ fn exec_into_a_node_container_it_reads_the_rules_and_records_and_names_every_con
 }
 
 #[test]
+#[ignore = "root: run by cargo xtask test"]
 fn one_observer_on_the_host_names_each_nodes_connections_from_that_node() {
     require_root();
     let mut nodes = [

@@ -75,7 +75,7 @@ pub fn run(args: VerifyArgs) -> anyhow::Result<Outcome> {
     let memory = Memory::default();
     let notes = runtime()?.block_on(async {
         let capture = args.capture.start_capture()?;
-        let mut listener = Listener::start(&[GROUP_NEW], args.conntrack_buffer);
+        let mut listener = Listener::start(&[GROUP_NEW], args.conntrack_buffer, None);
         for netns in &namespaces {
             listener.watch(netns.inode, &netns.path).with_context(|| {
                 format!(
@@ -163,7 +163,8 @@ fn decisions(notes: Vec<Note>) -> anyhow::Result<Vec<Decision>> {
                     backend: entry.reply.src,
                 });
             }
-            Note::Event { .. } => {}
+            // Not asked for here.
+            Note::Event { .. } | Note::Stats { .. } => {}
             Note::Overrun { .. } => overruns += 1,
             Note::Malformed { .. } => malformed += 1,
             Note::Failed { netns, error } => {

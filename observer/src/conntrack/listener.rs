@@ -1,17 +1,19 @@
 //! Follows conntrack's events for DNATed entries in many network namespaces on one
 //! thread of its own, so that reading them never waits on (or stalls) the session loop.
+//! The same thread reads conntrack's statistics in each namespace, when asked to.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd, RawFd};
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use chrono::{DateTime, Utc};
 use tokio::sync::mpsc;
 
 use super::socket::{CtSocket, Received};
-use super::{CtEntry, CtKind, CtMessage};
+use super::{CtEntry, CtKind, CtMessage, CtStats};
 
 /// How long the thread waits for events before looking for new namespaces or a stop,
 /// where it has no `Waker` (no eventfd): with one it sleeps until woken, so an idle
@@ -37,11 +39,19 @@ pub enum Note {
     Malformed { netns: u32 },
     /// The socket failed and is no longer read.
     Failed { netns: u32, error: String },
+    /// conntrack's figures in `netns` at `at` (only where conntrack was ever used, see
+    /// [`CtStats::used`]), or why they could not be read (then they no longer are there).
+    Stats {
+        netns: u32,
+        at: DateTime<Utc>,
+        stats: Result<CtStats, String>,
+    },
 }
 
-/// Sockets handed to the thread, or taken away.
+/// Sockets handed to the thread (the event socket, and a request socket for statistics
+/// when they are read), or taken away.
 enum Control {
-    Add(u32, CtSocket),
+    Add(u32, CtSocket, Option<CtSocket>),
     Remove(u32),
 }
 
@@ -82,13 +92,16 @@ pub struct Listener {
     thread: Option<std::thread::JoinHandle<()>>,
     groups: Vec<u32>,
     buffer: i32,
+    reads_stats: bool,
     watched: rustc_hash::FxHashSet<u32>,
 }
 
 impl Listener {
     /// Starts a thread that reads events of `groups` (`socket::GROUP_*`) from sockets
-    /// with `buffer` bytes of receive buffer each (`socket::EVENT_BUFFER`).
-    pub fn start(groups: &[u32], buffer: i32) -> Listener {
+    /// with `buffer` bytes of receive buffer each (`socket::EVENT_BUFFER`), and with
+    /// `stats_every`, conntrack's statistics in each namespace: when it is watched, that
+    /// often after, and once more when the listener stops.
+    pub fn start(groups: &[u32], buffer: i32, stats_every: Option<Duration>) -> Listener {
         let (send, notes) = mpsc::unbounded_channel();
         let (control, controls) = std::sync::mpsc::channel();
         let stop = Arc::new(AtomicBool::new(false));
@@ -97,7 +110,10 @@ impl Listener {
         let woken = waker.clone();
         let thread = std::thread::Builder::new()
             .name("conntrack-events".into())
-            .spawn(move || listen(&controls, &send, &stopping, woken.as_deref()))
+            .spawn(move || {
+                let readings = stats_every.map(Readings::new);
+                listen(&controls, &send, &stopping, woken.as_deref(), readings)
+            })
             .ok();
         Listener {
             notes,
@@ -107,6 +123,7 @@ impl Listener {
             thread,
             groups: groups.to_vec(),
             buffer,
+            reads_stats: stats_every.is_some(),
             watched: Default::default(),
         }
     }
@@ -118,9 +135,13 @@ impl Listener {
             return Ok(());
         }
         let socket = CtSocket::open_in(path, &self.groups, self.buffer)?;
+        let requests = match self.reads_stats {
+            true => Some(CtSocket::open_in(path, &[], 0)?),
+            false => None,
+        };
         self.watched.insert(netns);
         self.control
-            .send(Control::Add(netns, socket))
+            .send(Control::Add(netns, socket, requests))
             .map_err(|_| std::io::Error::other("the conntrack listener thread is gone"))?;
         self.wake();
         Ok(())
@@ -188,15 +209,24 @@ fn listen(
     send: &mpsc::UnboundedSender<Note>,
     stop: &AtomicBool,
     waker: Option<&Waker>,
+    mut readings: Option<Readings>,
 ) {
     let mut sockets: HashMap<RawFd, (u32, CtSocket)> = HashMap::new();
     loop {
         while let Ok(control) = controls.try_recv() {
             match control {
-                Control::Add(netns, socket) => {
+                Control::Add(netns, socket, requests) => {
                     sockets.insert(socket.raw_fd(), (netns, socket));
+                    if let (Some(readings), Some(requests)) = (readings.as_mut(), requests) {
+                        readings.add(netns, requests, send);
+                    }
                 }
-                Control::Remove(netns) => sockets.retain(|_, (ns, _)| *ns != netns),
+                Control::Remove(netns) => {
+                    sockets.retain(|_, (ns, _)| *ns != netns);
+                    if let Some(readings) = readings.as_mut() {
+                        readings.sockets.remove(&netns);
+                    }
+                }
             }
         }
         let stopping = stop.load(Ordering::SeqCst);
@@ -217,6 +247,8 @@ fn listen(
             (false, Some(_)) => -1,
             (false, None) => POLL_MS,
         };
+        // Woken for the next reading of statistics too.
+        let timeout = readings.as_ref().map_or(timeout, |r| r.bound(timeout));
         // SAFETY: `fds` is a live array of the length passed.
         let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
         if ready < 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
@@ -242,6 +274,11 @@ fn listen(
                 });
                 sockets.remove(&pollfd.fd);
             }
+        }
+        if let Some(readings) = readings.as_mut()
+            && (stopping || readings.due())
+        {
+            readings.read_all(send);
         }
         if stopping {
             return;
@@ -277,5 +314,80 @@ fn read_all(
                 }
             }
         }
+    }
+}
+
+/// The thread's statistics side: a request socket per namespace, all read every `every`.
+/// Each reading is two netlink round trips that the kernel answers as they are sent.
+struct Readings {
+    every: Duration,
+    next: Instant,
+    /// Per namespace: its request socket, and whether conntrack was ever used there
+    /// (until it is, its readings are not reported: most pods' namespaces never are).
+    sockets: BTreeMap<u32, (CtSocket, bool)>,
+}
+
+impl Readings {
+    fn new(every: Duration) -> Readings {
+        Readings {
+            every,
+            next: Instant::now() + every,
+            sockets: BTreeMap::new(),
+        }
+    }
+
+    /// Reads a namespace's statistics when it is watched, then with all the others.
+    fn add(&mut self, netns: u32, socket: CtSocket, send: &mpsc::UnboundedSender<Note>) {
+        self.sockets.insert(netns, (socket, false));
+        self.read(netns, send);
+    }
+
+    fn due(&self) -> bool {
+        Instant::now() >= self.next
+    }
+
+    /// `timeout` (poll's milliseconds, -1 for none) shortened to the next reading.
+    fn bound(&self, timeout: i32) -> i32 {
+        let until = self.next.saturating_duration_since(Instant::now());
+        let until = i32::try_from(until.as_millis() + 1).unwrap_or(i32::MAX);
+        if timeout < 0 {
+            until
+        } else {
+            timeout.min(until)
+        }
+    }
+
+    fn read_all(&mut self, send: &mpsc::UnboundedSender<Note>) {
+        self.next = Instant::now() + self.every;
+        let namespaces: Vec<u32> = self.sockets.keys().copied().collect();
+        for netns in namespaces {
+            self.read(netns, send);
+        }
+    }
+
+    /// One reading, reported where conntrack was ever used; a namespace whose reading
+    /// fails is said once and no longer read.
+    fn read(&mut self, netns: u32, send: &mpsc::UnboundedSender<Note>) {
+        let Some((socket, used)) = self.sockets.get_mut(&netns) else {
+            return;
+        };
+        let stats = match socket.stats() {
+            Ok(stats) => {
+                *used |= stats.used();
+                if !*used {
+                    return;
+                }
+                Ok(stats)
+            }
+            Err(err) => {
+                self.sockets.remove(&netns);
+                Err(err.to_string())
+            }
+        };
+        let _ = send.send(Note::Stats {
+            netns,
+            at: Utc::now(),
+            stats,
+        });
     }
 }

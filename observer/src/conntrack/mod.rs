@@ -86,10 +86,63 @@ pub enum CtKind {
     Entry,
 }
 
+/// One CPU's share of conntrack's statistics in a namespace (`IPCTNL_MSG_CT_GET_STATS_CPU`;
+/// `conntrack -S` prints one line per CPU): the counters observer reads.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CtCpuStats {
+    pub insert_failed: u32,
+    pub drop: u32,
+    pub early_drop: u32,
+}
+
+/// conntrack's own figures for one namespace: its table's entries against the maximum
+/// (`IPCTNL_MSG_CT_GET_STATS`: what `conntrack -C` counts, and `nf_conntrack_max`), and its
+/// statistics summed over CPUs (`conntrack -S`), cumulative since the namespace was made.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CtStats {
+    pub entries: u32,
+    /// 0: no limit.
+    pub max_entries: u32,
+    /// New entries that could not be inserted (a clash with an entry made meanwhile).
+    pub insert_failed: u64,
+    /// Packets dropped because the table was full and no entry could be evicted.
+    pub drop: u64,
+    /// Entries not yet assured that were evicted to make room for new ones.
+    pub early_drop: u64,
+}
+
+impl CtStats {
+    /// The table's figures with every CPU's counters added up.
+    pub fn of(entries: u32, max_entries: u32, cpus: &[CtCpuStats]) -> CtStats {
+        let sum =
+            |counter: fn(&CtCpuStats) -> u32| cpus.iter().map(|c| u64::from(counter(c))).sum();
+        CtStats {
+            entries,
+            max_entries,
+            insert_failed: sum(|c| c.insert_failed),
+            drop: sum(|c| c.drop),
+            early_drop: sum(|c| c.early_drop),
+        }
+    }
+
+    /// Whether conntrack was ever used in the namespace: an entry now, or anything counted.
+    /// Most pods' namespaces have no rules that track connections, and never are.
+    pub fn used(&self) -> bool {
+        self.entries > 0 || self.insert_failed > 0 || self.drop > 0 || self.early_drop > 0
+    }
+}
+
 /// One parsed ctnetlink message.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CtMessage {
     Conntrack(CtKind, CtEntry),
+    /// The table's size (the answer to `parse::table_request`).
+    Table {
+        entries: u32,
+        max_entries: u32,
+    },
+    /// One CPU's statistics (a message of the dump `parse::cpu_stats_request` asks for).
+    CpuStats(CtCpuStats),
     /// The end of a dump.
     Done,
     /// An acknowledgement (0) or an error (a negative errno) for a request.

@@ -4,7 +4,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
-use super::{CtEntry, CtKind, CtMessage, CtTuple};
+use super::{CtCpuStats, CtEntry, CtKind, CtMessage, CtTuple};
 use crate::netlink::{self, Attrs, HEADER_LEN, Messages, NFGENMSG_LEN, Overrun, align, find};
 
 /// Netlink's own message types and flags (include/uapi/linux/netlink.h).
@@ -22,6 +22,8 @@ const NFNL_SUBSYS_CTNETLINK: u16 = 1;
 const IPCTNL_MSG_CT_NEW: u16 = 0;
 const IPCTNL_MSG_CT_GET: u16 = 1;
 const IPCTNL_MSG_CT_DELETE: u16 = 2;
+const IPCTNL_MSG_CT_GET_STATS_CPU: u16 = 4;
+const IPCTNL_MSG_CT_GET_STATS: u16 = 5;
 
 /// `enum ctattr_type` and its nested attributes.
 const CTA_TUPLE_ORIG: u16 = 1;
@@ -42,6 +44,14 @@ const CTA_PROTO_DST_PORT: u16 = 3;
 const CTA_TIMESTAMP_START: u16 = 1;
 const CTA_PROTOINFO_TCP: u16 = 1;
 const CTA_PROTOINFO_TCP_STATE: u16 = 1;
+/// `enum ctattr_stats_global` (4.9 sends only the first; every kernel observer runs on,
+/// 5.8 and newer, both: docs/kernel-facts.md) and the counters of `enum ctattr_stats_cpu`
+/// observer reads (there since the statistics messages, 3.7).
+const CTA_STATS_GLOBAL_ENTRIES: u16 = 1;
+const CTA_STATS_GLOBAL_MAX_ENTRIES: u16 = 2;
+const CTA_STATS_INSERT_FAILED: u16 = 9;
+const CTA_STATS_DROP: u16 = 10;
+const CTA_STATS_EARLY_DROP: u16 = 11;
 
 const AF_INET: u8 = 2;
 const AF_INET6: u8 = 10;
@@ -55,7 +65,7 @@ pub enum ParseError {
     Short,
     #[error("attribute of {len} bytes does not fit the {left} bytes left")]
     Attribute { len: usize, left: usize },
-    #[error("conntrack entry without {0}")]
+    #[error("conntrack message without {0}")]
     Missing(&'static str),
     #[error("attribute {0} has the wrong size")]
     Size(&'static str),
@@ -91,10 +101,52 @@ fn message(kind: u16, flags: u16, body: &[u8]) -> Result<CtMessage, ParseError> 
         IPCTNL_MSG_CT_DELETE => CtKind::Destroy,
         IPCTNL_MSG_CT_NEW if flags & NLM_F_CREATE != 0 => CtKind::New,
         IPCTNL_MSG_CT_NEW => CtKind::Entry,
+        IPCTNL_MSG_CT_GET_STATS => return table(attributes(body)?),
+        IPCTNL_MSG_CT_GET_STATS_CPU => return cpu_stats(attributes(body)?),
         _ => return Ok(CtMessage::Other),
     };
-    let attrs = body.get(NFGENMSG_LEN..).ok_or(ParseError::Short)?;
-    Ok(CtMessage::Conntrack(kind, entry(attrs)?))
+    Ok(CtMessage::Conntrack(kind, entry(attributes(body)?)?))
+}
+
+/// What follows the `nfgenmsg` header.
+fn attributes(body: &[u8]) -> Result<&[u8], ParseError> {
+    body.get(NFGENMSG_LEN..).ok_or(ParseError::Short)
+}
+
+fn table(attrs: &[u8]) -> Result<CtMessage, ParseError> {
+    let (mut entries, mut max_entries) = (None, None);
+    for attr in Attrs(attrs) {
+        let (kind, value) = attr?;
+        match kind {
+            CTA_STATS_GLOBAL_ENTRIES => {
+                entries = Some(be_u32(value, "CTA_STATS_GLOBAL_ENTRIES")?);
+            }
+            CTA_STATS_GLOBAL_MAX_ENTRIES => {
+                max_entries = Some(be_u32(value, "CTA_STATS_GLOBAL_MAX_ENTRIES")?);
+            }
+            _ => {}
+        }
+    }
+    Ok(CtMessage::Table {
+        entries: entries.ok_or(ParseError::Missing("CTA_STATS_GLOBAL_ENTRIES"))?,
+        max_entries: max_entries.ok_or(ParseError::Missing("CTA_STATS_GLOBAL_MAX_ENTRIES"))?,
+    })
+}
+
+/// One CPU's counters; those the kernel leaves out count 0.
+fn cpu_stats(attrs: &[u8]) -> Result<CtMessage, ParseError> {
+    let mut stats = CtCpuStats::default();
+    for attr in Attrs(attrs) {
+        let (kind, value) = attr?;
+        let (counter, name) = match kind {
+            CTA_STATS_INSERT_FAILED => (&mut stats.insert_failed, "CTA_STATS_INSERT_FAILED"),
+            CTA_STATS_DROP => (&mut stats.drop, "CTA_STATS_DROP"),
+            CTA_STATS_EARLY_DROP => (&mut stats.early_drop, "CTA_STATS_EARLY_DROP"),
+            _ => continue,
+        };
+        *counter = be_u32(value, name)?;
+    }
+    Ok(CtMessage::CpuStats(stats))
 }
 
 fn entry(attrs: &[u8]) -> Result<CtEntry, ParseError> {
@@ -221,6 +273,30 @@ fn request(kind: u16, flags: u16, seq: u32, family: u8, attrs: &[u8]) -> Vec<u8>
 /// Asks for every entry of every family.
 pub fn dump_request(seq: u32) -> Vec<u8> {
     request(IPCTNL_MSG_CT_GET, NLM_F_REQUEST | NLM_F_DUMP, seq, 0, &[])
+}
+
+/// Asks for the namespace's entry count and maximum (what `conntrack -C` asks): one
+/// message, then the acknowledgement.
+pub fn table_request(seq: u32) -> Vec<u8> {
+    request(
+        IPCTNL_MSG_CT_GET_STATS,
+        NLM_F_REQUEST | NLM_F_ACK,
+        seq,
+        0,
+        &[],
+    )
+}
+
+/// Asks for every CPU's statistics (what `conntrack -S` asks): a dump, one message per
+/// possible CPU.
+pub fn cpu_stats_request(seq: u32) -> Vec<u8> {
+    request(
+        IPCTNL_MSG_CT_GET_STATS_CPU,
+        NLM_F_REQUEST | NLM_F_DUMP,
+        seq,
+        0,
+        &[],
+    )
 }
 
 /// Asks for the one entry whose original tuple is `tuple` (zone 0). The answer is the

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use super::parse::{self, ParseError};
-use super::{CtEntry, CtKind, CtMessage, CtTuple};
+use super::{CtEntry, CtKind, CtMessage, CtStats, CtTuple};
 
 const NETLINK_NETFILTER: i32 = 12;
 const SOL_NETLINK: i32 = 270;
@@ -70,41 +70,79 @@ impl CtSocket {
 
     /// Every entry in the namespace's table, and how many messages could not be read.
     pub fn dump(&mut self) -> io::Result<(Vec<CtEntry>, u64)> {
-        self.seq += 1;
-        self.send(&parse::dump_request(self.seq))?;
-        let mut entries = Vec::new();
-        let mut malformed = 0;
-        loop {
-            for message in self.receive_blocking()? {
-                match message {
-                    Ok(CtMessage::Conntrack(_, entry)) => entries.push(entry),
-                    Ok(CtMessage::Done) => return Ok((entries, malformed)),
-                    Ok(CtMessage::Error(code)) if code < 0 => {
-                        return Err(io::Error::from_raw_os_error(-code));
-                    }
-                    Ok(_) => {}
-                    Err(_) => malformed += 1,
-                }
+        let (mut entries, mut malformed) = (Vec::new(), 0);
+        self.ask(parse::dump_request, |message| {
+            match message {
+                Ok(CtMessage::Conntrack(_, entry)) => entries.push(entry),
+                Ok(CtMessage::Done) => return Some(Ok(())),
+                Ok(CtMessage::Error(code)) if code < 0 => return Some(Err(errno(code))),
+                Ok(_) => {}
+                Err(_) => malformed += 1,
             }
-        }
+            None
+        })?;
+        Ok((entries, malformed))
     }
 
     /// The entry whose original tuple is `tuple`; `None` when conntrack has none.
     pub fn get(&mut self, tuple: &CtTuple) -> io::Result<Option<CtEntry>> {
-        self.seq += 1;
-        self.send(&parse::get_request(self.seq, tuple))?;
         let mut found = None;
+        self.ask(
+            |seq| parse::get_request(seq, tuple),
+            |message| match message {
+                Ok(CtMessage::Conntrack(CtKind::Entry, entry)) => {
+                    found = Some(entry);
+                    None
+                }
+                Ok(CtMessage::Error(0)) => Some(Ok(found.take())),
+                Ok(CtMessage::Error(code)) if -code == libc::ENOENT => Some(Ok(None)),
+                other => unawaited(other),
+            },
+        )
+    }
+
+    /// conntrack's figures in this namespace, as `conntrack -C` and `conntrack -S` read
+    /// them: two requests, each answered while it is sent (nothing waits on traffic).
+    pub fn stats(&mut self) -> io::Result<CtStats> {
+        let mut table = None;
+        let (entries, max_entries) = self.ask(parse::table_request, |message| match message {
+            Ok(CtMessage::Table {
+                entries,
+                max_entries,
+            }) => {
+                table = Some((entries, max_entries));
+                None
+            }
+            Ok(CtMessage::Error(0)) => Some(table.ok_or_else(|| {
+                io::Error::new(io::ErrorKind::InvalidData, "no table size in the answer")
+            })),
+            other => unawaited(other),
+        })?;
+        let mut cpus = Vec::new();
+        self.ask(parse::cpu_stats_request, |message| match message {
+            Ok(CtMessage::CpuStats(cpu)) => {
+                cpus.push(cpu);
+                None
+            }
+            Ok(CtMessage::Done) => Some(Ok(())),
+            other => unawaited(other),
+        })?;
+        Ok(CtStats::of(entries, max_entries, &cpus))
+    }
+
+    /// Sends the request `make` builds with the next sequence number, and hands each
+    /// message of the answer to `each` until it returns the result.
+    fn ask<T>(
+        &mut self,
+        make: impl FnOnce(u32) -> Vec<u8>,
+        mut each: impl FnMut(Result<CtMessage, ParseError>) -> Option<io::Result<T>>,
+    ) -> io::Result<T> {
+        self.seq += 1;
+        self.send(&make(self.seq))?;
         loop {
             for message in self.receive_blocking()? {
-                match message {
-                    Ok(CtMessage::Conntrack(CtKind::Entry, entry)) => found = Some(entry),
-                    Ok(CtMessage::Error(0)) => return Ok(found),
-                    Ok(CtMessage::Error(code)) if -code == libc::ENOENT => return Ok(None),
-                    Ok(CtMessage::Error(code)) => {
-                        return Err(io::Error::from_raw_os_error(-code));
-                    }
-                    Ok(_) => {}
-                    Err(err) => return Err(io::Error::new(io::ErrorKind::InvalidData, err)),
+                if let Some(result) = each(message) {
+                    return result;
                 }
             }
         }
@@ -162,6 +200,20 @@ impl CtSocket {
             return Err(io::Error::last_os_error());
         }
         Ok(())
+    }
+}
+
+fn errno(code: i32) -> io::Error {
+    io::Error::from_raw_os_error(-code)
+}
+
+/// What a request makes of a message it does not wait for: an error from netlink, or a
+/// message that cannot be read, ends it; any other is passed over.
+fn unawaited<T>(message: Result<CtMessage, ParseError>) -> Option<io::Result<T>> {
+    match message {
+        Ok(CtMessage::Error(code)) if code < 0 => Some(Err(errno(code))),
+        Ok(_) => None,
+        Err(err) => Some(Err(io::Error::new(io::ErrorKind::InvalidData, err))),
     }
 }
 

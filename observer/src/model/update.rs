@@ -1,6 +1,9 @@
 //! What the capture side hands to its consumers (the recorder and the live view) while
 //! it runs. Plain data: no aya or tokio types, so consumers are testable without root.
 
+use chrono::{DateTime, Utc};
+
+use crate::conntrack::CtStats;
 use crate::model::record::{ConnRecord, DnsRecord, EndpointsRecord, RejectRecord, ServiceRecord};
 
 /// Identifies one connection: the kernel's `struct nf_conn` address (reused after the
@@ -66,4 +69,20 @@ pub enum Update {
     Reject(RejectRecord),
     /// Counters, sent about once a second.
     Stats(CaptureStats),
+    /// conntrack's own figures in namespace `netns` (every 5 s where conntrack is used),
+    /// or `None` when they are no longer read there (the namespace is gone, or reading
+    /// failed). An update of its own, not a part of `Stats`: the figures come per
+    /// namespace at their own pace, and the live view warns about what rose between two
+    /// readings of one namespace, which a copy repeated in every `Stats` would blur.
+    Conntrack {
+        netns: u32,
+        reading: Option<ConntrackReading>,
+    },
+}
+
+/// One reading of conntrack's figures in a namespace, and when it was taken.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConntrackReading {
+    pub time: DateTime<Utc>,
+    pub stats: CtStats,
 }

@@ -126,6 +126,10 @@ impl Session {
     }
 
     pub(super) fn conntrack_note(&mut self, note: Note) -> anyhow::Result<()> {
+        if let Note::Stats { netns, at, stats } = note {
+            self.conntrack_stats(netns, at, stats);
+            return Ok(());
+        }
         let Some(follower) = self.follower.as_mut() else {
             return Ok(());
         };

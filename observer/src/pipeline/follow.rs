@@ -23,6 +23,8 @@ const CHECKS_PER_SWEEP: usize = 256;
 /// Namespaces are listed again (to follow new ones and let go of deleted ones) at most
 /// this often.
 const RESCAN: Duration = Duration::from_secs(5);
+/// conntrack's statistics are read in each followed namespace this often.
+const STATS_EVERY: Duration = Duration::from_secs(5);
 
 pub struct Follower {
     listener: Listener,
@@ -55,7 +57,7 @@ impl Follower {
     /// began would never hear of its end.
     pub fn start(now: DateTime<Utc>) -> (Follower, Vec<(ConnId, ConnRecord)>) {
         let mut follower = Follower {
-            listener: Listener::start(&[GROUP_DESTROY], EVENT_BUFFER),
+            listener: Listener::start(&[GROUP_DESTROY], EVENT_BUFFER, Some(STATS_EVERY)),
             requests: HashMap::new(),
             view: ConntrackView::default(),
             paths: HashMap::new(),
@@ -88,10 +90,10 @@ impl Follower {
 
     /// Lists the namespaces again, at most every `RESCAN`: follows new ones from now on
     /// (their entries are the kernel programs' to report) and lets go of deleted ones (a
-    /// socket would keep a deleted namespace alive).
-    pub fn rescan(&mut self) {
+    /// socket would keep a deleted namespace alive), which it returns.
+    pub fn rescan(&mut self) -> Vec<u32> {
         if self.last_scan.elapsed() < RESCAN {
-            return;
+            return Vec::new();
         }
         self.last_scan = Instant::now();
         self.paths = list_namespaces()
@@ -104,7 +106,7 @@ impl Follower {
             .filter(|netns| !self.paths.contains_key(netns))
             .copied()
             .collect();
-        for netns in gone {
+        for &netns in &gone {
             self.requests.remove(&netns);
             self.subscribed_at.remove(&netns);
             self.listener.unwatch(netns);
@@ -119,6 +121,7 @@ impl Follower {
         for (netns, path) in new {
             self.follow(netns, &path, None);
         }
+        gone
     }
 
     /// Subscribes to destroy events in `netns`; with `found_at`, also reads its entries.
@@ -197,6 +200,11 @@ impl Follower {
     /// Notes already waiting.
     pub fn ready(&mut self) -> Vec<Note> {
         std::iter::from_fn(|| self.listener.try_next()).collect()
+    }
+
+    /// Stops the listener: the notes not yet taken, with a last reading of statistics.
+    pub fn stop(self) -> Vec<Note> {
+        self.listener.stop()
     }
 
     /// Asks conntrack about entries found at start that nothing has ended yet; returns

@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 
+use super::text::thousands;
 use crate::model::record::{ConnRecord, Proto};
 
 /// One DNAT decision as conntrack reported it (a NEW event).
@@ -101,19 +102,6 @@ pub fn coverage(decisions: &[Decision], records: &[ConnRecord]) -> Coverage {
     }
     coverage.unmatched_records = available.values().sum();
     coverage
-}
-
-/// `1234567` as `1,234,567`.
-pub fn thousands(n: u64) -> String {
-    let digits = n.to_string();
-    let mut out = String::new();
-    for (i, digit) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(digit);
-    }
-    out
 }
 
 /// The report as JSON Lines (`verify -o json`): one `{"type":"node",...}` line, one
@@ -267,13 +255,5 @@ mod tests {
             serde_json::json!({"type": "lost", "proto": "tcp", "client": "10.0.0.1:1000", "dialed": "10.96.35.226:80", "backend": "10.244.1.13:8080", "netns": 7})
         );
         assert_eq!(lines.len(), 6);
-    }
-
-    #[test]
-    fn thousands_separators() {
-        assert_eq!(thousands(0), "0");
-        assert_eq!(thousands(999), "999");
-        assert_eq!(thousands(10234), "10,234");
-        assert_eq!(thousands(1234567), "1,234,567");
     }
 }

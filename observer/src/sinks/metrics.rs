@@ -1,8 +1,10 @@
 //! Prometheus text exposition (format 0.0.4) of the per-Service, per-backend aggregates
 //! and the capture counters, for `observer serve`. Pure: data in, text out.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
+use crate::conntrack::CtStats;
 use crate::model::record::{FrontendKind, Outcome, Proto};
 use crate::model::update::CaptureStats;
 use crate::stats::{BackendStats, CONNECT_BUCKETS_MS, ServiceStats};
@@ -346,6 +348,56 @@ fn capture_families(capture: &CaptureStats) -> [Family; 8] {
     counters
 }
 
+/// conntrack's own figures, one sample per namespace (`netns`: its inode) in each family:
+/// the latest reading of every namespace conntrack is used in (`Update::Conntrack`).
+/// Counters are conntrack's own, cumulative since the namespace was created.
+pub fn render_conntrack(readings: &BTreeMap<u32, CtStats>) -> String {
+    let mut families = [
+        Family::new(
+            "observer_conntrack_entries",
+            "gauge",
+            "Entries in conntrack's table of the network namespace (conntrack -C).",
+        ),
+        Family::new(
+            "observer_conntrack_max_entries",
+            "gauge",
+            "The most entries conntrack's table may hold (nf_conntrack_max; 0 is no limit).",
+        ),
+        Family::new(
+            "observer_conntrack_insert_failed_total",
+            "counter",
+            "New conntrack entries that could not be inserted (insert_failed of conntrack -S, all CPUs).",
+        ),
+        Family::new(
+            "observer_conntrack_drop_total",
+            "counter",
+            "Packets dropped because conntrack's table was full and no entry could be evicted (drop of conntrack -S, all CPUs).",
+        ),
+        Family::new(
+            "observer_conntrack_early_drop_total",
+            "counter",
+            "Entries not yet assured that conntrack evicted to make room (early_drop of conntrack -S, all CPUs).",
+        ),
+    ];
+    for (netns, stats) in readings {
+        let values = [
+            u64::from(stats.entries),
+            u64::from(stats.max_entries),
+            stats.insert_failed,
+            stats.drop,
+            stats.early_drop,
+        ];
+        for (family, value) in families.iter_mut().zip(values) {
+            family.add(format!("netns=\"{netns}\""), value as f64);
+        }
+    }
+    let mut out = String::new();
+    for family in &families {
+        family.write(&mut out);
+    }
+    out
+}
+
 /// The response to one HTTP request head: `/metrics` gets `metrics`, anything else 404.
 pub fn respond(request_head: &str, metrics: impl FnOnce() -> String) -> String {
     let mut words = request_head.split_whitespace();
@@ -520,6 +572,50 @@ mod tests {
                 "missing {line:?} in\n{metrics}"
             );
         }
+    }
+
+    #[test]
+    fn conntrack_figures_per_namespace() {
+        let readings = BTreeMap::from([
+            (
+                4026532301,
+                CtStats {
+                    entries: 52301,
+                    max_entries: 65536,
+                    insert_failed: 1,
+                    drop: 2,
+                    early_drop: 12,
+                },
+            ),
+            (
+                4026532999,
+                CtStats {
+                    entries: 3,
+                    max_entries: 65536,
+                    ..Default::default()
+                },
+            ),
+        ]);
+        let metrics = render_conntrack(&readings);
+        for line in [
+            "# TYPE observer_conntrack_entries gauge",
+            r#"observer_conntrack_entries{netns="4026532301"} 52301"#,
+            r#"observer_conntrack_entries{netns="4026532999"} 3"#,
+            r#"observer_conntrack_max_entries{netns="4026532301"} 65536"#,
+            "# TYPE observer_conntrack_insert_failed_total counter",
+            r#"observer_conntrack_insert_failed_total{netns="4026532301"} 1"#,
+            r#"observer_conntrack_drop_total{netns="4026532301"} 2"#,
+            r#"observer_conntrack_early_drop_total{netns="4026532301"} 12"#,
+            r#"observer_conntrack_early_drop_total{netns="4026532999"} 0"#,
+        ] {
+            assert!(
+                metrics.lines().any(|l| l == line),
+                "missing {line:?} in\n{metrics}"
+            );
+        }
+        assert_eq!(metrics.lines().count(), 5 * 2 + 5 * 2);
+        // No namespace read yet: the families, without samples.
+        assert_eq!(render_conntrack(&BTreeMap::new()).lines().count(), 10);
     }
 
     #[test]

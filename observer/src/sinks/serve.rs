@@ -1,6 +1,7 @@
 //! `observer serve`: a capture session whose updates feed the aggregates, and a small
 //! HTTP server that answers `GET /metrics` with them (see `metrics`).
 
+use std::collections::BTreeMap;
 use std::{
     future::Future,
     sync::{Arc, Mutex},
@@ -9,6 +10,7 @@ use std::{
 
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
+use crate::conntrack::CtStats;
 use crate::kernel::capture::Capture;
 use crate::model::record::SummaryRecord;
 use crate::model::update::{CaptureStats, Update};
@@ -20,6 +22,8 @@ use crate::stats::Aggregator;
 struct Served {
     aggregator: Aggregator,
     capture: CaptureStats,
+    /// conntrack's latest figures per namespace.
+    conntrack: BTreeMap<u32, CtStats>,
 }
 
 /// Largest request head read from a scraper.
@@ -48,6 +52,18 @@ pub async fn run(
                 Update::Service(service) => state.aggregator.add_service(&service),
                 Update::Reject(reject) => state.aggregator.add_reject(&reject),
                 Update::Stats(stats) => state.capture = stats,
+                Update::Conntrack {
+                    netns,
+                    reading: Some(reading),
+                } => {
+                    state.conntrack.insert(netns, reading.stats);
+                }
+                Update::Conntrack {
+                    netns,
+                    reading: None,
+                } => {
+                    state.conntrack.remove(&netns);
+                }
                 // Metrics carry no timeline and no DNS.
                 Update::Endpoints(_) | Update::Dns(_) => {}
             }
@@ -92,7 +108,10 @@ async fn answer_one(mut stream: tokio::net::TcpStream, served: Arc<Mutex<Served>
         served
             .lock()
             .map(|state| {
-                crate::sinks::metrics::render(&state.aggregator.services(), &state.capture)
+                let mut metrics =
+                    crate::sinks::metrics::render(&state.aggregator.services(), &state.capture);
+                metrics.push_str(&crate::sinks::metrics::render_conntrack(&state.conntrack));
+                metrics
             })
             .unwrap_or_default()
     });

@@ -71,6 +71,19 @@ pub fn bytes(n: u64) -> String {
     format!("{value:.1} {}", UNITS[unit])
 }
 
+/// `1234567` as `1,234,567`.
+pub fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, digit) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(digit);
+    }
+    out
+}
+
 /// `1 connection`, `3 connections`.
 pub fn plural(n: u64, word: &str) -> String {
     if n == 1 {
@@ -101,5 +114,13 @@ mod tests {
         let texts = [0.0, 0.2874, 0.9994, 0.9996, 12.5].map(|ms| latency(ms, Digits::Report));
         assert_eq!(texts, ["0µs", "287µs", "999µs", "1.0ms", "12.5ms"]);
         assert_eq!(latency(12.4, Digits::Compact), "12ms");
+    }
+
+    #[test]
+    fn thousands_separators() {
+        assert_eq!(thousands(0), "0");
+        assert_eq!(thousands(999), "999");
+        assert_eq!(thousands(10234), "10,234");
+        assert_eq!(thousands(1234567), "1,234,567");
     }
 }

@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::process::{Command, Stdio};
 
 /// `GET path` from `addr` over HTTP/1.1; the body of a 200 response.
 pub fn scrape(addr: &str, path: &str) -> String {
@@ -104,4 +105,29 @@ pub fn per_backend(
         .filter(|(labels, _)| labels["service"] == service && labels["proto"] == proto)
         .map(|(labels, value)| (labels["backend"].clone(), value as u64))
         .collect()
+}
+
+/// `promtool check metrics` (Prometheus' own linter: format and naming conventions)
+/// accepts `metrics`.
+pub fn assert_promtool_accepts(metrics: &str) {
+    let mut promtool = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool (Debian package prometheus; `cargo xtask setup` installs it)");
+    promtool
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(metrics.as_bytes())
+        .unwrap();
+    let checked = promtool.wait_with_output().unwrap();
+    assert!(
+        checked.status.success(),
+        "promtool check metrics: {}{}\n{metrics}",
+        String::from_utf8_lossy(&checked.stdout),
+        String::from_utf8_lossy(&checked.stderr)
+    );
 }

@@ -20,9 +20,11 @@ use std::net::SocketAddr;
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::{Deserialize, Serialize};
 
+mod conntrack;
 mod dns;
 mod reject;
 
+pub use conntrack::ConntrackSummary;
 pub use dns::DnsRecord;
 pub use reject::RejectRecord;
 
@@ -241,6 +243,11 @@ pub struct SummaryRecord {
     /// full): `reject` lines may be missing. Absent when there were none.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub lost_rejects: u64,
+    /// conntrack's own figures per network namespace inode where conntrack was used:
+    /// peak entries against the maximum, and the refusals it counted meanwhile. Absent
+    /// when no namespace was read (and in older logs).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub conntrack: std::collections::BTreeMap<String, ConntrackSummary>,
     #[serde(with = "micros")]
     pub started: DateTime<Utc>,
     #[serde(with = "micros")]

@@ -7,6 +7,7 @@
 pub(super) mod conns;
 mod detail;
 mod keys;
+mod pressure;
 mod rows;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -146,6 +147,8 @@ pub struct App {
     pub(crate) message: Option<String>,
     /// The latest DNS queries (at most `DNS_KEPT`), for the DNS screen.
     pub(crate) dns: VecDeque<DnsRecord>,
+    /// conntrack's readings per namespace: the warning line above the tables.
+    pub(crate) pressure: pressure::Pressure,
 }
 
 /// DNS queries the live view keeps: enough for the walks of the last minutes.
@@ -182,6 +185,7 @@ impl App {
             ended: false,
             message: None,
             dns: VecDeque::new(),
+            pressure: Default::default(),
         }
     }
 
@@ -261,6 +265,7 @@ impl App {
                 self.see_time(record.time);
                 self.aggregator.add_reject(&record);
             }
+            Update::Conntrack { netns, reading } => self.pressure.apply(netns, reading),
         }
     }
 

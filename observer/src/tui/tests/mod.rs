@@ -6,6 +6,7 @@
 mod dns;
 mod export;
 mod keys;
+mod pressure;
 mod replay;
 mod snapshots;
 mod state;

@@ -45,13 +45,26 @@ pub fn render(app: &App, frame: &mut Frame<'_>) {
         height: 1,
         ..area
     };
+    // conntrack's warning, when there is one, takes the body's first line.
+    let warning = app.pressure.warning();
+    let warned = u16::from(warning.is_some());
     let body = Rect {
-        y: area.y + 1,
-        height: area.height - 2,
+        y: area.y + 1 + warned,
+        height: area.height - 2 - warned,
         ..area
     };
     frame.render_widget(Paragraph::new(header_line(app, area.width)), header);
     frame.render_widget(Paragraph::new(status_line(app, area.width)), status);
+    if let Some(warning) = warning {
+        let line = Span::styled(truncate(&warning, usize::from(area.width)), ALERT);
+        frame.render_widget(
+            Paragraph::new(line),
+            Rect {
+                y: area.y + 1,
+                ..header
+            },
+        );
+    }
     let lines = match (&app.screen, &app.shown.detail) {
         (Screen::Service(_), Some(detail)) => service::service_screen(app, detail, body, compact),
         (Screen::Dns, _) => dns::dns_screen(app, body),

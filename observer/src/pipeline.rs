@@ -28,8 +28,13 @@ use crate::naming::pod_source::PodNamer;
 use crate::naming::{FIRST_READ, Namer, hold::Hold};
 use crate::sinks::log::LogWriter;
 
-/// How often the ring buffer is drained without a wake-up: the live view's latency.
+/// How often the ring buffers are drained without a wake-up: the live view's latency.
 const DRAIN_INTERVAL: Duration = Duration::from_millis(50);
+
+/// DNS messages decoded at most per drain: a whole default DNS ring buffer (2 MiB of
+/// 344-byte records). Connection events are drained first and whole each time, so a DNS
+/// flood that arrives as fast as user space decodes it delays them by one batch at most.
+const DNS_DRAIN_MAX: usize = 6096;
 
 /// How long a finished connection may wait for a re-read of its namespace's rules
 /// before it is named from the rules read before.
@@ -80,8 +85,8 @@ struct Session {
     /// Final records and Service definitions the live view has not taken yet: they are
     /// never dropped (progress updates are, the next sweep repeats them).
     pending: std::collections::VecDeque<Update>,
-    /// Ring-buffer records that could not be decoded (never seen: the sizes are
-    /// asserted on both sides).
+    /// Ring-buffer records (connection events, DNS messages) that could not be decoded
+    /// (never seen: the sizes are asserted on both sides).
     malformed: u64,
     /// Final records that could not be made (an unknown protocol): lost connections.
     unrecordable: u64,
@@ -183,17 +188,14 @@ impl Session {
             connections: self.log.as_ref().map_or(0, LogWriter::connections),
             dnat_events: stats.dnat_events,
             lost_connections: stats.lost_connections,
-            lost_by_netns: self
-                .capture
-                .lost_by_netns()
-                .into_iter()
-                .map(|(netns, lost)| (netns.to_string(), lost))
-                .collect(),
+            lost_by_netns: by_netns(&self.capture.lost_by_netns()),
             lost_events: stats.lost_events,
             read_errors: stats.read_errors,
             dns_queries: self.dns.written,
             dns_malformed: stats.dns_malformed,
-            dns_malformed_by_netns: self.dns_malformed_by_netns(),
+            dns_malformed_by_netns: by_netns(&self.dns.malformed_by_netns),
+            dns_lost: stats.dns_lost,
+            dns_lost_by_netns: by_netns(&self.capture.dns_dropped_by_netns()),
             rejects: self.rejects.written,
             lost_rejects: stats.lost_rejects,
             started,
@@ -212,7 +214,8 @@ impl Session {
         let (mut events, mut dns) = std::mem::take(&mut self.drained);
         events.clear();
         dns.clear();
-        self.malformed += self.capture.drain_events(&mut events, &mut dns);
+        self.malformed += self.capture.drain_events(&mut events);
+        self.malformed += self.capture.drain_dns(&mut dns, DNS_DRAIN_MAX);
         self.events += (events.len() + dns.len()) as u64;
         let result = self.on_events(&events, &dns);
         self.drained = (events, dns);
@@ -312,7 +315,8 @@ impl Session {
             lost_connections,
             lost_events: counters.events_dropped + self.malformed,
             read_errors: counters.read_errors,
-            dns_malformed: counters.dns_dropped + self.dns.malformed,
+            dns_malformed: self.dns.malformed,
+            dns_lost: counters.dns_dropped,
             lost_rejects: counters.rejects_dropped + self.rejects.malformed,
             hooks_attached: self.capture.hooks_attached(),
             netns_seen: self.netns_seen.len() as u32,
@@ -459,6 +463,17 @@ impl Session {
             }
         }
     }
+}
+
+/// Counts per network namespace inode, keyed by the inode as a string (the summary
+/// line's keys).
+fn by_netns(
+    counts: &std::collections::BTreeMap<u32, u64>,
+) -> std::collections::BTreeMap<String, u64> {
+    counts
+        .iter()
+        .map(|(netns, count)| (netns.to_string(), *count))
+        .collect()
 }
 
 /// The next note of the conntrack follower; pending forever without one.

@@ -141,10 +141,12 @@ fn empty_service() -> lab::Service {
 /// (period 10 s x failure threshold, plus the sync) and leaves the Service's endpoints;
 /// at 45 s it serves and is ready again.
 fn failures(lab: &RwLock<Lab>, stop: &AtomicBool) {
-    let pod = lab
-        .read()
-        .ok()
-        .and_then(|lab| lab.pods().iter().find(|p| p.name == "checkout-b").map(|p| p.ip));
+    let pod = lab.read().ok().and_then(|lab| {
+        lab.pods()
+            .iter()
+            .find(|p| p.name == "checkout-b")
+            .map(|p| p.ip)
+    });
     let Some(pod) = pod else { return };
     let service = "shop/checkout:http";
     let steps: [(u64, fn(&mut Lab, Ipv4Addr, &str) -> anyhow::Result<()>); 3] = [

@@ -212,7 +212,7 @@ impl ServiceFamilies {
 }
 
 /// The capture counters, one unlabelled sample each.
-fn capture_families(capture: &CaptureStats) -> [Family; 7] {
+fn capture_families(capture: &CaptureStats) -> [Family; 8] {
     let mut counters = [
         Family::new(
             "observer_dnat_events_total",
@@ -237,7 +237,12 @@ fn capture_families(capture: &CaptureStats) -> [Family; 7] {
         Family::new(
             "observer_dns_malformed_total",
             "counter",
-            "DNS messages to or from port-53 Services that could not be read (malformed, truncated, or not copied by the kernel).",
+            "DNS messages to or from port-53 Services that were copied but could not be read (malformed, truncated).",
+        ),
+        Family::new(
+            "observer_dns_lost_total",
+            "counter",
+            "DNS messages to or from port-53 Services the kernel could not copy (their ring buffer was full): dns lines are missing when non-zero.",
         ),
         Family::new(
             "observer_hooks_attached",
@@ -256,6 +261,7 @@ fn capture_families(capture: &CaptureStats) -> [Family; 7] {
         capture.lost_events as f64,
         capture.read_errors as f64,
         capture.dns_malformed as f64,
+        capture.dns_lost as f64,
         capture.hooks_attached as f64,
         capture.live_connections as f64,
     ];
@@ -322,6 +328,7 @@ mod tests {
             "observer_lost_events_total 0".to_owned(),
             "observer_lost_connections_total 0".to_owned(),
             "observer_dns_malformed_total 0".to_owned(),
+            "observer_dns_lost_total 0".to_owned(),
             "# TYPE observer_requests_total counter".to_owned(),
         ] {
             assert!(

@@ -125,7 +125,10 @@ pub fn attempts(
 /// addresses found (none when it does not resolve).
 pub fn resolve(lab: &Lab, names: &[&str]) -> anyhow::Result<Vec<(String, Vec<String>)>> {
     let mut args = vec![
-        lab.state_dir.join("clients.py").to_string_lossy().into_owned(),
+        lab.state_dir
+            .join("clients.py")
+            .to_string_lossy()
+            .into_owned(),
         "resolve".to_owned(),
     ];
     args.extend(names.iter().map(|name| (*name).to_owned()));

@@ -101,8 +101,8 @@ use serde::{Deserialize, Serialize};
 
 pub use admin::{down, namespaces, status};
 pub use clients::{
-    Answer, Attempt, AttemptOutcome, ChurnReport, attempts, resolve, http_churn, http_fresh, http_keepalive,
-    http_keepalive_paced, node_fetch, udp_queries,
+    Answer, Attempt, AttemptOutcome, ChurnReport, attempts, http_churn, http_fresh, http_keepalive,
+    http_keepalive_paced, node_fetch, resolve, udp_queries,
 };
 pub use conntrack::{ConntrackWatch, CtEvent};
 pub use containerd::Containerd;

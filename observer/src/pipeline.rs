@@ -125,9 +125,9 @@ pub async fn run(
             note = next_note(&mut session.follower) => session.on_conntrack(note)?,
             ready = session.capture.wait_for_events() => {
                 ready.context("cannot poll the kernel's ring buffer")?;
-                session.drain()?;
+                session.drain(DNS_DRAIN_MAX)?;
             }
-            _ = drain.tick() => session.drain()?,
+            _ = drain.tick() => session.drain(DNS_DRAIN_MAX)?,
             _ = sweep.tick() => session.sweep()?,
         }
     }
@@ -168,7 +168,8 @@ impl Session {
     /// Detaches, writes every connection still open and the summary line.
     fn finish(mut self, started: DateTime<Utc>) -> anyhow::Result<SummaryRecord> {
         self.capture.detach();
-        self.drain()?;
+        // Nothing is added any more: every DNS message left is read.
+        self.drain(usize::MAX)?;
         let now = monotonic_ns();
         for result in self.tracker.finish(&self.capture.connections(), now) {
             match result {
@@ -210,12 +211,14 @@ impl Session {
 }
 
 impl Session {
-    fn drain(&mut self) -> anyhow::Result<()> {
+    /// Reads the connection events, at most `dns_max` DNS messages and the rejected
+    /// flows' reports the kernel wrote since the last drain.
+    fn drain(&mut self, dns_max: usize) -> anyhow::Result<()> {
         let (mut events, mut dns) = std::mem::take(&mut self.drained);
         events.clear();
         dns.clear();
         self.malformed += self.capture.drain_events(&mut events);
-        self.malformed += self.capture.drain_dns(&mut dns, DNS_DRAIN_MAX);
+        self.malformed += self.capture.drain_dns(&mut dns, dns_max);
         self.events += (events.len() + dns.len()) as u64;
         let result = self.on_events(&events, &dns);
         self.drained = (events, dns);

@@ -147,7 +147,7 @@ impl Session {
             updates: options.updates,
             namer: options.namer,
             pods: options.pods,
-            warn: options.warn,
+            warn: printable_warnings(options.warn),
             netns_seen: Default::default(),
             held: Hold::new(NAME_WAIT, FIRST_NAME_WAIT),
             follower: None,
@@ -466,6 +466,15 @@ impl Session {
             }
         }
     }
+}
+
+/// Warnings quote the node's text (rule lines, paths, hostnames): each leaves as
+/// printable text, whichever source quoted it.
+fn printable_warnings(
+    mut warn: Box<dyn FnMut(String) + Send>,
+) -> Box<dyn FnMut(String) + Send> {
+    use crate::naming::printable::{MESSAGE_BYTES, printable};
+    Box::new(move |warning| warn(printable(warning, MESSAGE_BYTES)))
 }
 
 /// Counts per network namespace inode, keyed by the inode as a string (the summary

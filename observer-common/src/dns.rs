@@ -12,11 +12,11 @@ pub const DNS_PORT: u16 = 53;
 pub const DNS_PREFIX: usize = 256;
 
 /// `DnsEvent::kind`: distinct from the connection events' kinds (`conn::EVENT_*`), which
-/// share the ring buffer and its first field.
+/// share its first field, so that a record read from the wrong ring buffer is refused.
 pub const EVENT_DNS: u32 = 3;
 
-/// A ring-buffer record holding a DNS message's first bytes. For TCP it holds a
-/// segment's first bytes instead: messages there carry a 2-byte length (RFC 1035
+/// A record of the DNS ring buffer (`DNS_EVENTS`): a DNS message's first bytes. For TCP
+/// it holds a segment's first bytes instead: messages there carry a 2-byte length (RFC 1035
 /// 4.2.2), a segment may start inside a message or hold several, and user space finds
 /// the messages' starts from `seq` and `segment`.
 #[repr(C)]

@@ -19,8 +19,8 @@ use observer_common::{
 use crate::{
     dns::is_dns,
     maps::{
-        BPF_NOEXIST, CONNS, DIALED, EVENTS, atomic_add, count, count_lost, dialed_slot,
-        fold_address, mark_dialed,
+        BPF_NOEXIST, CONNS, DIALED, EVENTS, EVENTS_WAKEUP_BYTES, atomic_add, count, count_lost,
+        dialed_slot, fold_address, mark_dialed, submit_flags,
     },
     packet::{Packet, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
 };
@@ -205,22 +205,10 @@ fn fresh_udp_bytes(state: *mut ConnState, dir: usize, packet: &Packet) -> u32 {
     0
 }
 
-/// `bpf_ringbuf_submit` flags and `bpf_ringbuf_query` selector.
-const BPF_RB_NO_WAKEUP: u64 = 1;
-const BPF_RB_FORCE_WAKEUP: u64 = 2;
-const BPF_RB_AVAIL_DATA: u64 = 0;
-/// User space drains the ring buffer every few milliseconds anyway; it is woken early
-/// only when this much is waiting (an eighth of the default ring), so a busy node does
-/// not cost a wake-up per event.
-const WAKEUP_BYTES: u64 = 512 * 1024;
-
+/// The flags to submit a connection event with (see `maps::submit_flags`).
 #[inline(always)]
-fn submit_flags() -> u64 {
-    if EVENTS.query(BPF_RB_AVAIL_DATA) >= WAKEUP_BYTES {
-        BPF_RB_FORCE_WAKEUP
-    } else {
-        BPF_RB_NO_WAKEUP
-    }
+fn event_flags() -> u64 {
+    submit_flags(&EVENTS, EVENTS_WAKEUP_BYTES)
 }
 
 /// Fills a reserved ring-buffer slot with an event carrying a copy of `state`.
@@ -252,7 +240,7 @@ pub fn emit(kind: u32, close: u32, conntrack: u64, state: *const ConnState, now:
     match EVENTS.reserve::<ConnEvent>(0) {
         Some(mut entry) => {
             fill(&mut entry, kind, close, conntrack, state, now);
-            entry.submit(submit_flags());
+            entry.submit(event_flags());
         }
         None => count(counters::EVENTS_DROPPED),
     }
@@ -336,7 +324,7 @@ fn report(conntrack: u64, state: *mut ConnState, reason: u32, now: u64) -> bool 
     let key = DialedKey::of(unsafe { &(*state).original });
     if CONNS.remove(&conntrack).is_ok() {
         forget_dialed(conntrack, &key);
-        entry.submit(submit_flags());
+        entry.submit(event_flags());
     } else {
         entry.discard(0);
     }

@@ -21,7 +21,7 @@ use observer_common::{
 
 use crate::{
     conn::load,
-    maps::{EVENTS, count, count_dns_dropped},
+    maps::{DNS_EVENTS, DNS_EVENTS_WAKEUP_BYTES, count, count_dns_dropped, submit_flags},
     packet::Packet,
 };
 
@@ -33,7 +33,7 @@ pub fn is_dns(state: *const ConnState) -> bool {
     unsafe { core::ptr::read_volatile(&raw const (*state).original.dst.port) == DNS_PORT }
 }
 
-/// Copies a UDP DNS message's first bytes into the ring buffer. `fresh` is what
+/// Copies a UDP DNS message's first bytes into `DNS_EVENTS`. `fresh` is what
 /// accounting counted of this packet: 0 for the second pass of a bridged packet, which
 /// is not copied again. TCP is left to `capture_segment`.
 #[inline(always)]
@@ -54,7 +54,7 @@ pub fn capture(
         count_dns_dropped(netns);
         return;
     }
-    let Some(mut entry) = EVENTS.reserve::<DnsEvent>(0) else {
+    let Some(mut entry) = DNS_EVENTS.reserve::<DnsEvent>(0) else {
         count_dns_dropped(netns);
         return;
     };
@@ -81,8 +81,8 @@ pub fn capture(
 }
 
 /// Copies the first bytes of a TCP segment with `segment` payload bytes starting at
-/// offset `at` of the packet (from its IP header), sequence number `seq`, into the ring
-/// buffer. User space finds the messages in it (`observer::dns::stream`).
+/// offset `at` of the packet (from its IP header), sequence number `seq`, into
+/// `DNS_EVENTS`. User space finds the messages in it (`observer::dns::stream`).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub fn capture_segment(
@@ -100,7 +100,7 @@ pub fn capture_segment(
     }
     let netns = load!(state.netns);
     let len = copy_len(segment);
-    let Some(mut entry) = EVENTS.reserve::<DnsEvent>(0) else {
+    let Some(mut entry) = DNS_EVENTS.reserve::<DnsEvent>(0) else {
         count_dns_dropped(netns);
         return;
     };
@@ -133,7 +133,7 @@ fn submit_copied(entry: RingBufEntry<DnsEvent>, copied: i64, netns: u32) {
         count_dns_dropped(netns);
         return;
     }
-    entry.submit(0);
+    entry.submit(submit_flags(&DNS_EVENTS, DNS_EVENTS_WAKEUP_BYTES));
     count(counters::DNS_EMITTED);
 }
 

@@ -184,9 +184,49 @@ pub static LOST_BY_NETNS: HashMap<u32, u64> = HashMap::with_max_entries(4096, 0)
 #[map]
 pub static DNS_DROPPED_BY_NETNS: HashMap<u32, u64> = HashMap::with_max_entries(4096, 0);
 
-/// Open and close events for user space.
+/// Connections' open and close events for user space, and nothing else: DNS copies
+/// and rejected-flow reports have rings of their own, so that a flood of either cannot
+/// cost one connection event.
 #[map]
-pub static EVENTS: RingBuf = RingBuf::with_byte_size(4 * 1024 * 1024, 0);
+pub static EVENTS: RingBuf = RingBuf::with_byte_size(EVENTS_BYTES as u32, 0);
+
+/// `EVENTS`' default size; user space may change it (`--ring-buffer-bytes`).
+const EVENTS_BYTES: u64 = 4 * 1024 * 1024;
+
+/// User space is woken early (before its next timed drain) once this much of `EVENTS`
+/// is waiting: an eighth of the default ring, so a busy node does not cost a wake-up
+/// per event.
+pub const EVENTS_WAKEUP_BYTES: u64 = EVENTS_BYTES / 8;
+
+/// DNS message prefixes (`dns::capture`, `dns::capture_segment`) for user space: a ring
+/// of their own, so that a pod flooding port 53 fills only this one. Each message takes
+/// 344 bytes (a `DnsEvent` and the record header): 6,096 messages, about 120 ms of a
+/// 50,000-message/s flood while user space is busy elsewhere. A message that finds it
+/// full is counted (`counters::DNS_DROPPED`), never waited for.
+#[map]
+pub static DNS_EVENTS: RingBuf = RingBuf::with_byte_size(DNS_EVENTS_BYTES as u32, 0);
+
+/// `DNS_EVENTS`' default size; user space may change it (`--dns-ring-buffer-bytes`).
+const DNS_EVENTS_BYTES: u64 = 2 * 1024 * 1024;
+
+/// As `EVENTS_WAKEUP_BYTES`, for `DNS_EVENTS`.
+pub const DNS_EVENTS_WAKEUP_BYTES: u64 = DNS_EVENTS_BYTES / 8;
+
+/// `bpf_ringbuf_submit` flags and `bpf_ringbuf_query` selector.
+const BPF_RB_NO_WAKEUP: u64 = 1;
+const BPF_RB_FORCE_WAKEUP: u64 = 2;
+const BPF_RB_AVAIL_DATA: u64 = 0;
+
+/// The flags to submit a record to `ring` with: user space drains the rings every few
+/// milliseconds anyway, and is woken early only once `wakeup_bytes` are waiting.
+#[inline(always)]
+pub fn submit_flags(ring: &RingBuf, wakeup_bytes: u64) -> u64 {
+    if ring.query(BPF_RB_AVAIL_DATA) >= wakeup_bytes {
+        BPF_RB_FORCE_WAKEUP
+    } else {
+        BPF_RB_NO_WAKEUP
+    }
+}
 
 /// New connections netfilter dropped before any DNAT, one entry per client flow (see
 /// `hooks/netfilter_drop.rs`); user space reads the counts and removes finished flows.

@@ -141,7 +141,7 @@ fn user_path(c: &mut Criterion) {
             close.close = CLOSE_RST;
             close.state.last_ns = open.state.start_ns + 1_500_000;
             for raw in [bytes(&open), bytes(&close)] {
-                let event = decode::conn_event(raw).unwrap();
+                let event = decode::record::<ConnEvent>(raw).unwrap();
                 view.on_kernel_event(&event);
                 // Without a live view an open event makes no record (`Session::on_events`).
                 if event.kind == EVENT_OPEN {
@@ -184,7 +184,7 @@ fn user_path(c: &mut Criterion) {
     group.bench_function("log_line", |b| b.iter(|| log.conn(&record).unwrap()));
     group.bench_function("decode_track", |b| {
         b.iter(|| {
-            let event = decode::conn_event(bytes(&open)).unwrap();
+            let event = decode::record::<ConnEvent>(bytes(&open)).unwrap();
             view.on_kernel_event(&event);
             tracker.on_event(&event).unwrap()
         })

@@ -29,8 +29,13 @@ use crate::naming::pod_source::PodNamer;
 use crate::naming::{FIRST_READ, Namer, hold::Hold};
 use crate::sinks::log::LogWriter;
 
-/// How often the ring buffer is drained without a wake-up: the live view's latency.
+/// How often the ring buffers are drained without a wake-up: the live view's latency.
 const DRAIN_INTERVAL: Duration = Duration::from_millis(50);
+
+/// DNS messages decoded at most per drain: a whole default DNS ring buffer (2 MiB of
+/// 344-byte records). Connection events are drained first and whole each time, so a DNS
+/// flood that arrives as fast as user space decodes it delays them by one batch at most.
+const DNS_DRAIN_MAX: usize = 6096;
 
 /// How long a finished connection may wait for a re-read of its namespace's rules
 /// before it is named from the rules read before.
@@ -81,8 +86,8 @@ struct Session {
     /// Final records and Service definitions the live view has not taken yet: they are
     /// never dropped (progress updates are, the next sweep repeats them).
     pending: std::collections::VecDeque<Update>,
-    /// Ring-buffer records that could not be decoded (never seen: the sizes are
-    /// asserted on both sides).
+    /// Ring-buffer records (connection events, DNS messages) that could not be decoded
+    /// (never seen: the sizes are asserted on both sides).
     malformed: u64,
     /// Final records that could not be made (an unknown protocol): lost connections.
     unrecordable: u64,
@@ -123,9 +128,9 @@ pub async fn run(
             note = next_note(&mut session.follower) => session.on_conntrack(note)?,
             ready = session.capture.wait_for_events() => {
                 ready.context("cannot poll the kernel's ring buffer")?;
-                session.drain()?;
+                session.drain(DNS_DRAIN_MAX)?;
             }
-            _ = drain.tick() => session.drain()?,
+            _ = drain.tick() => session.drain(DNS_DRAIN_MAX)?,
             _ = sweep.tick() => session.sweep()?,
         }
     }
@@ -145,7 +150,7 @@ impl Session {
             updates: options.updates,
             namer: options.namer,
             pods: options.pods,
-            warn: options.warn,
+            warn: printable_warnings(options.warn),
             netns_seen: Default::default(),
             held: Hold::new(NAME_WAIT, FIRST_NAME_WAIT),
             follower: None,
@@ -167,7 +172,8 @@ impl Session {
     /// Detaches, writes every connection still open and the summary line.
     fn finish(mut self, started: DateTime<Utc>) -> anyhow::Result<SummaryRecord> {
         self.capture.detach();
-        self.drain()?;
+        // Nothing is added any more: every DNS message left is read.
+        self.drain(usize::MAX)?;
         let now = monotonic_ns();
         for result in self.tracker.finish(&self.capture.connections(), now) {
             match result {
@@ -188,17 +194,14 @@ impl Session {
             connections: self.log.as_ref().map_or(0, LogWriter::connections),
             dnat_events: stats.dnat_events,
             lost_connections: stats.lost_connections,
-            lost_by_netns: self
-                .capture
-                .lost_by_netns()
-                .into_iter()
-                .map(|(netns, lost)| (netns.to_string(), lost))
-                .collect(),
+            lost_by_netns: by_netns(&self.capture.lost_by_netns()),
             lost_events: stats.lost_events,
             read_errors: stats.read_errors,
             dns_queries: self.dns.written,
             dns_malformed: stats.dns_malformed,
-            dns_malformed_by_netns: self.dns_malformed_by_netns(),
+            dns_malformed_by_netns: by_netns(&self.dns.malformed_by_netns),
+            dns_lost: stats.dns_lost,
+            dns_lost_by_netns: by_netns(&self.capture.dns_dropped_by_netns()),
             rejects: self.rejects.written,
             lost_rejects: stats.lost_rejects,
             conntrack: self.pressure.summary(),
@@ -214,11 +217,14 @@ impl Session {
 }
 
 impl Session {
-    fn drain(&mut self) -> anyhow::Result<()> {
+    /// Reads the connection events, at most `dns_max` DNS messages and the rejected
+    /// flows' reports the kernel wrote since the last drain.
+    fn drain(&mut self, dns_max: usize) -> anyhow::Result<()> {
         let (mut events, mut dns) = std::mem::take(&mut self.drained);
         events.clear();
         dns.clear();
-        self.malformed += self.capture.drain_events(&mut events, &mut dns);
+        self.malformed += self.capture.drain_events(&mut events);
+        self.malformed += self.capture.drain_dns(&mut dns, dns_max);
         self.events += (events.len() + dns.len()) as u64;
         let result = self.on_events(&events, &dns);
         self.drained = (events, dns);
@@ -319,7 +325,8 @@ impl Session {
             lost_connections,
             lost_events: counters.events_dropped + self.malformed,
             read_errors: counters.read_errors,
-            dns_malformed: counters.dns_dropped + self.dns.malformed,
+            dns_malformed: self.dns.malformed,
+            dns_lost: counters.dns_dropped,
             lost_rejects: counters.rejects_dropped + self.rejects.malformed,
             hooks_attached: self.capture.hooks_attached(),
             netns_seen: self.netns_seen.len() as u32,
@@ -466,6 +473,26 @@ impl Session {
             }
         }
     }
+}
+
+/// Warnings quote the node's text (rule lines, paths, hostnames): each leaves as
+/// printable text, whichever source quoted it.
+fn printable_warnings(
+    mut warn: Box<dyn FnMut(String) + Send>,
+) -> Box<dyn FnMut(String) + Send> {
+    use crate::naming::printable::{MESSAGE_BYTES, printable};
+    Box::new(move |warning| warn(printable(warning, MESSAGE_BYTES)))
+}
+
+/// Counts per network namespace inode, keyed by the inode as a string (the summary
+/// line's keys).
+fn by_netns(
+    counts: &std::collections::BTreeMap<u32, u64>,
+) -> std::collections::BTreeMap<String, u64> {
+    counts
+        .iter()
+        .map(|(netns, count)| (netns.to_string(), *count))
+        .collect()
 }
 
 /// The next note of the conntrack follower; pending forever without one.

@@ -116,8 +116,15 @@ fn live(args: LiveArgs) -> anyhow::Result<Outcome> {
         .recv()
         .context("the capture thread ended before attaching")??;
 
+    // The node's hostname: any process in the node's UTS namespace with CAP_SYS_ADMIN
+    // sets it.
     let title = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|name| name.trim().to_owned())
+        .map(|name| {
+            crate::naming::printable::printable(
+                name.trim().to_owned(),
+                crate::naming::printable::NAME_BYTES,
+            )
+        })
         .unwrap_or_else(|_| "this node".to_owned());
     let options = TuiOptions {
         title,

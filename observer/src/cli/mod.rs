@@ -102,8 +102,12 @@ pub fn main() -> ExitCode {
         Ok(Outcome::ConditionFailed) => ExitCode::from(1),
         Err(err) => {
             // The error and its causes on one line, joined by `: ` (no error's message
-            // repeats its source's).
-            eprintln!("observer: {err:#}");
+            // repeats its source's), as printable text: it may quote the node's.
+            let line = crate::naming::printable::printable(
+                format!("{err:#}"),
+                crate::naming::printable::MESSAGE_BYTES,
+            );
+            eprintln!("observer: {line}");
             ExitCode::from(EXIT_CANNOT)
         }
     }

@@ -23,10 +23,13 @@ pub struct CaptureArgs {
     /// beyond it are counted as lost.
     #[arg(long, value_name = "N", default_value_t = 262_144, value_parser = clap::value_parser!(u32).range(1..=4_194_304))]
     pub max_connections: u32,
-    /// Size of the kernel's ring buffer in bytes (a power of two, at least 4096); for
-    /// tests that force it to fill.
+    /// Size of the kernel's ring buffer of connection events in bytes (a power of two,
+    /// at least 4096); for tests that force it to fill.
     #[arg(long, value_name = "BYTES", hide = true, value_parser = ring_buffer_bytes)]
     pub ring_buffer_bytes: Option<u32>,
+    /// The same for the ring buffer of DNS messages.
+    #[arg(long, value_name = "BYTES", hide = true, value_parser = ring_buffer_bytes)]
+    pub dns_ring_buffer_bytes: Option<u32>,
     /// The kernel's BTF, for kernels that keep it somewhere else.
     #[arg(long, value_name = "FILE", default_value = crate::kernel::btf::Btf::SYS_FS)]
     pub btf: std::path::PathBuf,
@@ -94,6 +97,7 @@ impl CaptureArgs {
             max_connections: self.max_connections,
             btf_path: self.btf.clone(),
             ring_buffer_bytes: self.ring_buffer_bytes,
+            dns_ring_buffer_bytes: self.dns_ring_buffer_bytes,
         })?;
         for warning in &capture.warnings {
             eprintln!("observer: warning: {warning}");

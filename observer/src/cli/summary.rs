@@ -95,6 +95,7 @@ fn dns(args: &SummaryArgs, file: &str, recording: &Recording) -> anyhow::Result<
                 file,
                 queries,
                 malformed: recording.summary.as_ref().map(|s| s.dns_malformed),
+                lost: recording.summary.as_ref().map(|s| s.dns_lost),
                 clients: &clients,
             };
             serde_json::to_string(&json)? + "\n"

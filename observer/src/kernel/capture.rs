@@ -57,9 +57,11 @@ pub struct CaptureOptions {
     pub max_connections: u32,
     /// Where the kernel's BTF is (normally `/sys/kernel/btf/vmlinux`).
     pub btf_path: std::path::PathBuf,
-    /// Ring-buffer size in bytes (a power of two, at least a page); `None` keeps the
-    /// programs' default (4 MiB).
+    /// The connection events' ring buffer's size in bytes (a power of two, at least a
+    /// page); `None` keeps the programs' default (4 MiB).
     pub ring_buffer_bytes: Option<u32>,
+    /// The same for the DNS messages' ring buffer (default 2 MiB).
+    pub dns_ring_buffer_bytes: Option<u32>,
 }
 
 /// Summed per-CPU counters (see `observer_common::counters`).
@@ -67,15 +69,15 @@ pub struct CaptureOptions {
 pub struct Counters {
     /// Connections entered in the kernel's table.
     pub tracked: u64,
-    /// Ring-buffer records not written (ring buffer full); no record missing.
+    /// Connection events not written (their ring buffer full); no record missing.
     pub events_dropped: u64,
     pub read_errors: u64,
     /// DNAT decisions without a record: the table was full at their first packet.
     pub lost_table_full: u64,
     /// Tracked connections without a record (ended when neither reportable nor keepable).
     pub lost_unreported: u64,
-    /// DNS message prefixes written, and not written (ring buffer full, or the payload
-    /// not in the packet's linear part).
+    /// DNS message prefixes written, and not written, i.e. lost (their ring buffer
+    /// full, or the payload not in the packet's linear part).
     pub dns_emitted: u64,
     pub dns_dropped: u64,
     /// Rejected-flow reports not written (their ring buffer was full).
@@ -86,7 +88,10 @@ pub struct Counters {
 pub struct Capture {
     /// Owns the programs; `None` once detached.
     ebpf: Option<Ebpf>,
+    /// Connections' open and close events.
     events: tokio::io::unix::AsyncFd<RingBuf<MapData>>,
+    /// DNS message prefixes: a ring of their own (see observer-ebpf's `maps.rs`).
+    dns_events: tokio::io::unix::AsyncFd<RingBuf<MapData>>,
     /// Rejected flows' reports: drained on the drain timer (never a wake-up of its own,
     /// so a flood of them costs user space no extra wake-ups).
     rejects: RingBuf<MapData>,
@@ -162,8 +167,13 @@ fn load(options: &CaptureOptions, layout: &KernelLayout) -> Result<Ebpf, Capture
         .override_global("TICK_NS", &tick_ns, true)
         .map_max_entries("CONNS", options.max_connections)
         .map_max_entries("DIALED", options.max_connections);
-    if let Some(bytes) = options.ring_buffer_bytes {
-        loader.map_max_entries("EVENTS", bytes);
+    for (ring, bytes) in [
+        ("EVENTS", options.ring_buffer_bytes),
+        ("DNS_EVENTS", options.dns_ring_buffer_bytes),
+    ] {
+        if let Some(bytes) = bytes {
+            loader.map_max_entries(ring, bytes);
+        }
     }
     loader
         .load(PROGRAMS)
@@ -308,10 +318,14 @@ fn take_map(ebpf: &mut Ebpf, name: &str) -> Result<aya::maps::Map, CaptureError>
         .ok_or_else(|| CaptureError::Load(format!("map {name} missing from the object")))
 }
 
-/// Registers the ring buffer with tokio, to wait for it to become readable.
+/// Takes the ring buffer `name` and registers it with tokio, to wait for it to become
+/// readable.
 fn poll_ring_buffer(
-    events: RingBuf<MapData>,
+    ebpf: &mut Ebpf,
+    name: &str,
 ) -> Result<tokio::io::unix::AsyncFd<RingBuf<MapData>>, CaptureError> {
+    let events = RingBuf::try_from(take_map(ebpf, name)?)
+        .map_err(|err| CaptureError::Load(error_chain(&err)))?;
     // SAFETY: the ring buffer owns its descriptor and moves into the AsyncFd, which
     // deregisters it before dropping it, so the descriptor outlives the registration.
     unsafe {
@@ -319,7 +333,7 @@ fn poll_ring_buffer(
     }
     .map_err(|err| {
         CaptureError::Load(format!(
-            "cannot poll the ring buffer: {}",
+            "cannot poll the ring buffer {name}: {}",
             err.into_parts().1
         ))
     })
@@ -377,7 +391,8 @@ impl Capture {
             ),
         }
         let load_error = |err: aya::maps::MapError| CaptureError::Load(error_chain(&err));
-        let events = RingBuf::try_from(take_map(&mut ebpf, "EVENTS")?).map_err(load_error)?;
+        let events = poll_ring_buffer(&mut ebpf, "EVENTS")?;
+        let dns_events = poll_ring_buffer(&mut ebpf, "DNS_EVENTS")?;
         let rejects =
             RingBuf::try_from(take_map(&mut ebpf, "REJECT_EVENTS")?).map_err(load_error)?;
         let rejected = HashMap::try_from(take_map(&mut ebpf, "REJECTED")?).map_err(load_error)?;
@@ -388,7 +403,8 @@ impl Capture {
         }
         .map_err(|err| CaptureError::Load(format!("cannot read map CONNS: {err}")))?;
         Ok(Capture {
-            events: poll_ring_buffer(events)?,
+            events,
+            dns_events,
             rejects,
             rejected,
             conns: HashMap::try_from(conns).map_err(load_error)?,
@@ -419,36 +435,32 @@ impl Capture {
         self.ebpf = None;
     }
 
-    /// Waits until the ring buffer has records.
+    /// Waits until the connection events' or the DNS messages' ring buffer wakes user
+    /// space (the programs do so only once a lot is waiting).
     pub async fn wait_for_events(&mut self) -> std::io::Result<()> {
-        let mut guard = self.events.readable_mut().await?;
+        let mut guard = tokio::select! {
+            guard = self.events.readable_mut() => guard?,
+            guard = self.dns_events.readable_mut() => guard?,
+        };
         guard.clear_ready();
         Ok(())
     }
 
-    /// Moves every pending ring-buffer record into `out` (connections) or `dns` (DNS
-    /// message prefixes); malformed ones are counted.
-    pub fn drain_events(&mut self, out: &mut Vec<ConnEvent>, dns: &mut Vec<DnsEvent>) -> u64 {
-        let ring = self.events.get_mut();
-        let mut malformed = 0;
-        while let Some(item) = ring.next() {
-            if decode::push_kernel_event(&item, out, dns).is_err() {
-                malformed += 1;
-            }
-        }
-        malformed
+    /// Moves every pending connection event into `out`; malformed ones are counted.
+    pub fn drain_events(&mut self, out: &mut Vec<ConnEvent>) -> u64 {
+        drain(self.events.get_mut(), out, usize::MAX)
+    }
+
+    /// Moves pending DNS message prefixes into `out`, at most `max` of them (so that a
+    /// flood of DNS messages that arrive as fast as they are read cannot keep the
+    /// caller from the connection events); malformed ones are counted.
+    pub fn drain_dns(&mut self, out: &mut Vec<DnsEvent>, max: usize) -> u64 {
+        drain(self.dns_events.get_mut(), out, max)
     }
 
     /// Moves every pending rejected-flow report into `out`; malformed ones are counted.
     pub fn drain_rejects(&mut self, out: &mut Vec<RejectEvent>) -> u64 {
-        let mut malformed = 0;
-        while let Some(item) = self.rejects.next() {
-            match decode::reject_event(&item) {
-                Ok(event) => out.push(event),
-                Err(_) => malformed += 1,
-            }
-        }
-        malformed
+        drain(&mut self.rejects, out, usize::MAX)
     }
 
     /// What the kernel counted of a rejected flow, if it still has it.
@@ -530,6 +542,26 @@ impl Capture {
             rejects_dropped: sum(counters::REJECTS_DROPPED),
         }
     }
+}
+
+/// Moves up to `max` pending records of `ring` into `out`; returns how many of them were
+/// malformed (not a `T`).
+fn drain<T: decode::KernelRecord>(
+    ring: &mut RingBuf<MapData>,
+    out: &mut Vec<T>,
+    max: usize,
+) -> u64 {
+    let mut malformed = 0;
+    let mut taken = 0;
+    while taken < max
+        && let Some(item) = ring.next()
+    {
+        taken += 1;
+        if decode::push_record(&item, out).is_err() {
+            malformed += 1;
+        }
+    }
+    malformed
 }
 
 /// An error and its sources on one line.

@@ -37,8 +37,10 @@ pub struct CaptureStats {
     pub lost_events: u64,
     /// Kernel memory reads that failed.
     pub read_errors: u64,
-    /// DNS messages that could not be read (malformed, or not copied by the kernel).
+    /// DNS messages copied that could not be read (malformed).
     pub dns_malformed: u64,
+    /// DNS messages the kernel could not copy (their ring buffer full): lost.
+    pub dns_lost: u64,
     /// Rejected-connection reports lost (their ring buffer was full, or undecodable):
     /// `reject` lines may be missing.
     pub lost_rejects: u64,

@@ -35,6 +35,7 @@ pub mod legacy;
 mod parsed;
 pub mod pod_source;
 pub mod pods;
+pub mod printable;
 mod reader;
 pub mod rules;
 pub mod source;

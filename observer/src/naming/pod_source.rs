@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::pods::{PodScan, parse_bundle};
+use super::printable::{MESSAGE_BYTES, NAME_BYTES, printable};
 use crate::model::NetMap;
 use crate::model::record::Name;
 
@@ -356,15 +357,22 @@ impl PodNamer {
     }
 }
 
+/// Keeps a scan's names and causes, as printable text: where the node's hostnames and
+/// bundle annotations enter observer.
 fn store(shared: &Mutex<Shared>, scan: PodScan) {
     let pods = scan
         .pods
         .into_iter()
-        .map(|(ip, name)| (ip, Name::from(name)))
+        .map(|(ip, name)| (ip, Name::from(printable(name, NAME_BYTES))))
+        .collect();
+    let skipped = scan
+        .skipped
+        .into_iter()
+        .map(|cause| printable(cause, MESSAGE_BYTES))
         .collect();
     let mut shared = shared.lock().unwrap_or_else(|e| e.into_inner());
     shared.pods = pods;
-    shared.skipped = scan.skipped;
+    shared.skipped = skipped;
     shared.scans += 1;
 }
 

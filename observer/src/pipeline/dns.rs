@@ -13,10 +13,10 @@ pub(super) struct DnsSide {
     matcher: Matcher,
     /// Where each TCP connection's next message starts.
     streams: Streams,
-    /// Messages that could not be decoded (the kernel's drops are counted there).
+    /// Messages that could not be decoded (the kernel's drops are counted apart: lost).
     pub malformed: u64,
     /// `malformed` per network namespace inode.
-    malformed_by_netns: std::collections::BTreeMap<u32, u64>,
+    pub malformed_by_netns: std::collections::BTreeMap<u32, u64>,
     /// `dns` lines written.
     pub written: u64,
 }
@@ -58,18 +58,6 @@ impl Session {
         self.dns.streams.expire(now_ns);
         let expired = self.dns.matcher.expire(now_ns);
         self.write_dns(expired)
-    }
-
-    /// Malformed or uncopied DNS messages per network namespace inode (as strings, the
-    /// summary line's keys), the kernel's and user space's together.
-    pub(super) fn dns_malformed_by_netns(&self) -> std::collections::BTreeMap<String, u64> {
-        let mut all = self.capture.dns_dropped_by_netns();
-        for (netns, count) in &self.dns.malformed_by_netns {
-            *all.entry(*netns).or_default() += count;
-        }
-        all.into_iter()
-            .map(|(netns, count)| (netns.to_string(), count))
-            .collect()
     }
 
     /// Writes every query still waiting (the session ends).

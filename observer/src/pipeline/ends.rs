@@ -47,7 +47,7 @@ impl Session {
         if let Some(follower) = self.follower.as_mut() {
             notes.extend(follower.ready());
         }
-        self.drain()?;
+        self.drain(super::DNS_DRAIN_MAX)?;
         for note in notes {
             self.conntrack_note(note)?;
         }

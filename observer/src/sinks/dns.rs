@@ -17,7 +17,26 @@ pub struct DnsJson<'a> {
     pub queries: u64,
     /// From the summary line; null when the recording did not end cleanly.
     pub malformed: Option<u64>,
+    /// Messages the kernel could not copy (`dns_lost`), likewise.
+    pub lost: Option<u64>,
     pub clients: &'a [ClientDns],
+}
+
+/// What the header says of the messages without lines: malformed ones always, lost ones
+/// when there are any.
+pub fn skipped(summary: &SummaryRecord) -> String {
+    let mut text = format!(
+        ", {} skipped",
+        plural(summary.dns_malformed, "malformed message")
+    );
+    if summary.dns_lost > 0 {
+        let _ = write!(
+            text,
+            ", {} (not copied: observer fell behind)",
+            plural(summary.dns_lost, "lost message")
+        );
+    }
+    text
 }
 
 /// The text report.
@@ -35,7 +54,7 @@ pub fn render(
         plural(queries, "DNS query").replace("querys", "queries"),
         plural(lookups, "lookup"),
         match summary {
-            Some(s) => format!(", {} skipped", plural(s.dns_malformed, "malformed message")),
+            Some(s) => skipped(s),
             None => String::new(),
         }
     );
@@ -161,7 +180,7 @@ mod tests {
                 walk("checkout", Some("checkout.shop.svc.cluster.local"), 1, 2, 0),
             ],
         }];
-        let summary = SummaryRecord {
+        let mut summary = SummaryRecord {
             dns_malformed: 1,
             ..Default::default()
         };
@@ -174,6 +193,11 @@ mod tests {
              www.example.com -> www.example.com: 8 queries, 6 NXDOMAIN\n  \
              checkout -> checkout.shop.svc.cluster.local: 2 queries\n"
         );
+        summary.dns_lost = 2;
+        assert!(render("x.jsonl", Some(&summary), 10, &clients).starts_with(
+            "x.jsonl: 10 DNS queries in 2 lookups, 1 malformed message skipped, \
+                 2 lost messages (not copied: observer fell behind)\n"
+        ));
         assert_eq!(
             render("x.jsonl", None, 0, &[]),
             "x.jsonl: 0 DNS queries in 0 lookups\n\nno DNS queries to a port-53 Service in the recording\n"

@@ -289,7 +289,7 @@ fn door_label(door: FrontendKind) -> String {
 }
 
 /// The capture counters, one unlabelled sample each.
-fn capture_families(capture: &CaptureStats) -> [Family; 8] {
+fn capture_families(capture: &CaptureStats) -> [Family; 9] {
     let mut counters = [
         Family::new(
             "observer_dnat_events_total",
@@ -314,7 +314,12 @@ fn capture_families(capture: &CaptureStats) -> [Family; 8] {
         Family::new(
             "observer_dns_malformed_total",
             "counter",
-            "DNS messages to or from port-53 Services that could not be read (malformed, truncated, or not copied by the kernel).",
+            "DNS messages to or from port-53 Services that were copied but could not be read (malformed, truncated).",
+        ),
+        Family::new(
+            "observer_dns_lost_total",
+            "counter",
+            "DNS messages to or from port-53 Services the kernel could not copy (their ring buffer was full): dns lines are missing when non-zero.",
         ),
         Family::new(
             "observer_lost_rejects_total",
@@ -338,6 +343,7 @@ fn capture_families(capture: &CaptureStats) -> [Family; 8] {
         capture.lost_events as f64,
         capture.read_errors as f64,
         capture.dns_malformed as f64,
+        capture.dns_lost as f64,
         capture.lost_rejects as f64,
         capture.hooks_attached as f64,
         capture.live_connections as f64,
@@ -455,6 +461,7 @@ mod tests {
             "observer_lost_events_total 0".to_owned(),
             "observer_lost_connections_total 0".to_owned(),
             "observer_dns_malformed_total 0".to_owned(),
+            "observer_dns_lost_total 0".to_owned(),
             "# TYPE observer_requests_total counter".to_owned(),
         ] {
             assert!(

@@ -47,12 +47,12 @@ pub fn render(file: &str, summary: Option<&SummaryRecord>, services: &[ServiceSt
                 plural(s.lost_events, "lost event"),
                 plural(s.read_errors, "read error"),
             );
-            if s.dns_queries > 0 || s.dns_malformed > 0 {
+            if s.dns_queries > 0 || s.dns_malformed > 0 || s.dns_lost > 0 {
                 let _ = writeln!(
                     out,
-                    "DNS: {} to port-53 Services (`observer summary --dns` shows the lookups), {} skipped",
+                    "DNS: {} to port-53 Services (`observer summary --dns` shows the lookups){}",
                     plural(s.dns_queries, "query").replace("querys", "queries"),
-                    plural(s.dns_malformed, "malformed message"),
+                    crate::sinks::dns::skipped(s),
                 );
             }
             if s.lost_connections > 0 {

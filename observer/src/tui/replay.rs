@@ -51,6 +51,7 @@ pub fn replay_updates(recording: &Recording) -> Vec<Update> {
         lost_events: summary.lost_events,
         read_errors: summary.read_errors,
         dns_malformed: summary.dns_malformed,
+        dns_lost: summary.dns_lost,
         lost_rejects: summary.lost_rejects,
         hooks_attached: 0,
         netns_seen: u32::try_from(netns.len()).unwrap_or(u32::MAX),

@@ -227,15 +227,23 @@ pub struct SummaryRecord {
     /// `dns` lines written. Absent when there were none (and in older logs).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub dns_queries: u64,
-    /// DNS messages on port 53 that could not be read: malformed, truncated past the
-    /// question, or not copied by the kernel (ring buffer full, payload out of reach).
-    /// Absent when there were none.
+    /// DNS messages on port 53 that were copied but could not be read: malformed, or
+    /// truncated past the question. Absent when there were none. (Logs written before
+    /// `dns_lost` existed count lost messages here too.)
     #[serde(default, skip_serializing_if = "is_zero")]
     pub dns_malformed: u64,
     /// `dns_malformed` per network namespace inode (which node's DNS went unread);
     /// absent when there were none.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub dns_malformed_by_netns: std::collections::BTreeMap<String, u64>,
+    /// DNS messages on port 53 (TCP: segments) the kernel could not copy: their ring
+    /// buffer was full (a flood, or observer behind), or the payload was out of reach.
+    /// Their `dns` lines are missing or lack a response. Absent when there were none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub dns_lost: u64,
+    /// `dns_lost` per network namespace inode; absent when there were none.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub dns_lost_by_netns: std::collections::BTreeMap<String, u64>,
     /// `reject` lines written. Absent when there were none (and in older logs).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub rejects: u64,

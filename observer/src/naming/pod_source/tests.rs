@@ -67,6 +67,29 @@ fn names_from_the_first_scan_and_refreshes_in_the_background_when_asked() {
     );
 }
 
+/// A hostname (or annotation) holding a terminal escape names its pod as printable text,
+/// and so does a warning quoting one.
+#[test]
+fn names_and_warnings_are_printable_text() {
+    let (give, scans) = channel();
+    let (taken, _was_taken) = channel();
+    let mut scan = scan_of(&[("10.244.1.12", "\u{1b}[2Jcheckout-a")]);
+    scan.skipped
+        .push("network namespace 7: processes with different hostnames (\u{1b}[2J, b)".into());
+    give.send(scan).unwrap();
+    let mut namer = PodNamer::start(PodNamerConfig::default(), Box::new(Scripted { scans, taken }));
+    assert_eq!(
+        namer.name(ip("10.244.1.12"), Instant::now()).as_deref(),
+        Some("\\x1b[2Jcheckout-a")
+    );
+    let warnings = namer.take_warnings();
+    assert_eq!(warnings.len(), 1);
+    assert!(
+        warnings[0].contains("hostnames (\\x1b[2J, b)") && !warnings[0].contains('\u{1b}'),
+        "{warnings:?}"
+    );
+}
+
 #[test]
 fn a_known_address_refreshes_only_after_max_age() {
     let (give, scans) = channel();

@@ -15,6 +15,7 @@ use std::net::SocketAddr;
 use chrono::{DateTime, Utc};
 
 use crate::model::record::{EndpointShare, Frontend, FrontendKind, Proto, ServiceRecord};
+use crate::naming::printable::{MESSAGE_BYTES, NAME_BYTES, printable};
 
 /// A dump that is not what the parsers expect. Messages name the line (iptables) or the
 /// JSON position or path (nft).
@@ -112,9 +113,12 @@ impl ServiceMap {
         Ok(ServiceMap::from_ports(nft::parse(text)?))
     }
 
+    /// Where Service names (from rule comments and chain names) enter observer: as
+    /// printable text.
     fn from_ports(ports: Vec<ServicePort>) -> ServiceMap {
         let mut map = ServiceMap::default();
-        for port in ports {
+        for mut port in ports {
+            port.name = printable(std::mem::take(&mut port.name), NAME_BYTES);
             map.insert(port);
         }
         map.reindex();
@@ -217,6 +221,12 @@ impl ServiceMap {
             })
             .collect()
     }
+}
+
+/// The message of an error that may quote the rules' text (a line, a word, a map's
+/// name), as printable text.
+fn error_text(message: String) -> String {
+    printable(message, MESSAGE_BYTES)
 }
 
 /// `ns/name:port` from kube-proxy's parts; an unnamed port has no `:`.

@@ -141,6 +141,7 @@ fn stats() -> CaptureStats {
         lost_events: 0,
         read_errors: 0,
         dns_malformed: 0,
+        dns_lost: 0,
         lost_rejects: 0,
         hooks_attached: 3,
         netns_seen: 2,

@@ -146,6 +146,12 @@ fn status_line(app: &App, width: u16) -> Line<'static> {
             spans.push(Span::styled(format!(" │ {label} {lost}"), ALERT));
         }
     }
+    if capture.dns_lost > 0 {
+        spans.push(Span::styled(
+            format!(" │ dns lost {}", capture.dns_lost),
+            ALERT,
+        ));
+    }
     if let Some(file) = capture.recording.as_ref().or(app.recording.as_ref()) {
         let verb = if app.replay { "file" } else { "rec" };
         spans.push(Span::raw(format!(" │ {verb} {file}")));

@@ -119,7 +119,7 @@ impl Tables {
 fn err(line: usize, message: impl Into<String>) -> RulesError {
     RulesError::Iptables {
         line,
-        message: message.into(),
+        message: super::error_text(message.into()),
     }
 }
 

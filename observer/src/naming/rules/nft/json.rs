@@ -100,8 +100,8 @@ impl Verdict {
 
 pub(super) fn path_err(path: String, message: impl Into<String>) -> RulesError {
     RulesError::Nft {
-        path,
-        message: message.into(),
+        path: super::super::error_text(path),
+        message: super::super::error_text(message.into()),
     }
 }
 

@@ -248,3 +248,20 @@ fn empty_or_foreign_tables_give_an_empty_map() {
     let docker = "*nat\n:DOCKER - [0:0]\n-A DOCKER -d 172.17.0.0/16 -p tcp -j DNAT --to-destination 172.17.0.2-172.17.0.4:80-90\nCOMMIT\n";
     assert!(ServiceMap::from_iptables_save(docker).unwrap().is_empty());
 }
+
+/// A comment (the Service's name) or a line holding a terminal escape: every name and
+/// error message is printable text.
+#[test]
+fn escapes_in_comments_and_lines_become_printable_text() {
+    let hostile = fixture!("iptables/mixed-v4-nat.saved")
+        .replace("shop/checkout:http", "shop/\u{1b}[2Jcheckout:http");
+    let map = ServiceMap::from_iptables_save(&hostile).unwrap();
+    let checkout = port(&map, Proto::Tcp, "shop/\\x1b[2Jcheckout:http");
+    assert_eq!(checkout.endpoints.len(), 3);
+    assert!(names(&map).iter().all(|n| !n.contains('\u{1b}')));
+    let err = ServiceMap::from_iptables_save("*nat\n\u{1b}]0;owned\u{7}\nCOMMIT\n").unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "iptables-save line 2: not an iptables-save line: \\x1b]0;owned\\x07"
+    );
+}

@@ -103,7 +103,11 @@ pub fn demo(args: DemoArgs) -> anyhow::Result<()> {
             .output()
             .map(|out| {
                 for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
-                    let _ = Command::new("kill").arg(pid).status();
+                    // A client may end on its own meanwhile: no word about it.
+                    let _ = Command::new("kill")
+                        .arg(pid)
+                        .stderr(std::process::Stdio::null())
+                        .status();
                 }
             });
         status.context("cannot start observer")

@@ -17,6 +17,7 @@ mod follow;
 mod names;
 mod pressure;
 mod rejects;
+pub mod serve;
 
 pub use ends::{ConntrackStart, follow_conntrack};
 

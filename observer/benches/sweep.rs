@@ -9,8 +9,8 @@ use std::time::Duration;
 use aya::maps::{HashMap, Map, MapData};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use observer::kernel::batch;
-use observer::model::ctview::ConntrackView;
 use observer::model::tracker::{Clock, Tracker};
+use observer::pipeline::reconcile::matching::ConntrackMatcher;
 use observer_common::conn::{ConnState, FAMILY_IPV4, PROTO_TCP};
 
 const OPEN: u64 = 100_000;
@@ -100,7 +100,7 @@ fn sweep(c: &mut Criterion) {
     };
     let before = rss_kib();
     let mut tracker = Tracker::new(clock, Duration::from_secs(30));
-    let mut view = ConntrackView::default();
+    let mut view = ConntrackMatcher::default();
     tracker.sweep(&entries, 101 * SECOND, true);
     view.on_sweep(&entries);
     eprintln!(

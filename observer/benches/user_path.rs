@@ -6,9 +6,9 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use observer::kernel::decode;
-use observer::model::ctview::ConntrackView;
 use observer::model::tracker::{Clock, Tracker};
 use observer::naming::{Dump, DumpFormat, DumpSource, Dumps, Namer, NamerConfig};
+use observer::pipeline::reconcile::matching::ConntrackMatcher;
 use observer::sinks::log::LogWriter;
 use observer_common::conn::{
     CLOSE_RST, ConnEvent, ConnState, EVENT_CLOSE, EVENT_OPEN, Endpoint, FAMILY_IPV4, FlowTuple,
@@ -114,7 +114,7 @@ fn user_path(c: &mut Criterion) {
     let mut tracker = Tracker::new(clock, Duration::from_secs(30));
     let mut namer = Namer::new(NamerConfig::default(), Box::new(Rules));
     // conntrack's view (on in `observer record`): every event passes it.
-    let mut view = ConntrackView::default();
+    let mut view = ConntrackMatcher::default();
     let mut log = LogWriter::new(Box::new(std::io::sink()), "bench");
     // Records as the ring buffer hands them over: a new connection (and client port)
     // each time, opened and then reset 1.5 ms later.

@@ -11,10 +11,10 @@
 //!   metrics, the summary report, check verdicts; [`tui`]: the live view.
 //! - [`cli`]: every subcommand's arguments and entry point, and the exit-code convention.
 //!
-//! Pure, unit-tested without root: `model`, `naming` (but its `source`), `stats`, `sinks`
-//! (but `serve`), `tui` (but `run`), `kernel::{btf, offsets, decode}`, `conntrack::parse`.
+//! Pure, unit-tested without root: `model`, `naming` (but its `source`), `stats`, `sinks`,
+//! `tui` (but `run`), `kernel::{btf, offsets, decode}`, `conntrack::parse`.
 //! The edges that touch the kernel, the terminal, the network or the node's tools:
-//! `kernel::capture`, `conntrack::{socket, listener}`, `pipeline`, `sinks::serve`,
+//! `kernel::capture`, `conntrack::{socket, listener}`, `pipeline` (`pipeline::serve` too),
 //! `naming::source`, `tui::run`, `cli`.
 
 pub mod cli;

@@ -12,13 +12,13 @@ use observer_common::conn::{ConnEvent, ConnState, EVENT_CLOSE, EVENT_OPEN};
 use tokio::sync::mpsc;
 
 mod dns;
-mod ends;
-mod follow;
 mod names;
 mod pressure;
+pub mod reconcile;
 mod rejects;
+pub mod serve;
 
-pub use ends::{ConntrackStart, follow_conntrack};
+pub use reconcile::{ConntrackStart, follow_conntrack};
 
 use crate::conntrack::listener::Note;
 use crate::kernel::capture::Capture;
@@ -81,7 +81,7 @@ struct Session {
     netns_seen: rustc_hash::FxHashSet<u32>,
     /// Finished connections waiting (briefly) for their rules to be read.
     held: Hold<ConnId>,
-    follower: Option<follow::Follower>,
+    follower: Option<reconcile::Follower>,
     idle_timeout_ns: u64,
     /// Final records and Service definitions the live view has not taken yet: they are
     /// never dropped (progress updates are, the next sweep repeats them).
@@ -181,7 +181,7 @@ impl Session {
                 Err(_) => self.unrecordable += 1,
             }
         }
-        let found = self.follower.as_mut().map(|f| f.view.finish(Utc::now()));
+        let found = self.follower.as_mut().map(|f| f.matcher.finish(Utc::now()));
         for (id, record) in found.into_iter().flatten() {
             self.finished(id, record)?;
         }
@@ -242,7 +242,7 @@ impl Session {
         self.on_dns(dns)?;
         for event in events {
             if let Some(follower) = self.follower.as_mut() {
-                follower.view.on_kernel_event(event);
+                follower.matcher.on_kernel_event(event);
                 follower.watch(event.state.netns);
             }
             // Only the live view shows connections before they end: without it, an open
@@ -268,7 +268,7 @@ impl Session {
         self.expire_dns(now)?;
         let sweep = self.tracker.sweep(&entries, now, self.updates.is_some());
         let checked = self.follower.as_mut().map(|follower| {
-            follower.view.on_sweep(&entries);
+            follower.matcher.on_sweep(&entries);
             let gone = follower.rescan();
             (follower.check(Utc::now()), follower.take_warnings(), gone)
         });
@@ -352,7 +352,7 @@ impl Session {
             return;
         }
         if let Some(follower) = self.follower.as_mut() {
-            follower.view.rewrite(&mut id, &mut record);
+            follower.matcher.rewrite(&mut id, &mut record);
         }
         match self.name(&mut record) {
             // Its namespace's rules are being read for the first time: rather than a row
@@ -375,7 +375,7 @@ impl Session {
     /// depends on are being read.
     fn finished(&mut self, mut id: ConnId, mut record: ConnRecord) -> anyhow::Result<()> {
         if let Some(follower) = self.follower.as_mut() {
-            follower.view.rewrite(&mut id, &mut record);
+            follower.matcher.rewrite(&mut id, &mut record);
         }
         let wait_for = self.name(&mut record)?;
         if self.held.must_wait(wait_for) {
@@ -477,9 +477,7 @@ impl Session {
 
 /// Warnings quote the node's text (rule lines, paths, hostnames): each leaves as
 /// printable text, whichever source quoted it.
-fn printable_warnings(
-    mut warn: Box<dyn FnMut(String) + Send>,
-) -> Box<dyn FnMut(String) + Send> {
+fn printable_warnings(mut warn: Box<dyn FnMut(String) + Send>) -> Box<dyn FnMut(String) + Send> {
     use crate::naming::printable::{MESSAGE_BYTES, printable};
     Box::new(move |warning| warn(printable(warning, MESSAGE_BYTES)))
 }
@@ -496,7 +494,7 @@ fn by_netns(
 }
 
 /// The next note of the conntrack follower; pending forever without one.
-async fn next_note(follower: &mut Option<follow::Follower>) -> Note {
+async fn next_note(follower: &mut Option<reconcile::Follower>) -> Note {
     match follower {
         Some(follower) => follower.next().await,
         None => std::future::pending().await,

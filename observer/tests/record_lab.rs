@@ -9,13 +9,13 @@
 mod common;
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::SocketAddr;
+use std::net::{SocketAddr, SocketAddrV4};
 
 use common::{Recorder, only_node, prefix, require_root};
-use observer::model::record::{Close, ConnRecord, FrontendKind, Proto};
+use observer::model::record::{Close, ConnRecord, FrontendKind, Proto, Recording};
 use observer_lab::{
-    ConntrackWatch, Lab, LabConfig, RuleMode, Topology, http_fresh, http_keepalive, node_fetch,
-    udp_queries,
+    Answer, ConntrackWatch, CtEvent, Lab, LabConfig, RuleMode, Topology, http_fresh,
+    http_keepalive, node_fetch, udp_queries,
 };
 
 fn scenario(topology: Topology, rules: RuleMode, tag: &str, start: StartRecorder) {
@@ -26,19 +26,81 @@ fn scenario(topology: Topology, rules: RuleMode, tag: &str, start: StartRecorder
         prefix: prefix(tag),
     })
     .expect("lab up");
-    let dir = tempfile::tempdir().unwrap();
-    let checkout = lab.service("checkout").unwrap().cluster_addr();
-    let dns = lab.service("kube-dns").unwrap().cluster_addr();
-    let pod_ip: HashMap<String, SocketAddr> = lab
-        .services()
-        .iter()
-        .flat_map(|s| {
-            s.endpoints
-                .iter()
-                .map(move |p| (p.name.clone(), SocketAddr::new(p.ip.into(), s.target_port)))
-        })
-        .collect();
+    let targets = Targets::of(&lab);
+    let (mut recording, conntrack, traffic) = record_client_traffic(&lab, &targets, start);
 
+    assert_nothing_lost(&recording);
+    only_node(&mut recording, lab.node_ns());
+    assert_same_connections_as_conntrack(&recording, &conntrack, &traffic, targets.direct_pod);
+    assert_named_from_the_rules(&recording);
+    assert_pods_named_from_the_runtime(&lab, &recording);
+    assert_expected_shares(&recording);
+
+    let by_port = records_by_client_port(&recording);
+    assert_fresh_connections(&by_port, &traffic.fresh, &targets);
+    assert_keepalive_connection(&by_port, &traffic.keepalive, &targets);
+    assert_udp_queries(&by_port, &traffic.udp, &targets);
+    assert_node_fetch_requests(&recording, &traffic, &targets);
+}
+
+/// Where the clients connect to, and each pod's address by name.
+struct Targets {
+    checkout: SocketAddrV4,
+    dns: SocketAddrV4,
+    /// A checkout pod, dialed straight (no DNAT).
+    direct_pod: SocketAddrV4,
+    pod_ip: HashMap<String, SocketAddr>,
+}
+
+impl Targets {
+    fn of(lab: &Lab) -> Targets {
+        let pod_ip = lab
+            .services()
+            .iter()
+            .flat_map(|s| {
+                s.endpoints
+                    .iter()
+                    .map(move |p| (p.name.clone(), SocketAddr::new(p.ip.into(), s.target_port)))
+            })
+            .collect();
+        let checkout = lab.service("checkout").unwrap();
+        Targets {
+            checkout: checkout.cluster_addr(),
+            dns: lab.service("kube-dns").unwrap().cluster_addr(),
+            direct_pod: checkout.endpoint_addrs()[0],
+            pod_ip,
+        }
+    }
+
+    /// The name of the pod at `backend`.
+    fn pod_at(&self, backend: SocketAddr) -> String {
+        self.pod_ip
+            .iter()
+            .find(|(_, addr)| **addr == backend)
+            .map(|(name, _)| name.clone())
+            .unwrap()
+    }
+}
+
+/// What the clients saw of their own connections.
+struct Traffic {
+    fresh: Vec<Answer>,
+    keepalive: Vec<Answer>,
+    /// Requests per pod, as Node's fetch counted them.
+    node: BTreeMap<String, usize>,
+    udp: Vec<Answer>,
+    /// Connections straight to a pod.
+    direct: Vec<Answer>,
+}
+
+/// Records (started by `start`) while the clients make their connections, and watches
+/// `conntrack -E` in the node namespace meanwhile.
+fn record_client_traffic(
+    lab: &Lab,
+    targets: &Targets,
+    start: StartRecorder,
+) -> (Recording, Vec<CtEvent>, Traffic) {
+    let dir = tempfile::tempdir().unwrap();
     let watch = ConntrackWatch::start(lab.node_ns()).expect("conntrack -E");
     let runtime_root = lab.runtime_root();
     let recorder = start(
@@ -50,26 +112,39 @@ fn scenario(topology: Topology, rules: RuleMode, tag: &str, start: StartRecorder
             runtime_root.to_str().unwrap(),
         ],
     );
-    let fresh = http_fresh(&lab, checkout, 21).unwrap();
-    let keepalive = http_keepalive(&lab, checkout, 30).unwrap();
-    let node = node_fetch(&lab, checkout, 30).unwrap();
-    let udp = udp_queries(&lab, dns, 10).unwrap();
-    // Connections straight to a pod are not DNATed: conntrack sees them, observer must not report them.
-    let direct_pod = lab.service("checkout").unwrap().endpoint_addrs()[0];
-    let direct = http_fresh(&lab, direct_pod, 3).unwrap();
+    let traffic = Traffic {
+        fresh: http_fresh(lab, targets.checkout, 21).unwrap(),
+        keepalive: http_keepalive(lab, targets.checkout, 30).unwrap(),
+        node: node_fetch(lab, targets.checkout, 30).unwrap(),
+        udp: udp_queries(lab, targets.dns, 10).unwrap(),
+        // Connections straight to a pod are not DNATed: conntrack sees them, observer
+        // must not report them.
+        direct: http_fresh(lab, targets.direct_pod, 3).unwrap(),
+    };
     // Node's fetch keeps its connections open 4 s; let them close (FIN) before stopping.
     std::thread::sleep(std::time::Duration::from_secs(5));
-    let mut recording = recorder.stop();
+    let recording = recorder.stop();
     let conntrack = watch.stop().unwrap();
+    (recording, conntrack, traffic)
+}
 
+/// The summary line reports nothing lost, and the log holds as many connections.
+fn assert_nothing_lost(recording: &Recording) {
     let summary = recording.summary.clone().expect("a summary line");
     assert_eq!(summary.lost_events, 0, "lost events");
     assert_eq!(summary.lost_connections, 0, "lost connections");
     assert_eq!(summary.read_errors, 0, "failed kernel reads");
     assert_eq!(summary.connections, recording.conns.len() as u64);
-    only_node(&mut recording, lab.node_ns());
+}
 
-    // The same set of connections as conntrack's NEW events, each exactly once.
+/// The same set of connections as conntrack's NEW events, each exactly once, and none
+/// of the connections made straight to a pod.
+fn assert_same_connections_as_conntrack(
+    recording: &Recording,
+    conntrack: &[CtEvent],
+    traffic: &Traffic,
+    direct_pod: SocketAddrV4,
+) {
     let mut from_log: Vec<(String, String, String, String)> = recording
         .conns
         .iter()
@@ -86,15 +161,14 @@ fn scenario(topology: Topology, rules: RuleMode, tag: &str, start: StartRecorder
         conntrack.iter().partition(|e| e.original_dst != e.backend);
     assert_eq!(
         not_dnat.len(),
-        direct.len(),
+        traffic.direct.len(),
         "conntrack saw the direct connections"
     );
     // No record of a direct connection: none dialed the pod itself from its port (the
     // kernel may hand that port to a later connection through the Service).
-    assert!(direct.iter().all(|a| {
+    assert!(traffic.direct.iter().all(|a| {
         recording.conns.iter().all(|c| {
-            c.client.port() != a.client_port
-                || c.original_dst != std::net::SocketAddr::V4(direct_pod)
+            c.client.port() != a.client_port || c.original_dst != SocketAddr::V4(direct_pod)
         })
     }));
     let mut from_conntrack: Vec<(String, String, String, String)> = dnat
@@ -112,8 +186,10 @@ fn scenario(topology: Topology, rules: RuleMode, tag: &str, start: StartRecorder
     from_conntrack.sort();
     assert_eq!(from_log, from_conntrack, "log vs conntrack -E");
     assert!(recording.conns.iter().all(|c| c.start_seen));
+}
 
-    // Every record is named from the node's own rules, and every backend is in them.
+/// Every record is named from the node's own rules, and every backend is in them.
+fn assert_named_from_the_rules(recording: &Recording) {
     for conn in &recording.conns {
         let expected = match conn.proto {
             Proto::Tcp => "shop/checkout:http",
@@ -123,8 +199,11 @@ fn scenario(topology: Topology, rules: RuleMode, tag: &str, start: StartRecorder
         assert_eq!(conn.endpoint_in_rules, Some(true), "{conn:?}");
         assert_eq!(conn.frontend, Some(FrontendKind::ClusterIp), "{conn:?}");
     }
-    // Every client and backend is a lab pod, named from the runtime state the lab wrote
-    // as containerd does.
+}
+
+/// Every client and backend is a lab pod, named from the runtime state the lab wrote as
+/// containerd does.
+fn assert_pods_named_from_the_runtime(lab: &Lab, recording: &Recording) {
     let pods = lab.pod_names();
     let pod_of = |addr: SocketAddr| match addr.ip() {
         std::net::IpAddr::V4(ip) => pods.get(&ip).cloned(),
@@ -148,7 +227,10 @@ fn scenario(topology: Topology, rules: RuleMode, tag: &str, start: StartRecorder
             "{conn:?}"
         );
     }
-    // The log describes both Services with the rules' expected shares.
+}
+
+/// The log describes both Services with the rules' expected shares.
+fn assert_expected_shares(recording: &Recording) {
     let shares = |name: &str| -> Vec<(String, f64)> {
         let service = recording
             .services
@@ -175,7 +257,10 @@ fn scenario(topology: Topology, rules: RuleMode, tag: &str, start: StartRecorder
         shares("kube-system/kube-dns:dns"),
         [("10.244.1.20:5353", 0.5), ("10.244.1.21:5353", 0.5)].map(|(a, s)| (a.to_owned(), s))
     );
+}
 
+/// The records by protocol and client port (unique in this test).
+fn records_by_client_port(recording: &Recording) -> HashMap<(Proto, u16), &ConnRecord> {
     let by_port: HashMap<(Proto, u16), &ConnRecord> = recording
         .conns
         .iter()
@@ -186,18 +271,25 @@ fn scenario(topology: Topology, rules: RuleMode, tag: &str, start: StartRecorder
         recording.conns.len(),
         "client ports are unique in this test"
     );
+    by_port
+}
 
-    // 21 fresh connections: one request each, to the pod that answered.
+/// 21 fresh connections: one request each, to the pod that answered.
+fn assert_fresh_connections(
+    by_port: &HashMap<(Proto, u16), &ConnRecord>,
+    fresh: &[Answer],
+    targets: &Targets,
+) {
     assert_eq!(fresh.len(), 21);
-    for answer in &fresh {
+    for answer in fresh {
         let conn = by_port[&(Proto::Tcp, answer.client_port)];
         assert_eq!(
-            conn.backend, pod_ip[&answer.pod],
+            conn.backend, targets.pod_ip[&answer.pod],
             "fresh connection {}",
             answer.client_port
         );
         assert_eq!((conn.requests, conn.close), (1, Close::Fin));
-        assert_eq!(conn.original_dst, SocketAddr::V4(checkout));
+        assert_eq!(conn.original_dst, SocketAddr::V4(targets.checkout));
         // The pod that answered, by the name it answered with.
         assert_eq!(
             conn.backend_pod.as_deref(),
@@ -212,27 +304,39 @@ fn scenario(topology: Topology, rules: RuleMode, tag: &str, start: StartRecorder
         .map(|a| by_port[&(Proto::Tcp, a.client_port)].bytes_from_backend - a.pod.len() as u64)
         .collect();
     assert_eq!(header_sizes.len(), 1, "{header_sizes:?}");
+}
 
-    // One keep-alive connection: 30 requests, all to one pod.
+/// One keep-alive connection: 30 requests, all to one pod.
+fn assert_keepalive_connection(
+    by_port: &HashMap<(Proto, u16), &ConnRecord>,
+    keepalive: &[Answer],
+    targets: &Targets,
+) {
     assert!(
         keepalive
             .iter()
             .all(|a| a.client_port == keepalive[0].client_port && a.pod == keepalive[0].pod)
     );
     let conn = by_port[&(Proto::Tcp, keepalive[0].client_port)];
-    assert_eq!(conn.backend, pod_ip[&keepalive[0].pod]);
+    assert_eq!(conn.backend, targets.pod_ip[&keepalive[0].pod]);
     assert_eq!((conn.requests, conn.close), (30, Close::Fin));
     // 30 requests of GET, Host and Accept-Encoding lines: 65 bytes each.
     assert_eq!(conn.bytes_to_backend, 30 * 65);
+}
 
-    // UDP: one query per socket, answered by the pod the log names. The query is "q",
-    // the answer the pod's name: each datagram counted once even where a bridge shows
-    // it to the hook twice.
+/// UDP: one query per socket, answered by the pod the log names. The query is "q", the
+/// answer the pod's name: each datagram counted once even where a bridge shows it to
+/// the hook twice.
+fn assert_udp_queries(
+    by_port: &HashMap<(Proto, u16), &ConnRecord>,
+    udp: &[Answer],
+    targets: &Targets,
+) {
     assert_eq!(udp.len(), 10);
-    for answer in &udp {
+    for answer in udp {
         let conn = by_port[&(Proto::Udp, answer.client_port)];
-        assert_eq!(conn.backend, pod_ip[&answer.pod]);
-        assert_eq!(conn.original_dst, SocketAddr::V4(dns));
+        assert_eq!(conn.backend, targets.pod_ip[&answer.pod]);
+        assert_eq!(conn.original_dst, SocketAddr::V4(targets.dns));
         assert_eq!(
             conn.backend_pod.as_deref(),
             Some(format!("kube-system/{}", answer.pod).as_str())
@@ -246,11 +350,14 @@ fn scenario(topology: Topology, rules: RuleMode, tag: &str, start: StartRecorder
             (1, 1, answer.pod.len() as u64)
         );
     }
+}
 
-    // Node's fetch: the remaining TCP connections; requests per pod equal what Node saw.
-    let known: Vec<u16> = fresh
+/// Node's fetch: the remaining TCP connections; requests per pod equal what Node saw.
+fn assert_node_fetch_requests(recording: &Recording, traffic: &Traffic, targets: &Targets) {
+    let known: Vec<u16> = traffic
+        .fresh
         .iter()
-        .chain(&keepalive)
+        .chain(&traffic.keepalive)
         .map(|a| a.client_port)
         .collect();
     let mut node_per_pod: BTreeMap<String, u64> = BTreeMap::new();
@@ -259,15 +366,15 @@ fn scenario(topology: Topology, rules: RuleMode, tag: &str, start: StartRecorder
         .iter()
         .filter(|c| c.proto == Proto::Tcp && !known.contains(&c.client.port()))
     {
-        let pod = pod_ip
-            .iter()
-            .find(|(_, addr)| **addr == conn.backend)
-            .map(|(name, _)| name.clone())
-            .unwrap();
-        *node_per_pod.entry(pod).or_default() += conn.requests;
+        *node_per_pod
+            .entry(targets.pod_at(conn.backend))
+            .or_default() += conn.requests;
     }
-    let node_seen: BTreeMap<String, u64> =
-        node.into_iter().map(|(pod, n)| (pod, n as u64)).collect();
+    let node_seen: BTreeMap<String, u64> = traffic
+        .node
+        .iter()
+        .map(|(pod, n)| (pod.clone(), *n as u64))
+        .collect();
     assert_eq!(
         node_per_pod, node_seen,
         "requests per pod: log vs Node's fetch"

@@ -42,7 +42,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<Outcome> {
             args.listen
         );
         let options = args.capture.session_options(log, stderr_warnings());
-        let summary = crate::sinks::serve::run(listener, capture, options, stop).await?;
+        let summary = crate::pipeline::serve::run(listener, capture, options, stop).await?;
         eprintln!(
             "observer: stopped ({} DNAT decisions, {} lost connections)",
             summary.dnat_events, summary.lost_connections

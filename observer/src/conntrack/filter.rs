@@ -1,8 +1,8 @@
 //! A classic BPF socket filter for destroy-event sockets: the kernel drops the destroy
 //! events of TCP entries that had already closed (TIME_WAIT, CLOSE) before they are
-//! queued, copied and parsed. observer ignores those anyway (`ConntrackView::matters`):
+//! queued, copied and parsed. observer ignores those anyway (`ConntrackMatcher::matters`):
 //! the kernel programs saw such a close, and connections found at start are asked
-//! about in turn and end by their TIME_WAIT or CLOSE state (`ConntrackView::checked`).
+//! about in turn and end by their TIME_WAIT or CLOSE state (`ConntrackMatcher::checked`).
 //! With connect-and-close churn they are one event per connection.
 //!
 //! The filter walks ctnetlink's attributes with the netlink ancillary loads

@@ -7,7 +7,6 @@
 /// (`nf_conn` addresses, namespace inodes) use the faster unseeded `rustc_hash`.
 pub type NetMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
-pub mod ctview;
 pub mod record;
 pub mod rejects;
 pub mod tracker;

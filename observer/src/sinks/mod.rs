@@ -1,5 +1,5 @@
 //! Where records go: the JSON Lines log (`log`), Prometheus metrics (`metrics`, served by
-//! `serve`), the text report (`summary`), CI verdicts (`check`) and the rules table
+//! `pipeline::serve`), the text report (`summary`), CI verdicts (`check`) and the rules table
 //! (`rules_table`).
 
 pub mod check;
@@ -9,7 +9,6 @@ pub mod dns;
 pub mod log;
 pub mod metrics;
 pub mod rules_table;
-pub mod serve;
 pub mod summary;
 pub mod text;
 pub mod timeline;

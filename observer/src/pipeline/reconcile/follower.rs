@@ -13,7 +13,7 @@ use crate::conntrack::socket::{CtSocket, EVENT_BUFFER, GROUP_DESTROY};
 use crate::conntrack::{CtEntry, NETLINK_MISSING, netlink_missing};
 use observer_common::conn::ConnState;
 
-use crate::model::ctview::{ConntrackView, CtKey, lacks_destroy_events};
+use super::matching::{ConntrackMatcher, CtKey, lacks_destroy_events};
 use crate::model::record::ConnRecord;
 use crate::model::update::ConnId;
 use crate::naming::source::list_namespaces;
@@ -30,7 +30,7 @@ pub struct Follower {
     listener: Listener,
     /// A request socket per followed namespace, for single-entry questions.
     requests: HashMap<u32, CtSocket>,
-    pub view: ConntrackView,
+    pub matcher: ConntrackMatcher,
     /// Every namespace at the last listing: inode -> a path that opens it.
     paths: HashMap<u32, PathBuf>,
     last_scan: Instant,
@@ -59,7 +59,7 @@ impl Follower {
         let mut follower = Follower {
             listener: Listener::start(&[GROUP_DESTROY], EVENT_BUFFER, Some(STATS_EVERY)),
             requests: HashMap::new(),
-            view: ConntrackView::default(),
+            matcher: ConntrackMatcher::default(),
             paths: HashMap::new(),
             last_scan: Instant::now(),
             failed: Default::default(),
@@ -153,7 +153,8 @@ impl Follower {
         // Subscribed before the dump: an entry destroyed in between is reported.
         match self.listener.watch(netns, path) {
             Ok(()) => {
-                self.subscribed_at.insert(netns, super::monotonic_ns());
+                self.subscribed_at
+                    .insert(netns, crate::pipeline::monotonic_ns());
             }
             Err(err) => {
                 self.failed.insert(netns);
@@ -181,7 +182,7 @@ impl Follower {
             }
         };
         self.requests.insert(netns, socket);
-        self.view.found_at_start(netns, entries, now)
+        self.matcher.found_at_start(netns, entries, now)
     }
 
     /// Warns that conntrack's netlink interface is missing, once: it is missing for
@@ -211,7 +212,7 @@ impl Follower {
     /// those that ended.
     pub fn check(&mut self, now: DateTime<Utc>) -> Vec<(ConnId, ConnRecord)> {
         let mut ended = Vec::new();
-        for key in self.view.to_check(CHECKS_PER_SWEEP) {
+        for key in self.matcher.to_check(CHECKS_PER_SWEEP) {
             let Some(socket) = self.requests.get_mut(&key.netns) else {
                 continue;
             };
@@ -219,7 +220,7 @@ impl Follower {
                 Ok(answer) => answer,
                 Err(_) => continue,
             };
-            ended.extend(self.view.checked(&key, answer.as_ref(), now));
+            ended.extend(self.matcher.checked(&key, answer.as_ref(), now));
         }
         ended
     }

@@ -1,4 +1,4 @@
-//! The conntrack view without root: entries found at start, adoption, destroy events.
+//! Matching conntrack's entries to kernel connections, without root: entries found at start, adoption, destroy events.
 
 use observer_common::conn::{EVENT_CLOSE, Endpoint, FAMILY_IPV4, FlowTuple, PROTO_TCP, PROTO_UDP};
 
@@ -90,7 +90,7 @@ fn key(client_port: u16) -> CtKey {
 
 #[test]
 fn found_at_start_keeps_open_dnat_tcp_and_udp() {
-    let mut view = ConntrackView::default();
+    let mut view = ConntrackMatcher::default();
     let mut not_dnat = entry(PROTO_TCP, 1, Some(tcp_state::ESTABLISHED));
     not_dnat.status = 0;
     let mut stamped = entry(PROTO_UDP, 2, None);
@@ -124,7 +124,7 @@ fn found_at_start_keeps_open_dnat_tcp_and_udp() {
 
 #[test]
 fn a_found_connection_continues_as_the_kernels() {
-    let mut view = ConntrackView::default();
+    let mut view = ConntrackMatcher::default();
     let found = view.found_at_start(NETNS, vec![entry(PROTO_TCP, 7, Some(3))], now());
     let found_id = found[0].0;
     view.on_kernel_event(&event(EVENT_OPEN, 0xffff_8880_0000_1000, 7, 0));
@@ -136,7 +136,7 @@ fn a_found_connection_continues_as_the_kernels() {
     record.start = now() + chrono::Duration::seconds(2);
     record.duration_ms = 1000.0;
     record.requests = 2;
-    let rewritten = |view: &mut ConntrackView, record: &ConnRecord| {
+    let rewritten = |view: &mut ConntrackMatcher, record: &ConnRecord| {
         let (mut id, mut record) = (kernel_id, record.clone());
         view.rewrite(&mut id, &mut record);
         (id, record)
@@ -156,7 +156,7 @@ fn a_found_connection_continues_as_the_kernels() {
 
 #[test]
 fn a_connection_begun_after_attach_is_not_adopted() {
-    let mut view = ConntrackView::default();
+    let mut view = ConntrackMatcher::default();
     view.found_at_start(NETNS, vec![entry(PROTO_TCP, 8, Some(3))], now());
     view.on_kernel_event(&event(
         EVENT_OPEN,
@@ -168,11 +168,13 @@ fn a_connection_begun_after_attach_is_not_adopted() {
         conntrack: 0xffff_8880_0000_2000,
         start_ns: 5,
     };
-    let mut record =
-        ConntrackView::default().found_at_start(NETNS, vec![entry(PROTO_TCP, 8, Some(3))], now())
-            [0]
-        .1
-        .clone();
+    let mut record = ConntrackMatcher::default().found_at_start(
+        NETNS,
+        vec![entry(PROTO_TCP, 8, Some(3))],
+        now(),
+    )[0]
+    .1
+    .clone();
     let mut rewritten = id;
     view.rewrite(&mut rewritten, &mut record);
     assert_eq!(rewritten, id);
@@ -181,7 +183,7 @@ fn a_connection_begun_after_attach_is_not_adopted() {
 
 #[test]
 fn destroy_events_end_found_and_kernel_connections_once() {
-    let mut view = ConntrackView::default();
+    let mut view = ConntrackMatcher::default();
     view.found_at_start(NETNS, vec![entry(PROTO_TCP, 9, Some(3))], now());
     view.on_kernel_event(&event(EVENT_OPEN, 0xa000, 10, flags::START_SEEN));
     view.on_kernel_event(&event(EVENT_OPEN, 0xb000, 11, flags::START_SEEN));
@@ -221,7 +223,7 @@ fn a_closed_entry_destroyed_never_ends_the_newer_connection_on_its_tuple() {
     // A new SYN on a tuple in TIME_WAIT: conntrack kills the old entry and may place
     // the new one at the same address. The old entry's destroy event comes after the
     // new connection's open.
-    let mut view = ConntrackView::default();
+    let mut view = ConntrackMatcher::default();
     view.on_kernel_event(&event(EVENT_OPEN, 0xa000, 12, flags::START_SEEN));
     view.on_kernel_event(&event(EVENT_CLOSE, 0xa000, 12, flags::START_SEEN));
     view.on_kernel_event(&event(EVENT_OPEN, 0xa000, 12, flags::START_SEEN));
@@ -241,7 +243,7 @@ fn a_closed_entry_destroyed_never_ends_the_newer_connection_on_its_tuple() {
 
 #[test]
 fn found_tcp_entries_are_asked_about_in_turn_and_end_by_state() {
-    let mut view = ConntrackView::default();
+    let mut view = ConntrackMatcher::default();
     let entries = (20..23)
         .map(|port| entry(PROTO_TCP, port, Some(3)))
         .collect();
@@ -303,7 +305,7 @@ fn a_destroyed_connection_that_idled_out_is_a_timeout() {
 
 #[test]
 fn a_newer_entry_for_the_same_tuple_supersedes_the_followed_one() {
-    let mut view = ConntrackView::default();
+    let mut view = ConntrackMatcher::default();
     view.on_kernel_event(&event(EVENT_OPEN, 0xa000, 50, flags::START_SEEN));
     view.on_kernel_event(&event(EVENT_OPEN, 0xa000, 50, flags::START_SEEN));
     assert!(view.take_superseded().is_empty(), "the same entry again");

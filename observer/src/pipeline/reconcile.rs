@@ -1,26 +1,39 @@
-//! The session's side of conntrack's own view: connections found at start, destroy
-//! events that end connections (`expired`), and entries a newer one superseded.
+//! Reconciling the kernel programs' connections with conntrack's own entries, all in one
+//! place: connections older than observer (found by a dump at start), connections
+//! conntrack destroyed while the kernel programs saw no FIN or RST (`expired`), and
+//! connections a newer entry with the same tuple superseded.
+//!
+//! - `matching`: which conntrack entry is which kernel connection, and how each ends.
+//!   Pure (no aya, tokio or sockets): unit-tested without root.
+//! - `follower`: the ctnetlink side: dumps, destroy events and single-entry questions,
+//!   in every network namespace.
+//! - here: the session's side, which ends the connections the two above find ended.
 
 use chrono::Utc;
 use observer_common::conn::ConnState;
 
-use super::{Session, follow, monotonic_ns};
+mod follower;
+pub mod matching;
+
+pub(super) use follower::Follower;
+
+use super::{Session, monotonic_ns};
 use crate::conntrack::listener::Note;
-use crate::model::ctview::{CtKey, Destroyed, destroyed_close};
 use crate::model::record::{Close, ConnRecord};
 use crate::model::update::ConnId;
+use matching::{CtKey, Destroyed, destroyed_close};
 
 /// conntrack followed from before a session starts: its destroy events are subscribed
 /// to and its DNATed entries read.
 pub struct ConntrackStart {
-    follower: follow::Follower,
+    follower: Follower,
     found: Vec<(ConnId, ConnRecord)>,
 }
 
 /// Subscribes to conntrack's destroy events and reads its DNATed entries in every
 /// namespace: call it before saying that recording has started.
 pub fn follow_conntrack() -> ConntrackStart {
-    let (follower, found) = follow::Follower::start(Utc::now());
+    let (follower, found) = Follower::start(Utc::now());
     ConntrackStart { follower, found }
 }
 
@@ -60,7 +73,7 @@ impl Session {
         let Some(follower) = self.follower.as_mut() else {
             return Ok(());
         };
-        for (id, key) in follower.view.take_superseded() {
+        for (id, key) in follower.matcher.take_superseded() {
             self.end_kernel(id, &key, |state| (Close::Expired, state.last_ns))?;
         }
         Ok(())
@@ -117,7 +130,7 @@ impl Session {
             return Ok(());
         };
         let gone: Vec<(ConnId, CtKey)> = follower
-            .view
+            .matcher
             .kernel_connections(netns)
             .into_iter()
             .filter(|(_, key)| !follower.still_there(key))
@@ -148,15 +161,15 @@ impl Session {
                 (self.warn)(warning);
                 return Ok(());
             }
-            _ => match follow::destroyed(&note) {
+            _ => match follower::destroyed(&note) {
                 Some(destroyed) => destroyed,
                 None => return Ok(()),
             },
         };
-        if !follower.view.matters(&key, entry) || follower.still_there(&key) {
+        if !follower.matcher.matters(&key, entry) || follower.still_there(&key) {
             return Ok(());
         }
-        match follower.view.destroyed(&key, entry, Utc::now()) {
+        match follower.matcher.destroyed(&key, entry, Utc::now()) {
             Destroyed::Found(id, record) => self.finished(id, *record)?,
             // Unless the kernel programs ended it first (FIN/RST wins).
             Destroyed::Kernel(id) => self.end_destroyed(vec![(id, key)])?,

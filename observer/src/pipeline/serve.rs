@@ -1,5 +1,7 @@
 //! `observer serve`: a capture session whose updates feed the aggregates, and a small
-//! HTTP server that answers `GET /metrics` with them (see `metrics`).
+//! HTTP server that answers `GET /metrics` with them (rendered by `sinks::metrics`).
+//! It drives a whole session, so it lives here rather than among the sinks: the
+//! dependency runs one way, pipeline -> sinks.
 
 use std::collections::BTreeMap;
 use std::{

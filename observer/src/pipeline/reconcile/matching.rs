@@ -1,7 +1,7 @@
-//! conntrack's own view next to the kernel programs': entries that existed before
-//! observer started (found by a dump), and entries conntrack destroyed (flush, delete,
-//! timeout) while the kernel programs saw no FIN or RST. Both are matched to the kernel
-//! programs' connections by network namespace and original tuple.
+//! Matching conntrack's entries to the kernel programs' connections: entries that
+//! existed before observer started (found by a dump), and entries conntrack destroyed
+//! (flush, delete, timeout) while the kernel programs saw no FIN or RST. Both are
+//! matched to the kernel programs' connections by network namespace and original tuple.
 
 use rustc_hash::FxHashMap;
 use std::net::SocketAddr;
@@ -78,7 +78,7 @@ pub enum Destroyed {
 }
 
 #[derive(Default)]
-pub struct ConntrackView {
+pub struct ConntrackMatcher {
     /// The kernel programs' connections, by key: `nf_conn` address and start. The start
     /// tells a connection from a newer one the kernel placed at the same address.
     kernel: NetMap<CtKey, ConnId>,
@@ -94,7 +94,7 @@ pub struct ConntrackView {
 /// id (`nf_conn` addresses are upper-half kernel addresses, `start_ns` a boot time).
 const FOUND_ID: u64 = 1 << 63;
 
-impl ConntrackView {
+impl ConntrackMatcher {
     /// Entries of namespace `netns` that existed at start (`now`): the DNATed TCP and UDP
     /// ones that are not already closing, as open records with `start_seen: false`.
     pub fn found_at_start(

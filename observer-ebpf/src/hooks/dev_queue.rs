@@ -27,10 +27,10 @@ use observer_common::{
 use crate::{
     clock,
     conn::{
-        account, both_fins, close, emit, end_now, load, lost_identity, pending_close, refuses,
-        remember_dialed, store,
+        account, both_fins, close, emit, end_now, lost_identity, pending_close, refuses,
+        remember_dialed,
     },
-    dns::{capture, is_dns},
+    dns::capture,
     kernel::{ReadFailed, convert, read, read_netns, read_original, read_tuples},
     maps::{
         BPF_NOEXIST, CONNS, DIALED, SCRATCH, count, count_lost, forget_lost, lost_at, offset,
@@ -38,6 +38,7 @@ use crate::{
     },
     packet::{Packet, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, parse, port_unreachable},
     skb::{BtfSkb, ProbedSkb, SkbFields},
+    state::{is_dns, load, store},
 };
 
 /// `-EEXIST`.

@@ -10,7 +10,7 @@
 use aya_ebpf::helpers::{bpf_jiffies64, bpf_ktime_get_ns};
 use observer_common::conn::ConnState;
 
-use crate::conn::load;
+use crate::state::load;
 
 /// The length of a jiffy in nanoseconds, as user space read it
 /// (`clock_getres(CLOCK_MONOTONIC_COARSE)`) and wrote in before loading. Mutable, so

@@ -17,34 +17,13 @@ use observer_common::{
 };
 
 use crate::{
-    dns::is_dns,
     maps::{
         BPF_NOEXIST, CONNS, DIALED, EVENTS, EVENTS_WAKEUP_BYTES, atomic_add, count, count_lost,
         dialed_slot, fold_address, mark_dialed, submit_flags,
     },
     packet::{Packet, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
+    state::{is_dns, load, store},
 };
-
-/// Reads one field of a `*const/*mut ConnState`: `load!(state.field[index])`.
-macro_rules! load {
-    ($state:ident . $field:ident $([$index:expr])?) => {
-        // SAFETY: `$state` points at a live map value (or this CPU's scratch slot or a
-        // ring-buffer slot); the field is plain data, aligned within the repr(C) struct.
-        unsafe { core::ptr::read_volatile(&raw const (*$state).$field $([$index])?) }
-    };
-}
-
-/// Writes one field of a `*mut ConnState`: `store!(state.field[index], value)`. A store
-/// of a field's own width never touches its neighbours.
-macro_rules! store {
-    ($state:ident . $field:ident $([$index:expr])?, $value:expr) => {
-        let value = $value;
-        // SAFETY: as in `load!`; the pointer is writable (a map value or scratch slot).
-        unsafe { core::ptr::write_volatile(&raw mut (*$state).$field $([$index])?, value) }
-    };
-}
-
-pub(crate) use {load, store};
 
 /// Accounts one packet in direction `dir`; returns the `CLOSE_*` reason when the packet
 /// ends the connection, and the payload bytes it added (0 for a duplicate).

@@ -16,22 +16,14 @@ use aya_ebpf::{
 use observer_common::{
     conn::{ConnState, PROTO_TCP},
     counters,
-    dns::{DNS_PORT, DNS_PREFIX, DnsEvent, EVENT_DNS},
+    dns::{DNS_PREFIX, DnsEvent, EVENT_DNS},
 };
 
 use crate::{
-    conn::load,
     maps::{DNS_EVENTS, DNS_EVENTS_WAKEUP_BYTES, count, count_dns_dropped, submit_flags},
     packet::Packet,
+    state::load,
 };
-
-/// Whether the connection's client dialed the DNS port.
-#[inline(always)]
-pub fn is_dns(state: *const ConnState) -> bool {
-    // SAFETY: `state` points at a live map value or this CPU's scratch slot; the port is
-    // written once, before the entry is inserted.
-    unsafe { core::ptr::read_volatile(&raw const (*state).original.dst.port) == DNS_PORT }
-}
 
 /// Copies a UDP DNS message's first bytes into `DNS_EVENTS`. `fresh` is what
 /// accounting counted of this packet: 0 for the second pass of a bridged packet, which

@@ -4,8 +4,9 @@
 //!
 //! Layout: `maps.rs` (maps, counters, the offsets global), `clock.rs` (a packet's time),
 //! `kernel.rs` (reads of kernel memory), `skb.rs` (`sk_buff` fields, by BTF load or
-//! helper), `packet.rs` (header parsing), `conn.rs` (per-connection accounting), `dns.rs`
-//! (port-53 payload prefixes), `hooks/` (one file per hook family).
+//! helper), `packet.rs` (header parsing), `state.rs` (field access to a connection's shared
+//! state), `conn.rs` (per-connection accounting), `dns.rs` (port-53 payload prefixes),
+//! `hooks/` (one file per hook family).
 #![no_std]
 #![no_main]
 // Atomic adds (`conn::account`): core's atomic types lack them on the BPF target.
@@ -20,6 +21,7 @@ mod kernel;
 mod maps;
 mod packet;
 mod skb;
+mod state;
 
 /// The license the kernel is told (the object's `license` section): the programs call a
 /// GPL-only helper (`bpf_probe_read_kernel`), which the kernel allows only to

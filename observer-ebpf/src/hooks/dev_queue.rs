@@ -27,10 +27,10 @@ use observer_common::{
 use crate::{
     clock,
     conn::{
-        account, both_fins, close, emit, end_now, load, lost_identity, pending_close, refuses,
-        remember_dialed, store,
+        account, both_fins, close, emit, end_now, lost_identity, pending_close, refuses,
+        remember_dialed,
     },
-    dns::{capture, is_dns},
+    dns::capture,
     kernel::{ReadFailed, convert, read, read_netns, read_original, read_tuples},
     maps::{
         BPF_NOEXIST, CONNS, DIALED, SCRATCH, count, count_lost, forget_lost, lost_at, offset,
@@ -38,6 +38,7 @@ use crate::{
     },
     packet::{Packet, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, parse, port_unreachable},
     skb::{BtfSkb, ProbedSkb, SkbFields},
+    state::{is_dns, load, store},
 };
 
 /// `-EEXIST`.
@@ -177,8 +178,47 @@ fn open<S: SkbFields>(
         // ACKs of one that just closed.
         return Ok(());
     }
-    let Some(fresh) = SCRATCH.get_ptr_mut(0) else {
+    let Some(fresh) = new_state(conntrack, dir, start_seen, (now, jiffies))? else {
         return Ok(());
+    };
+    let (_, fresh_bytes) = account(fresh, dir, packet, now);
+    // SAFETY: this CPU's scratch slot, not shared while the program runs.
+    let fresh_ref = unsafe { &*fresh };
+    if start_seen && packet.protocol == PROTO_TCP {
+        supersede(conntrack, fresh_ref, now);
+    }
+    match CONNS.insert(&conntrack, fresh_ref, BPF_NOEXIST) {
+        Ok(()) => {
+            if keep_inserted(conntrack, fresh_ref, start_seen, packet) {
+                report_opened(skb, conntrack, fresh, dir, packet, fresh_bytes, now)?;
+            }
+        }
+        // Another CPU inserted it first and reported it (this packet is another one).
+        Err(EEXIST) => capture_dns(conntrack, fresh, dir, packet, fresh_bytes, now),
+        // The table is full. Only a decision made while attached (ctinfo NEW) is a lost
+        // connection, and only once: its later packets find the table full too.
+        Err(_) if start_seen => {
+            if !counted_lost(conntrack, fresh_ref, packet) {
+                remember_lost(conntrack, lost_identity(fresh_ref, packet));
+                count_lost(counters::LOST_TABLE_FULL, fresh_ref.netns);
+            }
+        }
+        Err(_) => {}
+    }
+    Ok(())
+}
+
+/// A new connection's state, before its first packet is accounted, in this CPU's
+/// scratch slot (too large for the stack); `None` if the slot is missing.
+#[inline(always)]
+fn new_state(
+    conntrack: u64,
+    dir: usize,
+    start_seen: bool,
+    (now, jiffies): (u64, u64),
+) -> Result<Option<*mut ConnState>, ReadFailed> {
+    let Some(fresh) = SCRATCH.get_ptr_mut(0) else {
+        return Ok(None);
     };
     // SAFETY: this CPU's scratch slot, not shared while the program runs.
     let init = unsafe { &mut *fresh };
@@ -191,59 +231,72 @@ fn open<S: SkbFields>(
     convert(&tuples.original, &mut init.original);
     convert(&tuples.reply, &mut init.reply);
     init.reply_forwarded = (dir == REPLY) as u8;
-    let (_, fresh_bytes) = account(fresh, dir, packet, now);
-    // SAFETY: as above.
+    Ok(Some(fresh))
+}
+
+/// Whether the entry just inserted for `fresh` stays; removes it when it is not a
+/// connection to record.
+#[inline(always)]
+fn keep_inserted(conntrack: u64, fresh: &ConnState, start_seen: bool, packet: &Packet) -> bool {
+    if !start_seen
+        && packet.protocol == PROTO_TCP
+        && matches!(established(conntrack), Ok(false))
+    {
+        // A late packet of a connection another CPU just closed and removed: its
+        // state left ESTABLISHED before that removal, so checking after the insert
+        // cannot miss it. Not a connection to adopt.
+        let _ = CONNS.remove(&conntrack);
+        return false;
+    }
+    if start_seen && counted_lost(conntrack, fresh, packet) {
+        // An earlier pass of this packet (bridge, then bridge port) or of its SYN
+        // found the table full and counted the connection lost: it stays lost, not
+        // also recorded (its later packets may adopt it, `start_seen: false`).
+        let _ = CONNS.remove(&conntrack);
+        return false;
+    }
+    if !start_seen {
+        // Adopted: any SYN on this address from now on is a new entry's (see the
+        // removal above).
+        forget_lost(conntrack);
+    }
+    true
+}
+
+/// Reports a connection just entered in the table: counts it, remembers where its
+/// client dialed, emits its open event and copies its first DNS message.
+#[inline(always)]
+fn report_opened<S: SkbFields>(
+    skb: S,
+    conntrack: u64,
+    fresh: *mut ConnState,
+    dir: usize,
+    packet: &Packet,
+    fresh_bytes: u32,
+    now: u64,
+) -> Result<(), ReadFailed> {
+    // SAFETY: this CPU's scratch slot, not shared while the program runs.
     let fresh_ref = unsafe { &*fresh };
-    if start_seen && packet.protocol == PROTO_TCP {
-        supersede(conntrack, fresh_ref, now);
-    }
-    match CONNS.insert(&conntrack, &*fresh_ref, BPF_NOEXIST) {
-        Ok(())
-            if !start_seen
-                && packet.protocol == PROTO_TCP
-                && matches!(established(conntrack), Ok(false)) =>
-        {
-            // A late packet of a connection another CPU just closed and removed: its
-            // state left ESTABLISHED before that removal, so checking after the insert
-            // cannot miss it. Not a connection to adopt.
-            let _ = CONNS.remove(&conntrack);
-        }
-        Ok(()) if start_seen && counted_lost(conntrack, fresh_ref, packet) => {
-            // An earlier pass of this packet (bridge, then bridge port) or of its SYN
-            // found the table full and counted the connection lost: it stays lost, not
-            // also recorded (its later packets may adopt it, `start_seen: false`).
-            let _ = CONNS.remove(&conntrack);
-        }
-        Ok(()) => {
-            if !start_seen {
-                // Adopted: any SYN on this address from now on is a new entry's (see
-                // the removal above).
-                forget_lost(conntrack);
-            }
-            count(counters::TRACKED);
-            remember_dialed(conntrack, fresh_ref, local_client(skb, dir)?);
-            emit(EVENT_OPEN, CLOSE_NONE, conntrack, fresh, now);
-            if is_dns(fresh) {
-                capture(conntrack, fresh, dir, packet, fresh_bytes, now);
-            }
-        }
-        // Another CPU inserted it first and reported it (this packet is another one).
-        Err(EEXIST) => {
-            if is_dns(fresh) {
-                capture(conntrack, fresh, dir, packet, fresh_bytes, now);
-            }
-        }
-        // The table is full. Only a decision made while attached (ctinfo NEW) is a lost
-        // connection, and only once: its later packets find the table full too.
-        Err(_) if start_seen => {
-            if !counted_lost(conntrack, fresh_ref, packet) {
-                remember_lost(conntrack, lost_identity(fresh_ref, packet));
-                count_lost(counters::LOST_TABLE_FULL, fresh_ref.netns);
-            }
-        }
-        Err(_) => {}
-    }
+    count(counters::TRACKED);
+    remember_dialed(conntrack, fresh_ref, local_client(skb, dir)?);
+    emit(EVENT_OPEN, CLOSE_NONE, conntrack, fresh, now);
+    capture_dns(conntrack, fresh, dir, packet, fresh_bytes, now);
     Ok(())
+}
+
+/// Copies the packet's DNS message when the connection's client dialed port 53.
+#[inline(always)]
+fn capture_dns(
+    conntrack: u64,
+    fresh: *const ConnState,
+    dir: usize,
+    packet: &Packet,
+    fresh_bytes: u32,
+    now: u64,
+) {
+    if is_dns(fresh) {
+        capture(conntrack, fresh, dir, packet, fresh_bytes, now);
+    }
 }
 
 /// Whether the connection's client is a socket of the node itself (host network): a

@@ -27,10 +27,11 @@ use network_types::ip::{Ipv4Hdr, Ipv6Hdr};
 use observer_common::conn::{CLOSE_NONE, DialedKey, PROTO_TCP, PROTO_UDP, REPLY};
 
 use crate::{
-    conn::{account, close, load, pending_close},
-    dns::{capture_segment, is_dns},
+    conn::{account, close, pending_close},
+    dns::capture_segment,
     maps::{CONNS, DIALED, dialed_slot, maybe_dialed},
     packet::Packet,
+    state::{is_dns, load},
 };
 
 #[cgroup_skb]

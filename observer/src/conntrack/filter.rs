@@ -13,29 +13,26 @@
 use std::io;
 use std::os::fd::RawFd;
 
+use libc::{
+    BPF_ABS, BPF_B, BPF_H, BPF_IMM, BPF_IND, BPF_JEQ, BPF_JMP, BPF_K, BPF_LD, BPF_LDX, BPF_MISC,
+    BPF_RET, BPF_TAX, BPF_W, SKF_AD_NLATTR, SKF_AD_NLATTR_NEST, SKF_AD_OFF, sock_filter,
+    sock_fprog,
+};
+
 use super::tcp_state;
 
-/// `struct sock_filter`: one classic BPF instruction.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SockFilter {
-    code: u16,
-    jt: u8,
-    jf: u8,
-    k: u32,
-}
-
-const LD_H_ABS: u16 = 0x28;
-const LD_W_ABS: u16 = 0x20;
-const LD_B_IND: u16 = 0x50;
-const LD_IMM: u16 = 0x00;
-const LDX_IMM: u16 = 0x01;
-const JEQ_K: u16 = 0x15;
-const TAX: u16 = 0x07;
-const RET_K: u16 = 0x06;
-/// `SKF_AD_OFF + SKF_AD_NLATTR` / `+ SKF_AD_NLATTR_NEST`.
-const AD_NLATTR: u32 = (-0x1000i32 + 12) as u32;
-const AD_NLATTR_NEST: u32 = (-0x1000i32 + 16) as u32;
+/// The instruction codes the program uses, as classic BPF composes them.
+const LD_H_ABS: u32 = BPF_LD | BPF_H | BPF_ABS;
+const LD_W_ABS: u32 = BPF_LD | BPF_W | BPF_ABS;
+const LD_B_IND: u32 = BPF_LD | BPF_B | BPF_IND;
+const LD_IMM: u32 = BPF_LD | BPF_IMM;
+const LDX_IMM: u32 = BPF_LDX | BPF_IMM;
+const JEQ_K: u32 = BPF_JMP | BPF_JEQ | BPF_K;
+const TAX: u32 = BPF_MISC | BPF_TAX;
+const RET_K: u32 = BPF_RET | BPF_K;
+/// The netlink ancillary loads: a negative offset the kernel reads as an operation.
+const AD_NLATTR: u32 = (SKF_AD_OFF + SKF_AD_NLATTR) as u32;
+const AD_NLATTR_NEST: u32 = (SKF_AD_OFF + SKF_AD_NLATTR_NEST) as u32;
 /// `nlmsghdr` + `nfgenmsg`: where a ctnetlink message's attributes start.
 const ATTRS: u32 = 20;
 /// `(NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_DELETE`, as `ldh` reads the host-order
@@ -45,12 +42,18 @@ const CTA_PROTOINFO: u32 = 4;
 const CTA_PROTOINFO_TCP: u32 = 1;
 const CTA_PROTOINFO_TCP_STATE: u32 = 1;
 
-const fn op(code: u16, jt: u8, jf: u8, k: u32) -> SockFilter {
-    SockFilter { code, jt, jf, k }
+/// One instruction (libc's `BPF_STMT`/`BPF_JUMP` are not `const`).
+const fn op(code: u32, jt: u8, jf: u8, k: u32) -> sock_filter {
+    sock_filter {
+        code: code as u16,
+        jt,
+        jf,
+        k,
+    }
 }
 
 /// The program; `ACCEPT` is instruction 16, `DROP` 17.
-pub const DROP_CLOSED_TCP_DESTROYS: [SockFilter; 18] = [
+pub static DROP_CLOSED_TCP_DESTROYS: [sock_filter; 18] = [
     op(LD_H_ABS, 0, 0, 4),
     op(JEQ_K, 0, 14, DELETE),
     op(LD_IMM, 0, 0, ATTRS),
@@ -74,14 +77,10 @@ pub const DROP_CLOSED_TCP_DESTROYS: [SockFilter; 18] = [
 
 /// Attaches `DROP_CLOSED_TCP_DESTROYS` to the socket `fd`.
 pub fn attach(fd: RawFd) -> io::Result<()> {
-    #[repr(C)]
-    struct SockFprog {
-        len: u16,
-        filter: *const SockFilter,
-    }
-    let program = SockFprog {
+    let program = sock_fprog {
         len: DROP_CLOSED_TCP_DESTROYS.len() as u16,
-        filter: DROP_CLOSED_TCP_DESTROYS.as_ptr(),
+        // The kernel only reads the program (sock_fprog's field is not const).
+        filter: DROP_CLOSED_TCP_DESTROYS.as_ptr().cast_mut(),
     };
     // SAFETY: `program` is a valid `struct sock_fprog` pointing at a static array of
     // `len` instructions; the kernel copies them during the call.
@@ -91,7 +90,7 @@ pub fn attach(fd: RawFd) -> io::Result<()> {
             libc::SOL_SOCKET,
             libc::SO_ATTACH_FILTER,
             (&raw const program).cast(),
-            std::mem::size_of::<SockFprog>() as u32,
+            std::mem::size_of::<sock_fprog>() as u32,
         )
     };
     if ret < 0 {

@@ -7,6 +7,7 @@
 
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::os::fd::{AsRawFd as _, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
@@ -53,6 +54,8 @@ const DNS_SOCKETS: usize = 16;
 const BURST: u64 = 64;
 /// How long a DNS flood keeps reading responses after it stopped sending.
 const LATE_RESPONSES: Duration = Duration::from_millis(500);
+/// The longest a flood lasts.
+const LONGEST: Duration = Duration::from_secs(120);
 /// The client ports the UDP and SYN floods cycle through (each thread its own share).
 const PORTS: std::ops::Range<u32> = 1024..65536;
 /// The name the DNS flood asks for (the lab's DNS server answers NXDOMAIN).
@@ -60,14 +63,15 @@ const FLOOD_NAME: &str = "flood.hostile.svc.cluster.local";
 
 impl Lab {
     /// Floods `target` from pod `pod`'s network namespace with `threads` threads, as
-    /// fast as they go, for `duration`.
+    /// fast as they go, until `stop` is set (or for `LONGEST` at most, so that a test
+    /// that never sets it still ends).
     pub fn flood(
         &self,
         pod: &str,
         kind: FloodKind,
         target: SocketAddrV4,
-        duration: Duration,
         threads: usize,
+        stop: &AtomicBool,
     ) -> anyhow::Result<FloodReport> {
         let Some(pod) = self.pods.iter().find(|p| p.name == pod) else {
             bail!("the lab has no pod {pod}");
@@ -76,19 +80,22 @@ impl Lab {
             .with_context(|| format!("cannot open the network namespace of pod {}", pod.name))?;
         let threads = threads.max(1);
         let start = Instant::now();
-        let deadline = start + duration;
+        let until = Until {
+            stop,
+            deadline: start + LONGEST,
+        };
         let reports = std::thread::scope(|scope| {
             let workers: Vec<_> = (0..threads)
                 .map(|thread| {
-                    let netns = &netns;
+                    let (netns, until) = (&netns, &until);
                     scope.spawn(move || -> anyhow::Result<FloodReport> {
                         // Only this thread enters the pod's namespace; it ends with the flood.
                         nix::sched::setns(netns, nix::sched::CloneFlags::CLONE_NEWNET)
                             .context("cannot enter the pod's network namespace")?;
                         match kind {
-                            FloodKind::Dns => dns_flood(target, deadline),
+                            FloodKind::Dns => dns_flood(target, until),
                             FloodKind::UdpFlows | FloodKind::Syns => {
-                                raw_flood(kind, pod.ip, target, deadline, thread, threads)
+                                raw_flood(kind, pod.ip, target, until, thread, threads)
                             }
                         }
                     })
@@ -111,9 +118,21 @@ impl Lab {
     }
 }
 
-/// Sends DNS queries round the sockets until `deadline`, reading responses after every
+/// When a flood ends: when told to, or at its deadline.
+struct Until<'a> {
+    stop: &'a AtomicBool,
+    deadline: Instant,
+}
+
+impl Until<'_> {
+    fn reached(&self) -> bool {
+        self.stop.load(Ordering::Relaxed) || Instant::now() >= self.deadline
+    }
+}
+
+/// Sends DNS queries round the sockets until told to stop, reading responses after every
 /// burst, then for `LATE_RESPONSES`.
-fn dns_flood(target: SocketAddrV4, deadline: Instant) -> anyhow::Result<FloodReport> {
+fn dns_flood(target: SocketAddrV4, until: &Until<'_>) -> anyhow::Result<FloodReport> {
     let sockets = (0..DNS_SOCKETS)
         .map(|_| {
             let socket = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))?;
@@ -126,7 +145,7 @@ fn dns_flood(target: SocketAddrV4, deadline: Instant) -> anyhow::Result<FloodRep
     let mut report = FloodReport::default();
     let mut query = dns_query(0, FLOOD_NAME);
     let mut attempts: u64 = 0;
-    while Instant::now() < deadline {
+    while !until.reached() {
         for _ in 0..BURST {
             query[..2].copy_from_slice(&(attempts as u16).to_be_bytes());
             let socket = &sockets[attempts as usize % sockets.len()];
@@ -173,12 +192,12 @@ fn dns_query(id: u16, name: &str) -> Vec<u8> {
 }
 
 /// Sends UDP datagrams or SYNs from `source`, each from this thread's next client port,
-/// through a raw socket until `deadline`.
+/// through a raw socket until told to stop.
 fn raw_flood(
     kind: FloodKind,
     source: Ipv4Addr,
     target: SocketAddrV4,
-    deadline: Instant,
+    until: &Until<'_>,
     thread: usize,
     threads: usize,
 ) -> anyhow::Result<FloodReport> {
@@ -194,7 +213,7 @@ fn raw_flood(
     let span = PORTS.end - PORTS.start;
     let mut report = FloodReport::default();
     let mut n: u32 = 0;
-    while Instant::now() < deadline {
+    while !until.reached() {
         for _ in 0..BURST {
             let port = (PORTS.start
                 + n.wrapping_mul(threads as u32).wrapping_add(thread as u32) % span)
@@ -204,14 +223,7 @@ fn raw_flood(
                 FloodKind::Syns => syn(source, port, target, n.wrapping_mul(2_654_435_761)),
                 _ => udp(source, port, target),
             };
-            if sendto(
-                socket.as_raw_fd(),
-                &packet,
-                &destination,
-                MsgFlags::empty(),
-            )
-            .is_ok()
-            {
+            if sendto(socket.as_raw_fd(), &packet, &destination, MsgFlags::empty()).is_ok() {
                 report.sent += 1;
             }
         }
@@ -296,8 +308,8 @@ mod tests {
         assert_eq!(
             dns_query(0x1234, "a.bc"),
             [
-                0x12, 0x34, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0, 1, b'a', 2, b'b', b'c', 0, 0, 1,
-                0, 1
+                0x12, 0x34, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0, 1, b'a', 2, b'b', b'c', 0, 0, 1, 0,
+                1
             ]
         );
     }

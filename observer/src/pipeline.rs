@@ -477,9 +477,7 @@ impl Session {
 
 /// Warnings quote the node's text (rule lines, paths, hostnames): each leaves as
 /// printable text, whichever source quoted it.
-fn printable_warnings(
-    mut warn: Box<dyn FnMut(String) + Send>,
-) -> Box<dyn FnMut(String) + Send> {
+fn printable_warnings(mut warn: Box<dyn FnMut(String) + Send>) -> Box<dyn FnMut(String) + Send> {
     use crate::naming::printable::{MESSAGE_BYTES, printable};
     Box::new(move |warning| warn(printable(warning, MESSAGE_BYTES)))
 }

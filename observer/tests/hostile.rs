@@ -1,9 +1,12 @@
 //! Root tests of a hostile node (issue 22): a pod floods DNS, UDP or SYNs through a
-//! Service as fast as the lab goes, while a client pod makes a known number of
-//! connections. Every one of the client's connections must be recorded exactly (against
-//! its own record of which pod answered), every DNAT decision of the node must be a
-//! record (the rules' own counters), and the DNS messages observer could not copy must
-//! be counted as lost, not vanish. Timings are printed, never asserted.
+//! Service as fast as the lab goes (two sending threads, the development machine's CPUs),
+//! while a client pod makes a known number of connections; the flood starts first and
+//! ends when the client is done. Every one of the client's connections must be recorded
+//! exactly (against its own record of which pod answered), every DNAT decision of the
+//! node (the rules' own counters) must be a record or counted as lost, and every DNS
+//! message that passed the node must be in a `dns` line or counted as malformed or lost.
+//! Under a DNS flood, no connection event may even be delayed: DNS copies have a ring
+//! buffer of their own. Rates and timings are printed, never asserted.
 
 mod common;
 

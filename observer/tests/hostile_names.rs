@@ -78,7 +78,10 @@ fn assert_printable(what: &str, output: &str, expected: &[String]) {
         "{what} holds an escape or a bidi override:\n{output}"
     );
     for text in expected {
-        assert!(output.contains(text.as_str()), "{what} lacks {text}:\n{output}");
+        assert!(
+            output.contains(text.as_str()),
+            "{what} lacks {text}:\n{output}"
+        );
     }
 }
 
@@ -116,7 +119,10 @@ fn escapes_from_the_node_are_shown_as_text() {
         log.display(),
         lab.runtime_root().display()
     );
-    let tmux = Tmux::start(&format!("observer-hostile-{}", std::process::id()), &command);
+    let tmux = Tmux::start(
+        &format!("observer-hostile-{}", std::process::id()),
+        &command,
+    );
     tmux.wait_for("the status bar", |s| s.contains("hooks 4"));
     // Until every pod has answered at least once (the rules pick at random).
     let evil = SocketAddrV4::new(EVIL_IP, 80);

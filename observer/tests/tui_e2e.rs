@@ -6,96 +6,11 @@
 
 mod common;
 
-use std::{
-    collections::BTreeMap,
-    net::SocketAddr,
-    process::Command,
-    time::{Duration, Instant},
-};
+use std::{collections::BTreeMap, net::SocketAddr};
 
+use common::tmux::Tmux;
 use common::{prefix, require_root};
 use observer_lab::{Lab, LabConfig, RuleMode, Topology, http_fresh, http_keepalive};
-
-/// A tmux session running one command; killed on drop.
-struct Tmux {
-    session: String,
-}
-
-impl Tmux {
-    fn start(session: &str, command: &str) -> Tmux {
-        let status = Command::new("tmux")
-            .args([
-                "new-session",
-                "-d",
-                "-s",
-                session,
-                "-x",
-                "110",
-                "-y",
-                "40",
-                command,
-            ])
-            .status()
-            .expect("tmux");
-        assert!(status.success(), "tmux new-session failed");
-        Tmux {
-            session: session.to_owned(),
-        }
-    }
-
-    fn screen(&self) -> String {
-        let out = Command::new("tmux")
-            .args(["capture-pane", "-p", "-t", &self.session])
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    fn keys(&self, keys: &[&str]) {
-        for key in keys {
-            let status = Command::new("tmux")
-                .args(["send-keys", "-t", &self.session, key])
-                .status()
-                .unwrap();
-            assert!(status.success());
-            std::thread::sleep(Duration::from_millis(150));
-        }
-    }
-
-    /// Waits until the screen satisfies `ready`, returning it.
-    fn wait_for(&self, what: &str, ready: impl Fn(&str) -> bool) -> String {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let screen = self.screen();
-            if ready(&screen) {
-                return screen;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "timed out waiting for {what}; screen:\n{screen}"
-            );
-            std::thread::sleep(Duration::from_millis(250));
-        }
-    }
-
-    fn alive(&self) -> bool {
-        Command::new("tmux")
-            .args(["has-session", "-t", &self.session])
-            .stderr(std::process::Stdio::null())
-            .status()
-            .map(|s| s.success())
-            .unwrap_or(false)
-    }
-}
-
-impl Drop for Tmux {
-    fn drop(&mut self) {
-        let _ = Command::new("tmux")
-            .args(["kill-session", "-t", &self.session])
-            .stderr(std::process::Stdio::null())
-            .status();
-    }
-}
 
 /// The REQS column of each backend row on the Service screen.
 fn backend_requests(screen: &str) -> BTreeMap<String, u64> {
@@ -203,12 +118,7 @@ fn live_view_shows_pinning() {
     );
 
     // q quits, restores the terminal, and the recording is complete.
-    tmux.keys(&["Escape", "q"]);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while tmux.alive() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    assert!(!tmux.alive(), "observer did not quit on q");
+    tmux.quit();
     let mut recording = observer::model::record::Recording::read(&log).unwrap();
     assert_eq!(recording.summary.clone().unwrap().lost_events, 0);
     common::only_node(&mut recording, lab.node_ns());

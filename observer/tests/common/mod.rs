@@ -19,6 +19,7 @@ pub mod host_client;
 pub mod image;
 pub mod metrics;
 pub mod pods;
+pub mod tmux;
 pub mod udp_flow;
 
 // Each test binary compiles this module and uses only some of it.

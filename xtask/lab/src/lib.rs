@@ -45,7 +45,8 @@
 //!   pod (see [`runtime`]), [`Lab::pod_names`] the `namespace/pod` each address must get.
 //!   Every pod (the client too) also runs a pause process in a UTS namespace of its own
 //!   whose hostname is the pod's name, as kubelet sets it; [`Lab::up_without_runtime_bundles`]
-//!   leaves the hostnames as the only source. [`Containerd`] runs Debian's containerd
+//!   leaves the hostnames as the only source, and [`Lab::set_hostname`] changes one as a pod
+//!   with `CAP_SYS_ADMIN` can. [`Containerd`] runs Debian's containerd
 //!   privately and, through its CRI plugin, a real pod sandbox per pod;
 //!   [`Lab::up_in_sandboxes`] builds the lab in those sandboxes' netns, so that only
 //!   containerd's own bundles ([`Containerd::runtime_root`]) name the pods.
@@ -56,6 +57,8 @@
 //! - DNS: [`Lab::serve_dns`] runs a real authoritative DNS server (UDP and TCP, port 53)
 //!   in the dns pods behind kube-dns's ClusterIP and gives the client namespace kube's
 //!   resolv.conf ([`RESOLV_CONF`]); [`DnsLab::queries`] reads what the servers received.
+//! - Floods: [`Lab::flood`] sends DNS queries, UDP datagrams or TCP SYNs from a pod
+//!   through a Service as fast as it can, as a hostile pod would ([`FloodKind`]).
 //! - Failures: [`Lab::add_default_route`] (a kind node's default route, still no uplink),
 //!   [`Lab::stop_server`], [`Lab::drop_syns`], [`Lab::delay_replies`] (netem-like).
 //! - [`ConntrackWatch`]: `conntrack -E -e NEW` in a namespace, parsed into [`CtEvent`]s.
@@ -76,6 +79,7 @@ mod containerd;
 mod counting;
 mod dns;
 mod failures;
+mod flood;
 mod names;
 mod node_container;
 mod node_rules;
@@ -107,6 +111,7 @@ pub use clients::{
 pub use conntrack::{ConntrackWatch, CtEvent};
 pub use containerd::Containerd;
 pub use dns::{DnsLab, KUBE_DNS_IP, RESOLV_CONF, ServerQuery};
+pub use flood::{FloodKind, FloodReport};
 pub use node_container::NodeContainer;
 pub use observer::Observer;
 pub use spec::{Pod, Proto, Service};

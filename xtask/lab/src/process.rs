@@ -95,6 +95,37 @@ impl Lab {
         Ok(())
     }
 
+    /// Sets the hostname of pod `pod`'s UTS namespace (its pause process's) to
+    /// `hostname`, as any process of the pod with `CAP_SYS_ADMIN` can: any bytes up to
+    /// 64, a terminal escape sequence for one.
+    pub fn set_hostname(&self, pod: &str, hostname: &[u8]) -> anyhow::Result<()> {
+        let index = self
+            .members()
+            .iter()
+            .position(|p| p.name == pod)
+            .with_context(|| format!("the lab has no pod {pod}"))?;
+        // `start_pauses` pushed one per member, in `members` order, after the servers.
+        let pause = self
+            .servers
+            .get(self.pods.len() + index)
+            .with_context(|| format!("pod {pod} has no pause process"))?;
+        let uts = File::open(format!("/proc/{}/ns/uts", pause.id()))
+            .with_context(|| format!("cannot open the UTS namespace of pod {pod}"))?;
+        std::thread::scope(|scope| {
+            scope
+                .spawn(|| -> anyhow::Result<()> {
+                    // Only this thread enters the pod's UTS namespace; it then ends.
+                    nix::sched::setns(&uts, nix::sched::CloneFlags::CLONE_NEWUTS)?;
+                    // The hostname of the writer's UTS namespace.
+                    std::fs::write("/proc/sys/kernel/hostname", hostname)?;
+                    Ok(())
+                })
+                .join()
+                .unwrap_or_else(|_| bail!("the hostname writer panicked"))
+        })
+        .with_context(|| format!("cannot set the hostname of pod {pod}"))
+    }
+
     pub(crate) fn ready_file(&self, pod: &Pod) -> PathBuf {
         self.state_dir.join(format!("{}.ready", pod.name))
     }

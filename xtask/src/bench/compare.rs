@@ -15,6 +15,9 @@ use super::{
     tempfile_dir,
 };
 
+/// One run of a load: units per second and units done.
+type Load<'a> = &'a dyn Fn() -> anyhow::Result<(f64, u64)>;
+
 /// One build's kernel programs over one DNAT phase and one established phase.
 struct KernelRound {
     /// Program name -> (ns, runs) over the DNAT phase, then over the established phase.
@@ -56,7 +59,7 @@ pub fn report(setup: &cost::Setup<'_>, other: &Path) -> anyhow::Result<()> {
         let report = load()?;
         Ok((report.rate(), report.connected))
     };
-    let loads: [(&str, &str, &dyn Fn() -> anyhow::Result<(f64, u64)>); 3] = [
+    let loads: [(&str, &str, Load<'_>); 3] = [
         (
             "new connections/s through the DNAT (connect + RST)",
             "connection",

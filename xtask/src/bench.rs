@@ -21,8 +21,11 @@ use observer_lab::{self as lab, Lab, LabConfig, Observer, Proto, RuleMode, Servi
 
 use crate::load::{EchoReport, LoadReport};
 
+mod compare;
 mod cost;
 mod progstats;
+mod rounds;
+mod subscriber;
 
 const PREFIX: &str = "bench";
 const SINK_PORT: u16 = 9090;
@@ -62,6 +65,22 @@ pub struct BenchArgs {
     /// Benchmark this observer binary instead of building one (e.g. to compare builds).
     #[arg(long)]
     observer: Option<std::path::PathBuf>,
+    /// Only one part of the run (`subscriber`: the bound split into empty programs and
+    /// conntrack's destroy subscriber, through the DNAT and pod-to-pod).
+    #[arg(long, value_enum)]
+    only: Option<Part>,
+    /// Compare this observer binary (e.g. an older build) with the one benchmarked, in
+    /// interleaved rounds on one lab: rates, CPU per connection, kernel programs' cost
+    /// per new connection and per exchange on kept connections. Only that is run.
+    #[arg(long, value_name = "BINARY")]
+    compare: Option<std::path::PathBuf>,
+}
+
+/// A part of the benchmark that `--only` runs alone.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum Part {
+    /// What conntrack's destroy subscriber costs, beside the empty programs and alone.
+    Subscriber,
 }
 
 /// Kills child processes when the benchmark ends, however it ends.
@@ -137,7 +156,7 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
     println!();
-    cost::report(&cost::Setup {
+    let setup = cost::Setup {
         lab: &lab,
         observer: &observer,
         xtask: &xtask,
@@ -145,7 +164,14 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
         dnat: &|| load(0),
         pod_to_pod: &|| load_to(pod, 0),
         established: &exchange,
-    })?;
+    };
+    if let Some(other) = &args.compare {
+        return compare::report(&setup, other);
+    }
+    if let Some(Part::Subscriber) = args.only {
+        return subscriber::report(&setup);
+    }
+    cost::report(&setup)?;
     println!();
     loss_ramp(&observer, &args.rates, &load)?;
     drop(children);
@@ -354,7 +380,9 @@ impl Recorder {
     fn start(observer: &Path, dir: &Path) -> anyhow::Result<Recorder> {
         let log = dir.join("conns.jsonl");
         let mut command = Command::new(observer);
-        command.args(["record", "--write"]).arg(&log);
+        // `--output`: the name older builds know (`--write`'s alias now), so that
+        // `--compare` can run them.
+        command.args(["record", "--output"]).arg(&log);
         let observer = Observer::start(command, false)?;
         Ok(Recorder { observer, log })
     }

@@ -206,7 +206,7 @@ fn bare_hooks(setup: &Setup<'_>) -> anyhow::Result<(progstats::FloorPrograms, Ch
 }
 
 /// `xtask bench-destroy-listener` in the lab's node namespace.
-fn destroy_listener(setup: &Setup<'_>) -> anyhow::Result<Children> {
+pub(super) fn destroy_listener(setup: &Setup<'_>) -> anyhow::Result<Children> {
     let child = Command::new("ip")
         .args(["netns", "exec", setup.lab.node_ns()])
         .arg(setup.xtask)
@@ -219,7 +219,7 @@ fn destroy_listener(setup: &Setup<'_>) -> anyhow::Result<Children> {
 }
 
 /// User + system CPU seconds process `pid` used so far (/proc/PID/stat fields 14, 15).
-fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
+pub(super) fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     // Fields after the command name, which is in parentheses and may hold spaces.
     let rest = &stat[stat.rfind(')').context("/proc/PID/stat")? + 2..];

@@ -4,7 +4,7 @@ use std::collections::hash_map::Entry;
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::net::SocketAddr;
 
-use super::outcomes::{ConnectHistogram, DoorCounts, OutcomeCounts};
+use super::outcomes::{ConnectHistogram, FrontendCounts, OutcomeCounts};
 use super::quantiles::{Group, Reservoir, connect_times, lifetime_percentiles};
 use super::{BackendStats, ServiceStats};
 use crate::model::record::{
@@ -35,7 +35,7 @@ struct Counts {
     stale_pins: u64,
     bytes_to_backend: u64,
     bytes_from_backend: u64,
-    doors: DoorCounts,
+    by_frontend: FrontendCounts,
     outcomes: OutcomeCounts,
     connect: ConnectHistogram,
 }
@@ -48,7 +48,7 @@ impl Counts {
         self.stale_pins += u64::from(c.stale);
         self.bytes_to_backend += c.bytes_to_backend;
         self.bytes_from_backend += c.bytes_from_backend;
-        self.doors.add(c.frontend);
+        self.by_frontend.add(c.frontend);
         self.outcomes.add(c.outcome);
         if let Some(ms) = c.connect_ms {
             self.connect.add(ms);
@@ -63,7 +63,7 @@ impl Counts {
         self.stale_pins -= u64::from(c.stale);
         self.bytes_to_backend -= c.bytes_to_backend;
         self.bytes_from_backend -= c.bytes_from_backend;
-        self.doors.subtract(c.frontend);
+        self.by_frontend.subtract(c.frontend);
         self.outcomes.subtract(c.outcome);
         if let Some(ms) = c.connect_ms {
             self.connect.subtract(ms);
@@ -78,7 +78,7 @@ struct Rejects {
     count: u64,
     /// The UDP sockets' datagrams.
     datagrams: u64,
-    doors: DoorCounts,
+    by_frontend: FrontendCounts,
 }
 
 /// Final records kept by id so that a repeated one replaces instead of adding.
@@ -213,7 +213,7 @@ impl Aggregator {
         let rejects = &mut self.accs[index].rejects;
         rejects.count += 1;
         rejects.datagrams += reject.packets.unwrap_or(0);
-        rejects.doors.add(reject.frontend);
+        rejects.by_frontend.add(reject.frontend);
     }
 
     /// Where a Service's totals are, created empty on first sight.
@@ -376,12 +376,12 @@ impl Aggregator {
             active: counts.active,
             requests: counts.requests,
             stale_pins: counts.stale_pins,
-            doors: counts.doors.to_map(),
+            by_frontend: counts.by_frontend.to_map(),
             outcomes: counts.outcomes,
             connect_ms: connect_times(&connect_groups),
             rejected: rejects.count,
             rejected_datagrams: rejects.datagrams,
-            rejected_doors: rejects.doors.to_map(),
+            rejected_by_frontend: rejects.by_frontend.to_map(),
             backends,
             skew: None,
         };

@@ -140,6 +140,17 @@ const TABLE: &[(&str, i32, &str)] = &[
         0,
         "! skew 3.00x",
     ),
+    // Pod names beside the addresses by default; `--addresses` leaves them out.
+    (
+        "summary {logs}/pods.jsonl",
+        0,
+        "  10.244.1.12:8080  shop/checkout-a",
+    ),
+    (
+        "summary --addresses {logs}/pods.jsonl",
+        0,
+        "  10.244.1.12:8080      2       0",
+    ),
     // A log with dns lines reads everywhere; `--dns` shows the walks.
     (
         "summary --dns {logs}/dns.jsonl",

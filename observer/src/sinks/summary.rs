@@ -29,6 +29,13 @@ pub struct SummaryJson<'a> {
     pub services: &'a [ServiceStats],
 }
 
+/// `summary --addresses`: the backends as IP addresses only, without the pod column.
+pub fn without_pod_names(services: &mut [ServiceStats]) {
+    for backend in services.iter_mut().flat_map(|s| s.backends.iter_mut()) {
+        backend.pod = None;
+    }
+}
+
 /// The whole text report.
 pub fn render(file: &str, summary: Option<&SummaryRecord>, services: &[ServiceStats]) -> String {
     let mut out = String::new();
@@ -610,6 +617,30 @@ shop/checkout:http (tcp, ClusterIP 10.96.35.226:80, NodePort :30080): 3 connecti
   10.244.1.12:8080  shop/checkout-a      2       0         3    75%  [###############.....]       50%  1.00s  1.00s  1.00s       195 B         540 B
   10.244.1.13:8080  shop/checkout-b      1       0         1    25%  [#####...............]       50%  1.00s  1.00s  1.00s        65 B         180 B
   ! skew 1.50x: 10.244.1.12:8080 got 75% of requests, expected 50%"
+        );
+    }
+
+    #[test]
+    fn addresses_drop_the_pod_column_and_nothing_else() {
+        let (recording, mut services) = fixture("pods.jsonl");
+        let named = render("pods.jsonl", recording.summary.as_ref(), &services);
+        without_pod_names(&mut services);
+        let addresses = render("pods.jsonl", recording.summary.as_ref(), &services);
+        assert!(named.contains("shop/checkout-a") && !addresses.contains("shop/checkout-a"));
+        assert!(
+            addresses.contains("\n  backend           conns  active  requests  share"),
+            "{addresses}"
+        );
+        assert!(addresses.contains("\n  10.244.1.12:8080      2       0         3    75%"));
+        assert_eq!(
+            named
+                .lines()
+                .filter(|l| !l.starts_with("  "))
+                .collect::<Vec<_>>(),
+            addresses
+                .lines()
+                .filter(|l| !l.starts_with("  "))
+                .collect::<Vec<_>>()
         );
     }
 

@@ -69,7 +69,12 @@ pub(super) fn service_screen(
             rows: conn_lines,
             width,
             compact,
-            names,
+            // Headers say POD only when a pod is known; otherwise addresses show either way.
+            names: names
+                && detail
+                    .conns
+                    .iter()
+                    .any(|c| c.client_pod.is_some() || c.backend_pod.is_some()),
             frontends,
         },
     ));
@@ -190,7 +195,7 @@ impl BackendColumns {
             )
         };
         BackendColumns {
-            names,
+            names: names && backends.iter().any(|b| b.pod.is_some()),
             columns,
             addr,
             bar,

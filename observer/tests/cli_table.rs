@@ -113,6 +113,22 @@ const TABLE: &[(&str, i32, &str)] = &[
         0,
         "every condition holds",
     ),
+    // `check -o json`: the same exit codes, every condition on a line, then the verdict.
+    (
+        "check -o json --max-skew 1.5 {logs}/keepalive.jsonl",
+        1,
+        "\"condition\":\"max_skew\",\"holds\":false,\"limit\":1.5,\"subject\":\"shop/checkout:http\",\"type\":\"condition\",\"violation\":\"skew 3.00 > --max-skew 1.5",
+    ),
+    (
+        "check --output json --max-skew 1.5 {logs}/balanced.jsonl",
+        0,
+        "\"holds\":true,\"services\":1,\"type\":\"verdict\"",
+    ),
+    (
+        "check -o yaml {logs}/balanced.jsonl",
+        2,
+        "invalid value 'yaml' for '--output <FORMAT>'",
+    ),
     // Output selection is the same flag on every listing command.
     (
         "summary -o json {logs}/keepalive.jsonl",
@@ -123,6 +139,17 @@ const TABLE: &[(&str, i32, &str)] = &[
         "summary --output table {logs}/keepalive.jsonl",
         0,
         "! skew 3.00x",
+    ),
+    // Pod names beside the addresses by default; `--addresses` leaves them out.
+    (
+        "summary {logs}/pods.jsonl",
+        0,
+        "  10.244.1.12:8080  shop/checkout-a",
+    ),
+    (
+        "summary --addresses {logs}/pods.jsonl",
+        0,
+        "  10.244.1.12:8080      2       0",
     ),
     // A log with dns lines reads everywhere; `--dns` shows the walks.
     (

@@ -65,9 +65,9 @@ fn live_view_shows_pinning() {
     }
 
     tmux.wait_for("the Service row", |s| s.contains("shop/checkout:http"));
-    // Filter to the Service, then open it.
+    // Filter to the Service, open it, and switch from pod names (the default) to addresses.
     tmux.keys(&[
-        "/", "c", "h", "e", "c", "k", "o", "u", "t", "Enter", "Enter",
+        "/", "c", "h", "e", "c", "k", "o", "u", "t", "Enter", "Enter", "n",
     ]);
     let screen = tmux.wait_for("per-backend requests equal to the traffic sent", |s| {
         backend_requests(s) == expected
@@ -98,7 +98,7 @@ fn live_view_shows_pinning() {
         "keep-alive row: {row}"
     );
 
-    // `n` shows pod names: every backend row, and the keep-alive row by both pods.
+    // `n` shows pod names again: every backend row, and the keep-alive row by both pods.
     tmux.keys(&["n"]);
     let named = tmux.wait_for("pod names", |s| s.contains("BACKEND POD"));
     let backend_rows = named

@@ -218,7 +218,7 @@ fn fresh(lab: &Lab) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Fresh connections through the NodePort on the node's address: another door.
+/// Fresh connections through the NodePort on the node's address: another frontend.
 fn node_port(lab: &Lab) -> anyhow::Result<()> {
     let checkout = lab.service("checkout").expect("the lab defines it");
     let port = checkout

@@ -3,17 +3,22 @@
 
 use std::path::PathBuf;
 
-use super::args::count;
+use super::args::{FormatArg, OutputFormat, count};
 use super::{Outcome, emit};
 use crate::model::record::Recording;
-use crate::sinks::check::{Conditions, check_recording};
+use crate::sinks::check::{Conditions, judge_recording, render_json};
 use crate::sinks::text::plural;
 
 #[derive(Debug, Clone, Default, clap::Args)]
+#[command(mut_arg("format", |a| a.help(
+    "`table`: one line per violation for people; `json`: one line per condition and Service, then the verdict"
+)))]
 pub struct CheckArgs {
     /// Connection log written by `observer record` (JSON Lines).
     #[arg(value_name = "FILE")]
     pub file: PathBuf,
+    #[command(flatten)]
+    pub output: FormatArg,
     /// Check only this Service (`ns/name:port`, or `IP:port` for unnamed ones); repeatable.
     #[arg(long, value_name = "NAME")]
     pub service: Vec<String>,
@@ -87,24 +92,35 @@ fn milliseconds(text: &str) -> Result<f64, String> {
     }
 }
 
-/// Exit 0 when every condition holds, 1 with one line per violation on stdout; an
-/// unreadable file is an error (exit 2).
+/// Exit 0 when every condition holds, 1 with one line per violation on stdout (`-o
+/// json`: every condition checked, then the verdict); an unreadable file is an error
+/// (exit 2).
 pub fn run(args: &CheckArgs) -> anyhow::Result<Outcome> {
     let recording = Recording::read(&args.file)?;
-    let (services, violations) = check_recording(&recording, &args.conditions());
-    if !violations.is_empty() {
-        let lines: String = violations.iter().map(|v| format!("{v}\n")).collect();
-        emit(&lines)?;
-        return Ok(Outcome::ConditionFailed);
-    }
-    let connections: u64 = services.iter().map(|s| s.connections).sum();
-    emit(&format!(
-        "ok: {}: {}, {}, every condition holds\n",
-        args.file.display(),
-        plural(services.len() as u64, "Service"),
-        plural(connections, "connection"),
-    ))?;
-    Ok(Outcome::Success)
+    let (services, verdicts) = judge_recording(&recording, &args.conditions());
+    let holds = verdicts.iter().all(|v| v.violation.is_none());
+    let file = args.file.display().to_string();
+    let report = match args.output.format {
+        OutputFormat::Json => render_json(&file, &verdicts, &services),
+        OutputFormat::Table if holds => {
+            let connections: u64 = services.iter().map(|s| s.connections).sum();
+            format!(
+                "ok: {file}: {}, {}, every condition holds\n",
+                plural(services.len() as u64, "Service"),
+                plural(connections, "connection"),
+            )
+        }
+        OutputFormat::Table => verdicts
+            .iter()
+            .filter_map(|v| Some(format!("{}: {}\n", v.subject, v.violation.as_ref()?)))
+            .collect(),
+    };
+    emit(&report)?;
+    Ok(if holds {
+        Outcome::Success
+    } else {
+        Outcome::ConditionFailed
+    })
 }
 
 #[cfg(test)]

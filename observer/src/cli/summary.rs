@@ -7,7 +7,7 @@ use anyhow::bail;
 
 use super::{FormatArg, Outcome, OutputFormat, emit};
 use crate::model::record::Recording;
-use crate::sinks::summary::{SummaryJson, render};
+use crate::sinks::summary::{SummaryJson, render, without_pod_names};
 use crate::stats::Aggregator;
 use crate::stats::timeline::Timeline;
 
@@ -28,6 +28,10 @@ pub struct SummaryArgs {
     /// search walks (`checkout -> checkout.shop.svc.cluster.local: 2 queries`).
     #[arg(long)]
     pub dns: bool,
+    /// IP addresses only: no pod names in the table (by default each backend's pod is
+    /// shown beside its address where the recording names it; JSON always has both).
+    #[arg(long)]
+    pub addresses: bool,
 }
 
 pub fn run(args: &SummaryArgs) -> anyhow::Result<Outcome> {
@@ -78,6 +82,9 @@ pub fn run(args: &SummaryArgs) -> anyhow::Result<Outcome> {
                 args.service.as_deref(),
                 end.unwrap_or_else(chrono::Utc::now),
             );
+            if args.addresses {
+                without_pod_names(&mut services);
+            }
             emit(&(render(&file, recording.summary.as_ref(), &services) + &timeline))?
         }
     }
@@ -123,6 +130,7 @@ mod tests {
             output: FormatArg::default(),
             service: Some("shop/cart:http".to_owned()),
             dns: false,
+            addresses: false,
         };
         let err = run(&args).unwrap_err().to_string();
         assert!(
@@ -140,6 +148,7 @@ mod tests {
             let args = SummaryArgs {
                 file: format!("{dir}/{name}").into(),
                 output: FormatArg::default(),
+                addresses: false,
                 service: None,
                 dns: false,
             };

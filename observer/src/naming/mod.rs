@@ -72,10 +72,10 @@ impl Naming {
         }
     }
 
-    /// The same naming, entered through `door`.
-    pub fn via(self, door: impl Into<Option<FrontendKind>>) -> Naming {
+    /// The same naming, entered through `frontend`.
+    pub fn via(self, frontend: impl Into<Option<FrontendKind>>) -> Naming {
         Naming {
-            frontend: door.into(),
+            frontend: frontend.into(),
             ..self
         }
     }

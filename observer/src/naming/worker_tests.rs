@@ -97,10 +97,10 @@ fn with_a_worker_lookups_never_wait_and_finished_connections_wait_for_their_rule
         named,
         [(1, Some("shop/checkout:http"), Some(true)), (2, None, None)]
     );
-    // A held connection learns its door with its name.
-    let doors: Vec<_> = released.iter().map(|(_, r)| r.frontend).collect();
+    // A held connection learns its frontend with its name.
+    let frontends: Vec<_> = released.iter().map(|(_, r)| r.frontend).collect();
     assert_eq!(
-        doors,
+        frontends,
         [Some(crate::model::record::FrontendKind::ClusterIp), None]
     );
     assert!(hold.is_empty());

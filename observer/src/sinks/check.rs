@@ -86,8 +86,21 @@ pub fn check_recording(
     recording: &Recording,
     args: &Conditions,
 ) -> (Vec<ServiceStats>, Vec<Violation>) {
+    let (services, verdicts) = judge_recording(recording, args);
+    let found = verdicts
+        .into_iter()
+        .filter_map(Verdict::into_violation)
+        .collect();
+    (services, found)
+}
+
+/// Evaluates the conditions on a recording: the Services checked and every verdict.
+pub fn judge_recording(
+    recording: &Recording,
+    args: &Conditions,
+) -> (Vec<ServiceStats>, Vec<Verdict>) {
     let mut services = Aggregator::from_recording(recording).services();
-    let found = violations(args, recording.cut, recording.summary.as_ref(), &services);
+    let found = verdicts(args, recording.cut, recording.summary.as_ref(), &services);
     if !args.service.is_empty() {
         services.retain(|s| args.service.contains(&s.service));
     }
@@ -110,24 +123,130 @@ pub fn violations(
     summary: Option<&SummaryRecord>,
     services: &[ServiceStats],
 ) -> Vec<Violation> {
-    let mut found: Vec<Violation> = cut_log(cut).into_iter().collect();
+    verdicts(args, cut, summary, services)
+        .into_iter()
+        .filter_map(Verdict::into_violation)
+        .collect()
+}
+
+/// One condition checked on one subject (a Service, or `recording`), held or not.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Verdict {
+    pub subject: String,
+    /// The flag's name without dashes and with `_` (`max_skew`), or `complete_log`,
+    /// `service` (a `--service` the recording must have) and `services` (any at all).
+    pub condition: &'static str,
+    /// The flag's value; `null` for conditions without one.
+    pub limit: serde_json::Value,
+    /// Why the condition does not hold; `None` when it holds.
+    pub violation: Option<String>,
+}
+
+impl Verdict {
+    fn new(
+        subject: &str,
+        condition: &'static str,
+        limit: impl Into<serde_json::Value>,
+        violation: Option<String>,
+    ) -> Verdict {
+        Verdict {
+            subject: subject.to_owned(),
+            condition,
+            limit: limit.into(),
+            violation,
+        }
+    }
+
+    fn into_violation(self) -> Option<Violation> {
+        let text = self.violation?;
+        Some(Violation {
+            subject: self.subject,
+            text,
+        })
+    }
+}
+
+/// Every condition checked, in the order of [`violations`]: the whole-file ones, the
+/// `--service` names, then per Service in name order.
+pub fn verdicts(
+    args: &Conditions,
+    cut: Option<usize>,
+    summary: Option<&SummaryRecord>,
+    services: &[ServiceStats],
+) -> Vec<Verdict> {
+    let mut found = vec![Verdict::new(
+        RECORDING,
+        "complete_log",
+        serde_json::Value::Null,
+        cut_log(cut),
+    )];
     // A cut log has no summary line: the cut already says so.
     if cut.is_none() || summary.is_some() {
-        found.extend(lost_connections(args.max_lost, summary));
+        found.push(Verdict::new(
+            RECORDING,
+            "max_lost",
+            args.max_lost,
+            lost_connections(args.max_lost, summary),
+        ));
     }
-    found.extend(unknown_services(&args.service, services));
-    if args.per_service() && services.is_empty() && args.service.is_empty() {
-        found.push(recording_violation(
-            "no Services or connections to check".to_owned(),
+    found.extend(args.service.iter().map(|name| {
+        Verdict::new(
+            name,
+            "service",
+            serde_json::Value::Null,
+            unknown_service(name, services),
+        )
+    }));
+    if args.per_service() && args.service.is_empty() {
+        let none = services
+            .is_empty()
+            .then(|| "no Services or connections to check".to_owned());
+        found.push(Verdict::new(
+            RECORDING,
+            "services",
+            serde_json::Value::Null,
+            none,
         ));
     }
     let selected = services
         .iter()
         .filter(|s| args.service.is_empty() || args.service.contains(&s.service));
     for s in selected {
-        found.extend(service_violations(args, s));
+        found.extend(service_verdicts(args, s));
     }
     found
+}
+
+/// `check -o json`: one `{"type":"condition",...}` line per [`Verdict`] (`subject`,
+/// `condition`, `limit`, `holds`, and `violation` when it does not hold), then one
+/// `{"type":"verdict","file":...,"holds":...,"services":N,"connections":N,"violations":N}`.
+pub fn render_json(file: &str, verdicts: &[Verdict], services: &[ServiceStats]) -> String {
+    let mut lines: Vec<serde_json::Value> = verdicts
+        .iter()
+        .map(|v| {
+            let mut line = serde_json::json!({
+                "type": "condition",
+                "subject": v.subject,
+                "condition": v.condition,
+                "limit": v.limit,
+                "holds": v.violation.is_none(),
+            });
+            if let Some(text) = &v.violation {
+                line["violation"] = text.as_str().into();
+            }
+            line
+        })
+        .collect();
+    let failed = verdicts.iter().filter(|v| v.violation.is_some()).count();
+    lines.push(serde_json::json!({
+        "type": "verdict",
+        "file": file,
+        "holds": failed == 0,
+        "services": services.len(),
+        "connections": services.iter().map(|s| s.connections).sum::<u64>(),
+        "violations": failed,
+    }));
+    lines.iter().map(|line| format!("{line}\n")).collect()
 }
 
 impl Conditions {
@@ -145,78 +264,73 @@ impl Conditions {
     }
 }
 
-fn recording_violation(text: String) -> Violation {
-    Violation {
-        subject: "recording".to_owned(),
-        text,
-    }
-}
+/// The subject of the whole-file conditions.
+const RECORDING: &str = "recording";
 
-/// `--max-lost`, which also fails when the summary line that counts lost connections is missing.
-fn cut_log(cut: Option<usize>) -> Option<Violation> {
+/// A log cut short (observer killed, disk full): its counts are incomplete.
+fn cut_log(cut: Option<usize>) -> Option<String> {
     cut.map(|line| {
-        recording_violation(format!(
+        format!(
             "the log was cut at line {line} (observer did not exit cleanly): counts are incomplete"
-        ))
+        )
     })
 }
 
-fn lost_connections(max_lost: u64, summary: Option<&SummaryRecord>) -> Option<Violation> {
-    let text = match summary {
-        None => format!(
+/// `--max-lost`, which also fails when the summary line that counts lost connections is missing.
+fn lost_connections(max_lost: u64, summary: Option<&SummaryRecord>) -> Option<String> {
+    match summary {
+        None => Some(format!(
             "no summary line, so lost connections are unknown (the recording did not end cleanly) and --max-lost {max_lost} cannot hold"
-        ),
-        Some(s) if s.lost_connections > max_lost => format!(
+        )),
+        Some(s) if s.lost_connections > max_lost => Some(format!(
             "{} > --max-lost {max_lost} (DNAT decisions without a record: counts are incomplete)",
             plural(s.lost_connections, "lost connection"),
-        ),
-        Some(_) => return None,
+        )),
+        Some(_) => None,
+    }
+}
+
+/// Why `name` (a `--service`) is not checked: the recording does not have it.
+fn unknown_service(name: &str, services: &[ServiceStats]) -> Option<String> {
+    if services.iter().any(|s| s.service == name) {
+        return None;
+    }
+    let known: Vec<&str> = services.iter().map(|s| s.service.as_str()).collect();
+    let known = if known.is_empty() {
+        "none".to_owned()
+    } else {
+        known.join(", ")
     };
-    Some(recording_violation(text))
+    Some(format!("not in the recording (it has: {known})"))
 }
 
-/// One violation per `--service` name the recording does not have.
-fn unknown_services(names: &[String], services: &[ServiceStats]) -> Vec<Violation> {
-    let missing = names
-        .iter()
-        .filter(|name| !services.iter().any(|s| &s.service == *name));
-    missing
-        .map(|name| {
-            let known: Vec<&str> = services.iter().map(|s| s.service.as_str()).collect();
-            let known = if known.is_empty() {
-                "none".to_owned()
-            } else {
-                known.join(", ")
-            };
-            Violation {
-                subject: name.clone(),
-                text: format!("not in the recording (it has: {known})"),
-            }
-        })
-        .collect()
-}
-
-/// The per-Service conditions that `s` violates, in a fixed order.
-fn service_violations(args: &Conditions, s: &ServiceStats) -> Vec<Violation> {
-    let texts = [
-        args.min_connections.and_then(|min| min_connections(s, min)),
-        args.min_requests.and_then(|min| min_requests(s, min)),
-        args.min_backends.and_then(|min| min_backends(s, min)),
-        args.max_skew.and_then(|max| max_skew(s, max)),
-        args.max_stale.and_then(|max| max_stale(s, max)),
-        args.max_refused.and_then(|max| max_refused(s, max)),
-        args.max_unanswered.and_then(|max| max_unanswered(s, max)),
-        args.max_rejected.and_then(|max| max_rejected(s, max)),
-        args.max_connect_p99.and_then(|max| max_connect_p99(s, max)),
+/// The per-Service conditions asked for, checked on `s` in a fixed order.
+fn service_verdicts(args: &Conditions, s: &ServiceStats) -> Vec<Verdict> {
+    let subject = label(s);
+    let verdict = |condition, limit: serde_json::Value, violation| {
+        Verdict::new(&subject, condition, limit, violation)
+    };
+    let checked = [
+        args.min_connections
+            .map(|min| verdict("min_connections", min.into(), min_connections(s, min))),
+        args.min_requests
+            .map(|min| verdict("min_requests", min.into(), min_requests(s, min))),
+        args.min_backends
+            .map(|min| verdict("min_backends", min.into(), min_backends(s, min))),
+        args.max_skew
+            .map(|max| verdict("max_skew", max.into(), max_skew(s, max))),
+        args.max_stale
+            .map(|max| verdict("max_stale", max.into(), max_stale(s, max))),
+        args.max_refused
+            .map(|max| verdict("max_refused", max.into(), max_refused(s, max))),
+        args.max_unanswered
+            .map(|max| verdict("max_unanswered", max.into(), max_unanswered(s, max))),
+        args.max_rejected
+            .map(|max| verdict("max_rejected", max.into(), max_rejected(s, max))),
+        args.max_connect_p99
+            .map(|max| verdict("max_connect_p99", max.into(), max_connect_p99(s, max))),
     ];
-    texts
-        .into_iter()
-        .flatten()
-        .map(|text| Violation {
-            subject: label(s),
-            text,
-        })
-        .collect()
+    checked.into_iter().flatten().collect()
 }
 
 fn min_connections(s: &ServiceStats, min: u64) -> Option<String> {

@@ -89,7 +89,7 @@ struct ServiceFamilies {
     lifetime: Family,
     stale: Family,
     skew: Family,
-    doors: Family,
+    by_frontend: Family,
     outcomes: Family,
     connect: Family,
     rejected: Family,
@@ -145,10 +145,10 @@ impl ServiceFamilies {
                 "gauge",
                 "Largest backend request share over its expected share (1 is even).",
             ),
-            doors: Family::new(
+            by_frontend: Family::new(
                 "observer_frontend_connections_total",
                 "counter",
-                "Connections per Service by the door they came through (cluster_ip, node_port, external_ip, load_balancer).",
+                "Connections per Service by the frontend they came through (cluster_ip, node_port, external_ip, load_balancer).",
             ),
             outcomes: Family::new(
                 "observer_connection_outcomes_total",
@@ -163,7 +163,7 @@ impl ServiceFamilies {
             rejected: Family::new(
                 "observer_rejected_total",
                 "counter",
-                "Connections to the Service rejected before any DNAT because its port had no endpoints (TCP attempts, UDP client sockets), by the door dialed.",
+                "Connections to the Service rejected before any DNAT because its port had no endpoints (TCP attempts, UDP client sockets), by the frontend dialed.",
             ),
         }
     }
@@ -177,9 +177,12 @@ impl ServiceFamilies {
         if let Some(value) = service.skew {
             self.skew.add(service_labels.clone(), value);
         }
-        for (door, count) in &service.doors {
-            self.doors.add(
-                format!("{service_labels},frontend=\"{}\"", door_label(*door)),
+        for (frontend, count) in &service.by_frontend {
+            self.by_frontend.add(
+                format!(
+                    "{service_labels},frontend=\"{}\"",
+                    frontend_label(*frontend)
+                ),
                 *count as f64,
             );
         }
@@ -243,20 +246,23 @@ impl ServiceFamilies {
         self.stale.add(labels, backend.stale_pins as f64);
     }
 
-    /// Per door the rules list (so that a first reject is an increase from 0) and per
-    /// door rejects came through; rejects whose door is unknown without a `frontend`.
+    /// Per frontend the rules list (so that a first reject is an increase from 0) and per
+    /// frontend rejects came through; rejects whose frontend is unknown without a `frontend`.
     fn add_rejected(&mut self, service_labels: &str, service: &ServiceStats) {
-        let mut doors = service.rejected_doors.clone();
+        let mut frontends = service.rejected_by_frontend.clone();
         for frontend in &service.frontends {
-            doors.entry(frontend.kind).or_insert(0);
+            frontends.entry(frontend.kind).or_insert(0);
         }
-        for (door, count) in &doors {
+        for (frontend, count) in &frontends {
             self.rejected.add(
-                format!("{service_labels},frontend=\"{}\"", door_label(*door)),
+                format!(
+                    "{service_labels},frontend=\"{}\"",
+                    frontend_label(*frontend)
+                ),
                 *count as f64,
             );
         }
-        let unknown = service.rejected - service.rejected_doors.values().sum::<u64>();
+        let unknown = service.rejected - service.rejected_by_frontend.values().sum::<u64>();
         if unknown > 0 {
             self.rejected.add(service_labels.to_owned(), unknown as f64);
         }
@@ -274,7 +280,7 @@ impl ServiceFamilies {
             self.lifetime,
             self.stale,
             self.skew,
-            self.doors,
+            self.by_frontend,
             self.outcomes,
             self.connect,
             self.rejected,
@@ -282,10 +288,10 @@ impl ServiceFamilies {
     }
 }
 
-/// A door as the log spells it (`cluster_ip`, `node_port`, ...).
-fn door_label(door: FrontendKind) -> String {
-    let door = serde_json::to_value(door).unwrap_or_default();
-    door.as_str().unwrap_or_default().to_owned()
+/// A frontend as the log spells it (`cluster_ip`, `node_port`, ...).
+fn frontend_label(frontend: FrontendKind) -> String {
+    let frontend = serde_json::to_value(frontend).unwrap_or_default();
+    frontend.as_str().unwrap_or_default().to_owned()
 }
 
 /// The capture counters, one unlabelled sample each.
@@ -483,7 +489,7 @@ mod tests {
     }
 
     #[test]
-    fn backend_pods_and_doors_are_labels() {
+    fn backend_pods_and_frontends_are_labels() {
         let text = std::fs::read_to_string(concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/tests/data/logs/pods.jsonl"
@@ -512,7 +518,7 @@ mod tests {
     }
 
     #[test]
-    fn outcomes_connect_times_and_rejects_per_backend_and_door() {
+    fn outcomes_connect_times_and_rejects_per_backend_and_frontend() {
         let text = std::fs::read_to_string(concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/tests/data/logs/outcomes.jsonl"
@@ -546,7 +552,7 @@ mod tests {
             format!(r#"observer_connect_seconds_count{{{svc},{b}}} 0"#),
             r#"observer_rejected_total{service="shop/empty:http",proto="tcp",frontend="cluster_ip"} 5"#.to_owned(),
             r#"observer_rejected_total{service="shop/empty:dns",proto="udp",frontend="cluster_ip"} 1"#.to_owned(),
-            // A Service with endpoints starts at 0 at each of its doors.
+            // A Service with endpoints starts at 0 at each of its frontends.
             format!(r#"observer_rejected_total{{{svc},frontend="cluster_ip"}} 0"#),
             "observer_lost_rejects_total 2".to_owned(),
         ] {
@@ -560,7 +566,7 @@ mod tests {
     }
 
     #[test]
-    fn rejects_without_a_known_door_have_no_frontend_label() {
+    fn rejects_without_a_known_frontend_have_no_frontend_label() {
         let mut aggregator = Aggregator::default();
         let reject = crate::model::record::RejectRecord {
             frontend: None,

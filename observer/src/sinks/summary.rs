@@ -10,7 +10,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use crate::model::record::{SummaryRecord, format_time};
-use crate::sinks::text::{Digits, bytes, door_text, duration, latency, plural};
+use crate::sinks::text::{Digits, bytes, duration, frontend_kind_text, latency, plural};
 use crate::stats::{BackendStats, ConnectTimes, Percentiles, ServiceStats, SkewDetail};
 
 /// Skew from which a Service gets a marked `! skew` line: one backend got at least 1.5
@@ -27,6 +27,13 @@ pub struct SummaryJson<'a> {
     /// The recording's last line; null when the recording did not end cleanly.
     pub summary: Option<&'a SummaryRecord>,
     pub services: &'a [ServiceStats],
+}
+
+/// `summary --addresses`: the backends as IP addresses only, without the pod column.
+pub fn without_pod_names(services: &mut [ServiceStats]) {
+    for backend in services.iter_mut().flat_map(|s| s.backends.iter_mut()) {
+        backend.pod = None;
+    }
 }
 
 /// The whole text report.
@@ -111,7 +118,7 @@ fn frontend_text(service: &ServiceStats) -> String {
                 std::net::IpAddr::V6(ip) => format!("[{ip}]"),
             });
             let ip = ip.unwrap_or_default();
-            format!("{} {ip}:{}", door_text(f.kind), f.port)
+            format!("{} {ip}:{}", frontend_kind_text(f.kind), f.port)
         })
         .collect::<Vec<_>>()
         .join(", ")
@@ -166,13 +173,13 @@ fn skew_sentence(s: &ServiceStats, detail: &SkewDetail<'_>) -> String {
 
 fn render_service(s: &ServiceStats) -> String {
     let mut out = heading(s);
-    if !s.doors.is_empty() {
-        let doors: Vec<String> = s
-            .doors
+    if !s.by_frontend.is_empty() {
+        let frontends: Vec<String> = s
+            .by_frontend
             .iter()
-            .map(|(door, n)| format!("{} {n}", door_text(*door)))
+            .map(|(frontend, n)| format!("{} {n}", frontend_kind_text(*frontend)))
             .collect();
-        let _ = writeln!(out, "  doors: {}", doors.join(", "));
+        let _ = writeln!(out, "  frontends: {}", frontends.join(", "));
     }
     if !s.backends.is_empty() {
         out.push_str(&backend_table(s));
@@ -433,7 +440,7 @@ shop/cart:http (tcp, ClusterIP 10.96.40.10:80): 4 connections, 2 active, 128 req
         let text = render("outcomes.jsonl", recording.summary.as_ref(), &services);
         let expected = "\
 shop/checkout:http (tcp, ClusterIP 10.96.35.226:80): 24 connections, 0 active, 11 requests, 7 refused, 6 unanswered, skew 3.00x
-  doors: ClusterIP 24
+  frontends: ClusterIP 24
   backend           conns  answered  refused  unanswered  active  requests  share                          expected    p50     p90     max  connect p50  connect p99  to backend  from backend
   10.244.1.12:8080     11        11        0           0       0        11   100%  [####################]       33%  9.8ms  11.0ms  11.0ms        330µs       12.5ms       858 B       1.9 KiB
   10.244.1.13:8080      7         0        7           0       0         0     0%  [....................]       33%  0.1ms   0.1ms   0.1ms            -            -         0 B           0 B
@@ -472,7 +479,7 @@ shop/empty:http (tcp, ClusterIP 10.96.200.1:80): 0 connections, 0 active, 0 requ
             (
                 &empty["service"],
                 &empty["rejected"],
-                &empty["rejected_doors"]
+                &empty["rejected_by_frontend"]
             ),
             (
                 &serde_json::json!("shop/empty:http"),
@@ -597,7 +604,7 @@ shop/empty:http (tcp, ClusterIP 10.96.200.1:80): 0 connections, 0 active, 0 requ
     }
 
     #[test]
-    fn pods_and_doors_are_shown_beside_addresses() {
+    fn pods_and_frontends_are_shown_beside_addresses() {
         let (recording, services) = fixture("pods.jsonl");
         let text = render("pods.jsonl", recording.summary.as_ref(), &services);
         let service: Vec<&str> = text.lines().skip(3).collect();
@@ -605,11 +612,35 @@ shop/empty:http (tcp, ClusterIP 10.96.200.1:80): 0 connections, 0 active, 0 requ
             service.join("\n"),
             "\
 shop/checkout:http (tcp, ClusterIP 10.96.35.226:80, NodePort :30080): 3 connections, 0 active, 4 requests, skew 1.50x
-  doors: ClusterIP 2, NodePort 1
+  frontends: ClusterIP 2, NodePort 1
   backend           pod              conns  active  requests  share                          expected    p50    p90    max  to backend  from backend
   10.244.1.12:8080  shop/checkout-a      2       0         3    75%  [###############.....]       50%  1.00s  1.00s  1.00s       195 B         540 B
   10.244.1.13:8080  shop/checkout-b      1       0         1    25%  [#####...............]       50%  1.00s  1.00s  1.00s        65 B         180 B
   ! skew 1.50x: 10.244.1.12:8080 got 75% of requests, expected 50%"
+        );
+    }
+
+    #[test]
+    fn addresses_drop_the_pod_column_and_nothing_else() {
+        let (recording, mut services) = fixture("pods.jsonl");
+        let named = render("pods.jsonl", recording.summary.as_ref(), &services);
+        without_pod_names(&mut services);
+        let addresses = render("pods.jsonl", recording.summary.as_ref(), &services);
+        assert!(named.contains("shop/checkout-a") && !addresses.contains("shop/checkout-a"));
+        assert!(
+            addresses.contains("\n  backend           conns  active  requests  share"),
+            "{addresses}"
+        );
+        assert!(addresses.contains("\n  10.244.1.12:8080      2       0         3    75%"));
+        assert_eq!(
+            named
+                .lines()
+                .filter(|l| !l.starts_with("  "))
+                .collect::<Vec<_>>(),
+            addresses
+                .lines()
+                .filter(|l| !l.starts_with("  "))
+                .collect::<Vec<_>>()
         );
     }
 

@@ -1,8 +1,8 @@
 //! How numbers read in every text sink and on screen: durations, bytes, counted nouns.
 //! One formatter each, so the live view and `summary` say the same thing the same way.
 
-/// A door (frontend kind) as Kubernetes spells the Service type or field.
-pub fn door_text(kind: crate::model::record::FrontendKind) -> &'static str {
+/// A frontend kind as Kubernetes spells the Service type or field.
+pub fn frontend_kind_text(kind: crate::model::record::FrontendKind) -> &'static str {
     use crate::model::record::FrontendKind;
     match kind {
         FrontendKind::ClusterIp => "ClusterIP",

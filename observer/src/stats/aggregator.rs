@@ -4,7 +4,7 @@ use std::collections::hash_map::Entry;
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::net::SocketAddr;
 
-use super::outcomes::{ConnectHistogram, DoorCounts, OutcomeCounts};
+use super::outcomes::{ConnectHistogram, FrontendCounts, OutcomeCounts};
 use super::quantiles::{Group, Reservoir, connect_times, lifetime_percentiles};
 use super::{BackendStats, ServiceStats};
 use crate::model::record::{
@@ -35,7 +35,7 @@ struct Counts {
     stale_pins: u64,
     bytes_to_backend: u64,
     bytes_from_backend: u64,
-    doors: DoorCounts,
+    by_frontend: FrontendCounts,
     outcomes: OutcomeCounts,
     connect: ConnectHistogram,
 }
@@ -48,7 +48,7 @@ impl Counts {
         self.stale_pins += u64::from(c.stale);
         self.bytes_to_backend += c.bytes_to_backend;
         self.bytes_from_backend += c.bytes_from_backend;
-        self.doors.add(c.frontend);
+        self.by_frontend.add(c.frontend);
         self.outcomes.add(c.outcome);
         if let Some(ms) = c.connect_ms {
             self.connect.add(ms);
@@ -63,7 +63,7 @@ impl Counts {
         self.stale_pins -= u64::from(c.stale);
         self.bytes_to_backend -= c.bytes_to_backend;
         self.bytes_from_backend -= c.bytes_from_backend;
-        self.doors.subtract(c.frontend);
+        self.by_frontend.subtract(c.frontend);
         self.outcomes.subtract(c.outcome);
         if let Some(ms) = c.connect_ms {
             self.connect.subtract(ms);
@@ -78,7 +78,7 @@ struct Rejects {
     count: u64,
     /// The UDP sockets' datagrams.
     datagrams: u64,
-    doors: DoorCounts,
+    by_frontend: FrontendCounts,
 }
 
 /// Final records kept by id so that a repeated one replaces instead of adding.
@@ -213,7 +213,7 @@ impl Aggregator {
         let rejects = &mut self.accs[index].rejects;
         rejects.count += 1;
         rejects.datagrams += reject.packets.unwrap_or(0);
-        rejects.doors.add(reject.frontend);
+        rejects.by_frontend.add(reject.frontend);
     }
 
     /// Where a Service's totals are, created empty on first sight.
@@ -286,89 +286,26 @@ impl Aggregator {
             .collect()
     }
 
+    /// One Service's figures: its backends (seen or in the rules), its totals, its
+    /// rejects and its skew.
     fn service_stats(
         &self,
         key: &ServiceKey,
         exact: &HashMap<(usize, SocketAddr), Exact>,
     ) -> ServiceStats {
-        let rule = self.rules.get(key);
-        let index = self.index.get(key).copied();
-        let acc = index.map(|index| &self.accs[index]);
-        let seen: Vec<(&SocketAddr, &BackendAcc)> = acc
-            .map(|acc| {
-                acc.backends
-                    .iter()
-                    .filter(|(_, b)| b.counts.connections > 0)
-                    .collect()
-            })
-            .unwrap_or_default();
-        let empty = Counts::default();
-        let counts = acc.map_or(&empty, |acc| &acc.counts);
-
-        let mut addrs: BTreeSet<SocketAddr> = seen.iter().map(|(addr, _)| **addr).collect();
-        if let Some(rule) = rule {
-            addrs.extend(rule.endpoints.iter().map(|e| e.addr));
-        }
-        let backends: Vec<BackendStats> = addrs
+        let view = self.service_view(key, exact);
+        let backends: Vec<BackendStats> = view
+            .backend_addrs()
             .into_iter()
-            .map(|addr| {
-                let backend = seen.iter().find(|(a, _)| **a == addr).map(|(_, b)| *b);
-                let (expected_share, in_rules) = match rule {
-                    Some(rule) => {
-                        let listed = rule.endpoints.iter().find(|e| e.addr == addr);
-                        (listed.map(|e| e.expected_share), listed.is_some())
-                    }
-                    None => (Some(1.0 / seen.len() as f64), true),
-                };
-                let b = backend.map_or(&empty, |b| &b.counts);
-                let exact = index.and_then(|index| exact.get(&(index, addr)));
-                let exact_lifetimes = exact.map_or(&[][..], |e| e.lifetimes.as_slice());
-                let lifetime_ms =
-                    backend.and_then(|b| lifetime_percentiles(&b.lifetimes, exact_lifetimes));
-                let connect_ms = backend.and_then(|b| {
-                    connect_times(&[b.connect_times.group(), exact_connect_times(exact)])
-                });
-                BackendStats {
-                    backend: addr,
-                    // From its connections, else from the rules' line for it.
-                    pod: backend.and_then(|b| b.pod.clone()).or_else(|| {
-                        rule.and_then(|r| r.endpoints.iter().find(|e| e.addr == addr))
-                            .and_then(|e| e.pod.clone())
-                    }),
-                    connections: b.connections,
-                    active: b.active,
-                    requests: b.requests,
-                    request_share: if counts.requests == 0 {
-                        0.0
-                    } else {
-                        b.requests as f64 / counts.requests as f64
-                    },
-                    expected_share,
-                    in_rules,
-                    stale_pins: b.stale_pins,
-                    longest_pinned_ms: lifetime_ms.map_or(0.0, |p| p.max),
-                    lifetime_ms,
-                    bytes_to_backend: b.bytes_to_backend,
-                    bytes_from_backend: b.bytes_from_backend,
-                    outcomes: b.outcomes,
-                    connect_ms,
-                    connect_histogram: b.connect,
-                }
-            })
+            .map(|addr| view.backend_stats(addr))
             .collect();
-        // Every connect time of the Service: each backend's folded and exact ones.
-        let connect_groups: Vec<Group<'_>> = seen
-            .iter()
-            .flat_map(|(addr, b)| {
-                let exact = index.and_then(|index| exact.get(&(index, **addr)));
-                [b.connect_times.group(), exact_connect_times(exact)]
-            })
-            .collect();
+        let counts = view.counts();
         let no_rejects = Rejects::default();
-        let rejects = acc.map_or(&no_rejects, |acc| &acc.rejects);
+        let rejects = view.acc.map_or(&no_rejects, |acc| &acc.rejects);
+        let rule = view.rule;
         let mut stats = ServiceStats {
             service: key.0.clone(),
-            named: acc.is_none_or(|acc| acc.named),
+            named: view.acc.is_none_or(|acc| acc.named),
             proto: key.1,
             frontends: rule.map(|r| r.frontends.clone()).unwrap_or_default(),
             has_rules: rule.is_some(),
@@ -376,17 +313,43 @@ impl Aggregator {
             active: counts.active,
             requests: counts.requests,
             stale_pins: counts.stale_pins,
-            doors: counts.doors.to_map(),
+            by_frontend: counts.by_frontend.to_map(),
             outcomes: counts.outcomes,
-            connect_ms: connect_times(&connect_groups),
+            connect_ms: view.connect_ms(),
             rejected: rejects.count,
             rejected_datagrams: rejects.datagrams,
-            rejected_doors: rejects.doors.to_map(),
+            rejected_by_frontend: rejects.by_frontend.to_map(),
             backends,
             skew: None,
         };
         stats.skew = stats.skew_detail().map(|d| d.skew);
         stats
+    }
+
+    /// What [`Aggregator::service_stats`] reads for one Service.
+    fn service_view<'a>(
+        &'a self,
+        key: &ServiceKey,
+        exact: &'a HashMap<(usize, SocketAddr), Exact>,
+    ) -> ServiceView<'a> {
+        let index = self.index.get(key).copied();
+        let acc = index.map(|index| &self.accs[index]);
+        let seen = acc
+            .map(|acc| {
+                acc.backends
+                    .iter()
+                    .filter(|(_, b)| b.counts.connections > 0)
+                    .collect()
+            })
+            .unwrap_or_default();
+        ServiceView {
+            rule: self.rules.get(key),
+            index,
+            acc,
+            seen,
+            exact,
+            empty: Counts::default(),
+        }
     }
 
     /// Aggregates a whole recording; connection ids are line order.
@@ -406,6 +369,104 @@ impl Aggregator {
             aggregator.apply(id, conn);
         }
         aggregator
+    }
+}
+
+/// One Service's rules, totals and exact values, read to build its [`ServiceStats`].
+struct ServiceView<'a> {
+    rule: Option<&'a ServiceRecord>,
+    /// Where its totals are in `Aggregator::accs`; `None` for a Service only the rules name.
+    index: Option<usize>,
+    acc: Option<&'a ServiceAcc>,
+    /// Its backends that had a connection.
+    seen: Vec<(&'a SocketAddr, &'a BackendAcc)>,
+    exact: &'a HashMap<(usize, SocketAddr), Exact>,
+    /// The totals of a Service or backend without connections.
+    empty: Counts,
+}
+
+impl ServiceView<'_> {
+    fn counts(&self) -> &Counts {
+        self.acc.map_or(&self.empty, |acc| &acc.counts)
+    }
+
+    /// The backends seen and the endpoints the rules list, in address order.
+    fn backend_addrs(&self) -> BTreeSet<SocketAddr> {
+        let mut addrs: BTreeSet<SocketAddr> = self.seen.iter().map(|(addr, _)| **addr).collect();
+        if let Some(rule) = self.rule {
+            addrs.extend(rule.endpoints.iter().map(|e| e.addr));
+        }
+        addrs
+    }
+
+    fn exact(&self, addr: SocketAddr) -> Option<&Exact> {
+        self.index.and_then(|index| self.exact.get(&(index, addr)))
+    }
+
+    /// The backend's expected share and whether the rules list it; without rules, every
+    /// backend seen is expected to get an even share.
+    fn expected(&self, addr: SocketAddr) -> (Option<f64>, bool) {
+        match self.rule {
+            Some(rule) => {
+                let listed = rule.endpoints.iter().find(|e| e.addr == addr);
+                (listed.map(|e| e.expected_share), listed.is_some())
+            }
+            None => (Some(1.0 / self.seen.len() as f64), true),
+        }
+    }
+
+    fn backend_stats(&self, addr: SocketAddr) -> BackendStats {
+        let backend = self.seen.iter().find(|(a, _)| **a == addr).map(|(_, b)| *b);
+        let (expected_share, in_rules) = self.expected(addr);
+        let b = backend.map_or(&self.empty, |b| &b.counts);
+        let exact = self.exact(addr);
+        let exact_lifetimes = exact.map_or(&[][..], |e| e.lifetimes.as_slice());
+        let lifetime_ms = backend.and_then(|b| lifetime_percentiles(&b.lifetimes, exact_lifetimes));
+        let connect_ms = backend
+            .and_then(|b| connect_times(&[b.connect_times.group(), exact_connect_times(exact)]));
+        let service_requests = self.counts().requests;
+        BackendStats {
+            backend: addr,
+            // From its connections, else from the rules' line for it.
+            pod: backend.and_then(|b| b.pod.clone()).or_else(|| {
+                self.rule
+                    .and_then(|r| r.endpoints.iter().find(|e| e.addr == addr))
+                    .and_then(|e| e.pod.clone())
+            }),
+            connections: b.connections,
+            active: b.active,
+            requests: b.requests,
+            request_share: if service_requests == 0 {
+                0.0
+            } else {
+                b.requests as f64 / service_requests as f64
+            },
+            expected_share,
+            in_rules,
+            stale_pins: b.stale_pins,
+            longest_pinned_ms: lifetime_ms.map_or(0.0, |p| p.max),
+            lifetime_ms,
+            bytes_to_backend: b.bytes_to_backend,
+            bytes_from_backend: b.bytes_from_backend,
+            outcomes: b.outcomes,
+            connect_ms,
+            connect_histogram: b.connect,
+        }
+    }
+
+    /// Over every connect time of the Service: each backend's folded and exact ones.
+    fn connect_ms(&self) -> Option<super::ConnectTimes> {
+        let groups: Vec<Group<'_>> = self
+            .seen
+            .iter()
+            .flat_map(|(addr, b)| {
+                [
+                    b.connect_times.group(),
+                    exact_connect_times(self.exact(**addr)),
+                ]
+            })
+            .collect();
+        connect_times(&groups)
     }
 }
 

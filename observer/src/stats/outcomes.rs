@@ -1,5 +1,5 @@
 //! What came of connection attempts, counted: outcomes per backend, connect times in
-//! histogram buckets, rejected attempts per door.
+//! histogram buckets, rejected attempts per frontend kind.
 
 use std::collections::BTreeMap;
 
@@ -100,43 +100,43 @@ impl ConnectHistogram {
     }
 }
 
-/// The doors (frontend kinds) Kubernetes has, in the order counts are kept.
-const DOORS: [FrontendKind; 4] = [
+/// The frontend kinds Kubernetes has, in the order counts are kept.
+const FRONTEND_KINDS: [FrontendKind; 4] = [
     FrontendKind::ClusterIp,
     FrontendKind::NodePort,
     FrontendKind::ExternalIp,
     FrontendKind::LoadBalancer,
 ];
 
-/// Counts per door (connections, or rejected attempts, by the frontend kind dialed).
+/// Counts per frontend kind (connections, or rejected attempts, by the kind dialed).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(super) struct DoorCounts([u64; DOORS.len()]);
+pub(super) struct FrontendCounts([u64; FRONTEND_KINDS.len()]);
 
-impl DoorCounts {
+impl FrontendCounts {
     fn index(kind: FrontendKind) -> usize {
-        DOORS.iter().position(|d| *d == kind).unwrap_or(0)
+        FRONTEND_KINDS.iter().position(|d| *d == kind).unwrap_or(0)
     }
 
-    pub(super) fn add(&mut self, door: Option<FrontendKind>) {
-        if let Some(door) = door {
-            self.0[Self::index(door)] += 1;
+    pub(super) fn add(&mut self, frontend: Option<FrontendKind>) {
+        if let Some(frontend) = frontend {
+            self.0[Self::index(frontend)] += 1;
         }
     }
 
-    /// Undoes an earlier `add` of the same door.
-    pub(super) fn subtract(&mut self, door: Option<FrontendKind>) {
-        if let Some(door) = door {
-            self.0[Self::index(door)] -= 1;
+    /// Undoes an earlier `add` of the same frontend kind.
+    pub(super) fn subtract(&mut self, frontend: Option<FrontendKind>) {
+        if let Some(frontend) = frontend {
+            self.0[Self::index(frontend)] -= 1;
         }
     }
 
-    /// The doors with a count, and their counts.
+    /// The frontend kinds with a count, and their counts.
     pub(super) fn to_map(self) -> BTreeMap<FrontendKind, u64> {
-        DOORS
+        FRONTEND_KINDS
             .iter()
             .zip(self.0)
             .filter(|(_, n)| *n > 0)
-            .map(|(door, n)| (*door, n))
+            .map(|(kind, n)| (*kind, n))
             .collect()
     }
 }

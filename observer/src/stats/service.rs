@@ -61,9 +61,9 @@ pub struct ServiceStats {
     pub active: u64,
     pub requests: u64,
     pub stale_pins: u64,
-    /// Connections per door they came through (the frontend kind their rule matched);
-    /// connections without a known door are not counted here.
-    pub doors: BTreeMap<FrontendKind, u64>,
+    /// Connections per kind of frontend they came through (the kind their rule matched);
+    /// connections without a known frontend are not counted here.
+    pub by_frontend: BTreeMap<FrontendKind, u64>,
     /// Its connections by outcome, over every backend.
     pub outcomes: OutcomeCounts,
     /// Over the `connect_ms` of all its connections that have one; `None` with none.
@@ -73,9 +73,9 @@ pub struct ServiceStats {
     pub rejected: u64,
     /// The datagrams of the rejected UDP sockets.
     pub rejected_datagrams: u64,
-    /// Rejected connections per door they were dialed at; those without a known door
-    /// are not counted here.
-    pub rejected_doors: BTreeMap<FrontendKind, u64>,
+    /// Rejected connections per kind of frontend they were dialed at; those without a
+    /// known frontend are not counted here.
+    pub rejected_by_frontend: BTreeMap<FrontendKind, u64>,
     /// Every endpoint of the latest `ServiceRecord` (even with no connections) and every
     /// backend seen, sorted by address.
     pub backends: Vec<BackendStats>,

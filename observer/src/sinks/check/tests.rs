@@ -340,3 +340,83 @@ fn recordings_without_outcomes_pass_the_outcome_conditions() {
     let recording = Recording::read(&path("balanced.jsonl")).unwrap();
     assert_eq!(check_recording(&recording, &conditions).1, []);
 }
+
+/// `check -o json`: every condition checked, one line each, then the verdict; the lines
+/// that do not hold carry the same text as the table.
+#[test]
+fn json_lines_name_every_condition_and_end_with_the_verdict() {
+    let conditions = Conditions {
+        max_skew: Some(1.5),
+        min_backends: Some(1),
+        ..Conditions::default()
+    };
+    let recording = Recording::read(&path("keepalive.jsonl")).unwrap();
+    let (services, verdicts) = judge_recording(&recording, &conditions);
+    let text = render_json("keepalive.jsonl", &verdicts, &services);
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    let summary = |line: &serde_json::Value| {
+        (
+            line["subject"].as_str().unwrap_or("").to_owned(),
+            line["condition"].as_str().unwrap_or("").to_owned(),
+            line["holds"].as_bool().unwrap(),
+        )
+    };
+    let conditions: Vec<_> = lines[..lines.len() - 1].iter().map(summary).collect();
+    let condition = |subject: &str, name: &str, holds| (subject.to_owned(), name.to_owned(), holds);
+    assert_eq!(
+        conditions,
+        [
+            condition("recording", "complete_log", true),
+            condition("recording", "max_lost", true),
+            condition("recording", "services", true),
+            condition(CHECKOUT, "min_backends", true),
+            condition(CHECKOUT, "max_skew", false),
+        ]
+    );
+    assert_eq!(lines[4]["limit"], 1.5);
+    assert!(
+        lines[4]["violation"]
+            .as_str()
+            .unwrap()
+            .starts_with("skew 3.00 > --max-skew 1.5"),
+        "{text}"
+    );
+    assert!(lines[3].get("violation").is_none());
+    assert_eq!(
+        lines.last().unwrap(),
+        &serde_json::json!({
+            "type": "verdict", "file": "keepalive.jsonl", "holds": false,
+            "services": 1, "connections": services[0].connections, "violations": 1,
+        })
+    );
+    assert!(lines[..4].iter().all(|l| l["type"] == "condition"));
+}
+
+/// The verdicts that do not hold are exactly the violations, in the same order.
+#[test]
+fn verdicts_that_fail_are_the_violations() {
+    let conditions = Conditions {
+        service: vec!["shop/nope:http".into(), CHECKOUT.into()],
+        max_skew: Some(1.5),
+        max_lost: 0,
+        ..Conditions::default()
+    };
+    for log in [
+        "keepalive.jsonl",
+        "mixed.jsonl",
+        "cut.jsonl",
+        "balanced.jsonl",
+    ] {
+        let recording = Recording::read(&path(log)).unwrap();
+        let (_, verdicts) = judge_recording(&recording, &conditions);
+        let (_, found) = check_recording(&recording, &conditions);
+        let failed: Vec<Violation> = verdicts
+            .into_iter()
+            .filter_map(Verdict::into_violation)
+            .collect();
+        assert_eq!(failed, found, "{log}");
+    }
+}

@@ -359,6 +359,6 @@ fn from_recording_uses_line_order_ids() {
     assert_eq!(s.skew, Some(3.0));
 }
 
-mod doors;
+mod frontends;
 mod outcomes;
 mod window;

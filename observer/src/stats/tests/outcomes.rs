@@ -124,7 +124,7 @@ fn connect_times_survive_the_recent_window_and_replacement() {
 }
 
 #[test]
-fn rejects_count_per_service_and_door_even_without_any_connection() {
+fn rejects_count_per_service_and_frontend_even_without_any_connection() {
     let mut agg = Aggregator::default();
     // The Service's rules list no endpoint.
     agg.add_service(&rules("shop/empty:http", &[]));
@@ -166,7 +166,7 @@ fn rejects_count_per_service_and_door_even_without_any_connection() {
     let empty = &services[1];
     assert!(empty.named && empty.has_rules && empty.backends.is_empty());
     assert_eq!(
-        empty.rejected_doors,
+        empty.rejected_by_frontend,
         BTreeMap::from([(FrontendKind::ClusterIp, 5), (FrontendKind::NodePort, 1)])
     );
     assert!(services[0].named && !services[0].has_rules);

@@ -140,7 +140,8 @@ pub struct App {
     pub(crate) sort: SortKey,
     pub(crate) paused: bool,
     pub(crate) help: bool,
-    /// Addresses shown as `namespace/pod` where the pod is known (`n` toggles).
+    /// Addresses shown as `namespace/pod` where the pod is known, the default (`n`
+    /// toggles to IP addresses).
     pub(crate) pod_names: bool,
     pub(crate) ended: bool,
     /// A one-line notice (export written, counters reset...).
@@ -181,7 +182,7 @@ impl App {
             sort: SortKey::Name,
             paused: false,
             help: false,
-            pod_names: false,
+            pod_names: true,
             ended: false,
             message: None,
             dns: VecDeque::new(),

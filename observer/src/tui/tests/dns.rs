@@ -61,6 +61,7 @@ fn snapshot_dns_walks() {
     let mut stats = stats();
     stats.dns_malformed = 3;
     live(&mut app, Update::Stats(stats));
-    keys(&mut app, "dn");
+    // Clients by pod name, the default.
+    keys(&mut app, "d");
     assert_snapshot("dns_walks", &screen(&app, 80, 24));
 }

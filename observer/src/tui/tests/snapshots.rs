@@ -247,7 +247,8 @@ fn snapshot_endpoint_left_with_a_pin() {
 }
 
 /// A pod client pinned through the ClusterIP and an outside client through the NodePort,
-/// with the pods the runtime named; `n` switches between addresses and pod names.
+/// with the pods the runtime named: pod names by default, `n` switches to addresses and
+/// back.
 #[test]
 fn snapshot_pod_names_toggle() {
     let mut app = new_app();
@@ -276,21 +277,30 @@ fn snapshot_pod_names_toggle() {
     live(&mut app, Update::Stats(stats()));
     tick(&mut app, 5000);
     assert_eq!(key(&mut app, KeyCode::Enter), None);
-    let by_ip = screen(&app, 80, 24);
-    assert_snapshot("pods_ip_service", &by_ip);
+    let by_name = screen(&app, 80, 24);
+    assert_snapshot("pods_named_service", &by_name);
     keys(&mut app, "n");
-    assert_snapshot("pods_named_service", &screen(&app, 80, 24));
+    let by_ip = screen(&app, 80, 24);
+    assert!(
+        by_ip
+            .lines()
+            .next()
+            .unwrap()
+            .ends_with("showing IP addresses"),
+        "{by_ip}"
+    );
+    assert_snapshot("pods_ip_service", &by_ip);
     keys(&mut app, "n");
     let back = screen(&app, 80, 24);
     // Only the notice in the header differs.
     assert_eq!(
         back.lines().skip(1).collect::<Vec<_>>(),
-        by_ip.lines().skip(1).collect::<Vec<_>>()
+        by_name.lines().skip(1).collect::<Vec<_>>()
     );
     assert!(
         back.lines()
             .next()
             .unwrap()
-            .ends_with("showing IP addresses")
+            .ends_with("showing pod names where known")
     );
 }

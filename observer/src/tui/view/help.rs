@@ -15,7 +15,7 @@ const HELP: [&str; 14] = [
     "p         pause / resume",
     "r         reset counters",
     "e         export screen (JSON Lines)",
-    "n         IP addresses / pod names",
+    "n         pod names / IP addresses",
     "d         DNS lookups (Esc: back)",
     "?         this help",
     "q Ctrl-C  quit",

@@ -14,7 +14,7 @@ use super::widgets::{
 use super::{ALERT, BOLD, DIM, SELECTED};
 use crate::model::record::{Close, FrontendKind};
 use crate::sinks::summary::failure_lines;
-use crate::sinks::text::{Digits, door_text, duration, latency};
+use crate::sinks::text::{Digits, duration, frontend_kind_text, latency};
 use crate::stats::{BackendStats, OutcomeCounts, Percentiles};
 use crate::tui::state::{App, ConnRow, Detail};
 
@@ -58,9 +58,9 @@ pub(super) fn service_screen(
         )));
     }
     let conn_lines = height.saturating_sub(lines.len() + 2);
-    let doors = app
+    let frontends = app
         .shown_service()
-        .map(|row| doors_text(&row.stats.doors))
+        .map(|row| frontends_text(&row.stats.by_frontend))
         .unwrap_or_default();
     lines.extend(connection_lines(
         detail,
@@ -69,23 +69,28 @@ pub(super) fn service_screen(
             rows: conn_lines,
             width,
             compact,
-            names,
-            doors,
+            // Headers say POD only when a pod is known; otherwise addresses show either way.
+            names: names
+                && detail
+                    .conns
+                    .iter()
+                    .any(|c| c.client_pod.is_some() || c.backend_pod.is_some()),
+            frontends,
         },
     ));
     lines
 }
 
-/// " │ doors ClusterIP 6 NodePort 4", or nothing when no connection's door is known.
-fn doors_text(doors: &BTreeMap<FrontendKind, u64>) -> String {
-    if doors.is_empty() {
+/// " │ frontends ClusterIP 6 NodePort 4", or nothing when no connection's frontend is known.
+fn frontends_text(frontends: &BTreeMap<FrontendKind, u64>) -> String {
+    if frontends.is_empty() {
         return String::new();
     }
-    let counts: Vec<String> = doors
+    let counts: Vec<String> = frontends
         .iter()
-        .map(|(door, n)| format!("{} {n}", door_text(*door)))
+        .map(|(frontend, n)| format!("{} {n}", frontend_kind_text(*frontend)))
         .collect();
-    format!(" │ doors {}", counts.join(" "))
+    format!(" │ frontends {}", counts.join(" "))
 }
 
 /// An address as the current mode shows it: the pod where known (`n`), else the IP. A
@@ -190,7 +195,7 @@ impl BackendColumns {
             )
         };
         BackendColumns {
-            names,
+            names: names && backends.iter().any(|b| b.pod.is_some()),
             columns,
             addr,
             bar,
@@ -347,8 +352,8 @@ struct ConnView {
     width: usize,
     compact: bool,
     names: bool,
-    /// Appended to the title: connections per door.
-    doors: String,
+    /// Appended to the title: connections per frontend.
+    frontends: String,
 }
 
 /// The connections' title and header, then up to `rows` connections scrolled so that
@@ -360,16 +365,16 @@ fn connection_lines(detail: &Detail, view: ConnView) -> Vec<Line<'static>> {
         width,
         compact,
         names,
-        doors,
+        frontends,
     } = view;
-    // With doors to show, the order goes unsaid: the rows show it.
-    let order = if doors.is_empty() {
+    // With frontends to show, the order goes unsaid: the rows show it.
+    let order = if frontends.is_empty() {
         "; open oldest first"
     } else {
         ""
     };
     let title = format!(
-        "CONNECTIONS {} open, {} closed kept{order}{doors}",
+        "CONNECTIONS {} open, {} closed kept{order}{frontends}",
         detail.open, detail.closed
     );
     let addr = if compact {

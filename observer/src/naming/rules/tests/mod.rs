@@ -100,24 +100,24 @@ fn lookup_by_protocol_address_and_node_port() {
 }
 
 #[test]
-fn lookup_tells_which_door_the_connection_came_through() {
+fn lookup_tells_which_frontend_the_connection_came_through() {
     use FrontendKind::{ClusterIp, ExternalIp, LoadBalancer, NodePort};
     let map = ServiceMap::from_iptables_save(fixture!("iptables/mixed-v4-nat.saved")).unwrap();
-    let door = |dst: &str| map.frontend_kind(Proto::Tcp, sa(dst));
-    assert_eq!(door("10.96.77.7:443"), Some(ClusterIp));
-    assert_eq!(door("172.18.0.3:30443"), Some(NodePort));
-    assert_eq!(door("203.0.113.10:443"), Some(ExternalIp));
-    assert_eq!(door("198.51.100.20:443"), Some(LoadBalancer));
+    let frontend = |dst: &str| map.frontend_kind(Proto::Tcp, sa(dst));
+    assert_eq!(frontend("10.96.77.7:443"), Some(ClusterIp));
+    assert_eq!(frontend("172.18.0.3:30443"), Some(NodePort));
+    assert_eq!(frontend("203.0.113.10:443"), Some(ExternalIp));
+    assert_eq!(frontend("198.51.100.20:443"), Some(LoadBalancer));
     // A NodePort on an address that is also a ClusterIP: the ClusterIP's own port wins,
     // another port falls through to the NodePort by port.
-    assert_eq!(door("10.96.77.7:30443"), Some(NodePort));
-    assert_eq!(door("10.96.77.7:444"), None);
+    assert_eq!(frontend("10.96.77.7:30443"), Some(NodePort));
+    assert_eq!(frontend("10.96.77.7:444"), None);
     assert_eq!(map.frontend_kind(Proto::Udp, sa("10.96.77.7:443")), None);
     let nft = ServiceMap::from_nft_json(fixture!("nftables/mixed-v4.json")).unwrap();
-    let nft_door = |dst: &str| nft.frontend_kind(Proto::Tcp, sa(dst));
-    assert_eq!(nft_door("10.96.35.226:80"), Some(ClusterIp));
-    assert_eq!(nft_door("192.168.0.2:30443"), Some(NodePort));
-    assert_eq!(nft_door("203.0.113.10:443"), Some(ExternalIp));
+    let nft_frontend = |dst: &str| nft.frontend_kind(Proto::Tcp, sa(dst));
+    assert_eq!(nft_frontend("10.96.35.226:80"), Some(ClusterIp));
+    assert_eq!(nft_frontend("192.168.0.2:30443"), Some(NodePort));
+    assert_eq!(nft_frontend("203.0.113.10:443"), Some(ExternalIp));
 }
 
 #[test]

@@ -1,12 +1,12 @@
-//! Doors (frontend kinds) per Service and pod names per backend.
+//! Frontend kinds per Service and pod names per backend.
 
 use std::collections::BTreeMap;
 
 use super::*;
 
-fn via(door: Option<FrontendKind>, backend: &str, pod: Option<&str>) -> ConnRecord {
+fn via(frontend: Option<FrontendKind>, backend: &str, pod: Option<&str>) -> ConnRecord {
     let mut record = conn(Some("shop/checkout:http"), backend, 1, 10.0);
-    record.frontend = door;
+    record.frontend = frontend;
     record.backend_pod = pod.map(Into::into);
     record
 }
@@ -19,7 +19,7 @@ fn id(n: u64) -> ConnId {
 }
 
 #[test]
-fn connections_are_counted_per_door_and_replaced_records_count_once() {
+fn connections_are_counted_per_frontend_and_replaced_records_count_once() {
     let mut aggregator = Aggregator::default();
     let a = "10.244.1.12:8080";
     aggregator.apply(id(1), &via(Some(FrontendKind::ClusterIp), a, None));
@@ -34,12 +34,12 @@ fn connections_are_counted_per_door_and_replaced_records_count_once() {
     let services = aggregator.services();
     assert_eq!(services[0].connections, 5);
     assert_eq!(
-        services[0].doors,
+        services[0].by_frontend,
         BTreeMap::from([(FrontendKind::ClusterIp, 2), (FrontendKind::NodePort, 2)])
     );
     let json = serde_json::to_value(&services[0]).unwrap();
     assert_eq!(
-        json["doors"],
+        json["by_frontend"],
         serde_json::json!({"cluster_ip": 2, "node_port": 2})
     );
 }

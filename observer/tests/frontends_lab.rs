@@ -1,8 +1,8 @@
-//! Root tests for "which door" and pods by name: the same Service reached through its
+//! Root tests for "which frontend" and pods by name: the same Service reached through its
 //! ClusterIP and through its NodePort (30080 on the node's address), in both rule
 //! formats. Every record must say `frontend` exactly (`cluster_ip` / `node_port`), name
 //! the client and backend pods from the runtime state the lab writes as containerd does,
-//! and the summary must count the connections per door.
+//! and the summary must count the connections per frontend.
 
 mod common;
 
@@ -14,7 +14,7 @@ use observer::model::record::{FrontendKind, Proto};
 use observer_lab::spec::NODE_IP;
 use observer_lab::{Lab, LabConfig, RuleMode, Topology, http_fresh};
 
-fn doors(topology: Topology, rules: RuleMode, tag: &str) {
+fn frontends(topology: Topology, rules: RuleMode, tag: &str) {
     require_root();
     let lab = Lab::up(LabConfig {
         topology,
@@ -45,7 +45,7 @@ fn doors(topology: Topology, rules: RuleMode, tag: &str) {
         .map(|c| ((c.client.port(), c.original_dst), c))
         .collect();
     assert_eq!(recording.conns.len(), 10, "{:#?}", recording.conns);
-    for (answers, dialed, door) in [
+    for (answers, dialed, frontend) in [
         (&via_cluster, cluster, FrontendKind::ClusterIp),
         (&via_node_port, node_port, FrontendKind::NodePort),
     ] {
@@ -53,7 +53,7 @@ fn doors(topology: Topology, rules: RuleMode, tag: &str) {
             let conn = by_port[&(answer.client_port, SocketAddr::V4(dialed))];
             assert_eq!(conn.original_dst, SocketAddr::V4(dialed), "{conn:?}");
             assert_eq!(conn.service.as_deref(), Some("shop/checkout:http"));
-            assert_eq!(conn.frontend, Some(door), "{conn:?}");
+            assert_eq!(conn.frontend, Some(frontend), "{conn:?}");
             assert_eq!(conn.client_pod.as_deref(), Some("default/client"));
             assert_eq!(
                 conn.backend_pod.as_deref(),
@@ -82,7 +82,7 @@ fn doors(topology: Topology, rules: RuleMode, tag: &str) {
     let text =
         observer::sinks::summary::render("conns.jsonl", recording.summary.as_ref(), &services);
     assert!(
-        text.contains("  doors: ClusterIP 6, NodePort 4\n"),
+        text.contains("  frontends: ClusterIP 6, NodePort 4\n"),
         "{text}"
     );
 }
@@ -90,11 +90,11 @@ fn doors(topology: Topology, rules: RuleMode, tag: &str) {
 #[test]
 #[ignore = "root: run by cargo xtask test"]
 fn iptables_bridged_cluster_ip_and_node_port() {
-    doors(Topology::Bridged, RuleMode::Iptables, "di");
+    frontends(Topology::Bridged, RuleMode::Iptables, "di");
 }
 
 #[test]
 #[ignore = "root: run by cargo xtask test"]
 fn nftables_routed_cluster_ip_and_node_port() {
-    doors(Topology::Routed, RuleMode::Nftables, "dn");
+    frontends(Topology::Routed, RuleMode::Nftables, "dn");
 }

@@ -6,7 +6,9 @@
 //! node (the rules' own counters) must be a record or counted as lost, and every DNS
 //! message that passed the node must be in a `dns` line or counted as malformed or lost.
 //! Under a DNS flood, no connection event may even be delayed: DNS copies have a ring
-//! buffer of their own. Rates and timings are printed, never asserted.
+//! buffer of their own (checked when observer saw only this lab: `lost_events` is a total
+//! over every namespace, and other labs may run on the machine). Rates and timings are
+//! printed, never asserted.
 
 mod common;
 
@@ -131,8 +133,10 @@ fn flood_while_connecting<T: Send>(
     (report, client, decisions)
 }
 
-/// Stops observer; returns this node's part of the log and its summary line.
-fn finish(run: &mut Option<Run>) -> (Recording, SummaryRecord, u32) {
+/// Stops observer; returns this node's part of the log, the summary line, the node's
+/// netns inode and whether observer saw only this node (other labs on the machine share
+/// its ring buffers, so `lost_events`, a total, speaks for this node only then).
+fn finish(run: &mut Option<Run>) -> (Recording, SummaryRecord, u32, bool) {
     let Run {
         lab,
         recorder,
@@ -140,10 +144,20 @@ fn finish(run: &mut Option<Run>) -> (Recording, SummaryRecord, u32) {
     } = run.take().unwrap();
     let mut recording = recorder.stop();
     let summary = recording.summary.clone().expect("a summary line");
-    only_node(&mut recording, lab.node_ns());
     let inode = netns_inode(lab.node_ns());
+    let alone = recording.conns.iter().all(|c| c.netns == inode);
+    only_node(&mut recording, lab.node_ns());
     drop(lab);
-    (recording, summary, inode)
+    (recording, summary, inode, alone)
+}
+
+/// The node's connections observer could not record.
+fn node_lost(summary: &SummaryRecord, inode: u32) -> u64 {
+    summary
+        .lost_by_netns
+        .get(&inode.to_string())
+        .copied()
+        .unwrap_or(0)
 }
 
 /// Every connection of the client has exactly one record, to the pod that answered,
@@ -207,7 +221,7 @@ fn assert_every_decision_recorded(
 ) {
     let records = recording.conns.iter().filter(|c| c.start_seen).count() as u64;
     assert_eq!(
-        records + summary.lost_connections,
+        records + node_lost(summary, inode),
         decisions,
         "records + lost connections == the node's DNAT decisions: {summary:?}"
     );
@@ -237,7 +251,7 @@ fn dns_scenario(tag: &str, extra: &[&str]) -> (FloodReport, u64) {
             .expect("DNS flood")
     });
     let served = dns.queries().expect("the DNS servers' logs").len() as u64;
-    let (recording, summary, inode) = finish(&mut run);
+    let (recording, summary, inode, alone) = finish(&mut run);
     let key = inode.to_string();
     let lost = summary.dns_lost_by_netns.get(&key).copied().unwrap_or(0);
     let malformed = summary
@@ -272,17 +286,22 @@ fn dns_scenario(tag: &str, extra: &[&str]) -> (FloodReport, u64) {
         client.tcp.len() + client.udp.len(),
         client.took.as_secs_f64(),
         recording.conns.len(),
-        summary.lost_connections,
+        node_lost(&summary, inode),
         summary.lost_events,
     );
     assert_client_exact(&recording, &client, &pod_ip);
     assert_every_decision_recorded(&recording, &summary, inode, decisions);
-    // DNS copies have a ring buffer of their own: the flood does not even delay an event.
-    assert_eq!(summary.lost_connections, 0, "{summary:?}");
-    assert_eq!(
-        summary.lost_events, 0,
-        "connection events delayed: {summary:?}"
-    );
+    assert_eq!(node_lost(&summary, inode), 0, "{summary:?}");
+    // DNS copies have a ring buffer of their own: the flood does not even delay an event
+    // (unless other labs on the machine filled the ring buffer meanwhile).
+    if alone {
+        assert_eq!(
+            summary.lost_events, 0,
+            "connection events delayed: {summary:?}"
+        );
+    } else {
+        eprintln!("other labs' connections shared the ring buffer: delayed events not checked");
+    }
     assert!(
         (served + report.received..=report.sent + served).contains(&accounted),
         "DNS messages accounted for ({accounted}) between what was received ({}) and sent ({})",
@@ -357,7 +376,7 @@ fn udp_and_syn_floods_cost_no_connection_record() {
             )
         })
     });
-    let (recording, summary, inode) = finish(&mut run);
+    let (recording, summary, inode, _) = finish(&mut run);
     let flood_records = |proto: Proto| {
         recording
             .conns
@@ -378,7 +397,7 @@ fn udp_and_syn_floods_cost_no_connection_record() {
         client.tcp.len() + client.udp.len(),
         client.took.as_secs_f64(),
         recording.conns.len(),
-        summary.lost_connections,
+        node_lost(&summary, inode),
         summary.lost_events,
     );
     assert_client_exact(&recording, &client, &pod_ip);

@@ -238,10 +238,7 @@ fn new_state(
 /// connection to record.
 #[inline(always)]
 fn keep_inserted(conntrack: u64, fresh: &ConnState, start_seen: bool, packet: &Packet) -> bool {
-    if !start_seen
-        && packet.protocol == PROTO_TCP
-        && matches!(established(conntrack), Ok(false))
-    {
+    if !start_seen && packet.protocol == PROTO_TCP && matches!(established(conntrack), Ok(false)) {
         // A late packet of a connection another CPU just closed and removed: its
         // state left ESTABLISHED before that removal, so checking after the insert
         // cannot miss it. Not a connection to adopt.

@@ -16,7 +16,7 @@ use std::{
 
 use common::{netns_inode, prefix, require_root};
 use observer::model::record::Proto;
-use observer::naming::{Namer, NamerConfig, SystemSource, legacy};
+use observer::naming::services::{Namer, NamerConfig, SystemSource, legacy};
 
 const RULES: &str = include_str!("data/rules/iptables/mixed-v4-nat.saved");
 

@@ -86,7 +86,10 @@ mod tests {
     #[test]
     fn terminal_escapes_become_text() {
         assert_eq!(name("\u{1b}[2Jevil"), "\\x1b[2Jevil");
-        assert_eq!(name("a\tb\r\nc\u{7}\u{0}\u{7f}"), "a\\x09b\\x0d\\x0ac\\x07\\x00\\x7f");
+        assert_eq!(
+            name("a\tb\r\nc\u{7}\u{0}\u{7f}"),
+            "a\\x09b\\x0d\\x0ac\\x07\\x00\\x7f"
+        );
         // C1 controls: U+009B is a one-character CSI on some terminals.
         assert_eq!(name("x\u{9b}2J"), "x\\u{9b}2J");
         assert_eq!(name("a\\x1b"), "a\\x1b", "a backslash stays");
@@ -129,7 +132,10 @@ mod tests {
         // Multi-byte characters are never split.
         let cut = name(&"é".repeat(200));
         assert!(cut.len() <= NAME_BYTES && cut.ends_with('…'), "{cut}");
-        assert_eq!(cut.chars().filter(|c| *c == 'é').count(), (NAME_BYTES - 3) / 2);
+        assert_eq!(
+            cut.chars().filter(|c| *c == 'é').count(),
+            (NAME_BYTES - 3) / 2
+        );
         // A huge annotation costs no more than its bound.
         let huge = printable("\u{1b}".repeat(1 << 20), MESSAGE_BYTES);
         assert!(huge.len() <= MESSAGE_BYTES && huge.starts_with("\\x1b\\x1b"));

@@ -167,7 +167,8 @@ fn nft_errors_name_the_position_or_path() {
 #[test]
 fn nft_escapes_in_chain_names_become_printable_text() {
     let set = r#"[[0, {"goto": {"target": "endpoint-E1-a/b/tcp/__10.0.0.1/80"}}]]"#;
-    let hostile = nft_doc(set, r#""10.96.0.1""#).replace("service-H-a/b/", "service-H-a\\u001b[2J/b/");
+    let hostile =
+        nft_doc(set, r#""10.96.0.1""#).replace("service-H-a/b/", "service-H-a\\u001b[2J/b/");
     let map = ServiceMap::from_nft_json(&hostile).unwrap();
     assert_eq!(names(&map), ["tcp a\\x1b[2J/b"]);
 }

@@ -77,7 +77,10 @@ fn names_and_warnings_are_printable_text() {
     scan.skipped
         .push("network namespace 7: processes with different hostnames (\u{1b}[2J, b)".into());
     give.send(scan).unwrap();
-    let mut namer = PodNamer::start(PodNamerConfig::default(), Box::new(Scripted { scans, taken }));
+    let mut namer = PodNamer::start(
+        PodNamerConfig::default(),
+        Box::new(Scripted { scans, taken }),
+    );
     assert_eq!(
         namer.name(ip("10.244.1.12"), Instant::now()).as_deref(),
         Some("\\x1b[2Jcheckout-a")

@@ -8,8 +8,8 @@ use std::collections::{BTreeMap, HashSet};
 use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 
+use super::bundles::{PodScan, pod_from_hostnames};
 use super::netns_addresses;
-use crate::naming::pods::{PodScan, pod_from_hostnames};
 
 /// A namespace's identity: (device, inode) of its nsfs file.
 pub(super) type NsId = (u64, u64);
@@ -60,7 +60,10 @@ pub(super) fn scan(named: &HashSet<NsId>, node_procs: &[PathBuf], scan: &mut Pod
         .ok()
         .and_then(|uts| uts.nodename().to_str().map(str::to_owned));
     let own = Path::new("/proc/self");
-    let init = PathBuf::from(format!("/proc/{}", crate::naming::source::host_pid()));
+    let init = PathBuf::from(format!(
+        "/proc/{}",
+        crate::naming::services::source::host_pid()
+    ));
     // The init's hostname is read by entering its UTS namespace (ours may differ).
     let init_hostname = hostname(&init.join("ns/uts")).ok();
     let node = NodeNamespaces::new(

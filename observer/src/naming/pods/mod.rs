@@ -13,10 +13,12 @@ use std::sync::mpsc::{self, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::pods::{PodScan, parse_bundle};
-use super::printable::{MESSAGE_BYTES, NAME_BYTES, printable};
+pub mod bundles;
+
 use crate::model::NetMap;
 use crate::model::record::Name;
+use crate::naming::printable::{MESSAGE_BYTES, NAME_BYTES, printable};
+use bundles::{PodScan, parse_bundle};
 
 mod hostnames;
 

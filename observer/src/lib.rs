@@ -17,7 +17,7 @@
 //! (but `serve`), `tui` (but `run`), `kernel::{btf, offsets, decode}`, `conntrack::parse`.
 //! The edges that touch the kernel, the terminal, the network or the node's tools:
 //! `kernel::capture`, `conntrack::{socket, listener}`, `pipeline`, `sinks::serve`,
-//! `naming::services::source`, `naming::pods` (bundle and namespace reads), `tui::run`, `cli`.
+//! `naming::services::source`, `naming::pods::{runtime, hostnames}`, `tui::run`, `cli`.
 
 pub mod cli;
 pub mod conntrack;

@@ -26,7 +26,7 @@ use crate::model::record::{Close, ConnRecord, SummaryRecord};
 use crate::model::tracker::{Clock, Tracker};
 use crate::model::update::{CaptureStats, ConnId, Update};
 use crate::naming::pods::PodNamer;
-use crate::naming::services::{FIRST_READ, Namer, hold::Hold};
+use crate::naming::services::{FIRST_READ, Namer, held_connections::Hold};
 use crate::sinks::log::LogWriter;
 
 /// How often the ring buffers are drained without a wake-up: the live view's latency.

@@ -9,7 +9,7 @@ use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 
 use super::bundles::{PodScan, pod_from_hostnames};
-use super::netns_addresses;
+use super::runtime::netns_addresses;
 
 /// A namespace's identity: (device, inode) of its nsfs file.
 pub(super) type NsId = (u64, u64);

@@ -16,7 +16,7 @@
 //! In a session the reads run on a worker thread ([`Namer::spawn`]): a lookup names
 //! from the rules published so far and never waits. A lookup that asked for a re-read
 //! says which snapshot its name depends on ([`Lookup::wait_for`]), so that a finished
-//! connection can be held back briefly ([`hold`]) instead of being written unnamed.
+//! connection can be held back briefly ([`held_connections`]) instead of being written unnamed.
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
@@ -29,9 +29,9 @@ use crate::model::record::{ConnRecord, EndpointsRecord, FrontendKind, Name, Prot
 use reader::{Request, RuleReader};
 use rules::ServiceMap;
 
-pub mod announce;
-pub mod hold;
-pub mod legacy;
+pub mod held_connections;
+pub mod legacy_fingerprint;
+pub mod nft_changes;
 mod parsed;
 mod reader;
 pub mod rules;
@@ -117,7 +117,7 @@ pub trait DumpSource: Send {
 
     /// What `iptables -t TABLE -S CHAIN` prints for one iptables-nft chain of `netns`;
     /// `Err` (fixtures) says why not, and the namespace is read whole instead.
-    fn chain(&mut self, _netns: u32, _chain: &announce::ChainRef) -> Result<String, String> {
+    fn chain(&mut self, _netns: u32, _chain: &nft_changes::ChainRef) -> Result<String, String> {
         Err("this source reads no single chains".to_owned())
     }
 
@@ -126,7 +126,7 @@ pub trait DumpSource: Send {
     fn nft_object(
         &mut self,
         _netns: u32,
-        _family: announce::Family,
+        _family: nft_changes::Family,
         _verb: &str,
         _name: &str,
     ) -> Result<Option<String>, String> {
@@ -390,14 +390,14 @@ impl Namer {
     fn request(&mut self, netns: u32, now: Instant) {
         match &mut self.reads {
             Reads::Inline(reader) => {
-                let snapshot = reader.read(netns, now, &announce::Changes::everything());
+                let snapshot = reader.read(netns, now, &nft_changes::Changes::everything());
                 self.absorb(snapshot);
             }
             Reads::Worker(worker) => {
                 if self.in_flight.insert(netns)
                     && worker
                         .requests
-                        .send(Request::Read(netns, announce::Changes::everything()))
+                        .send(Request::Read(netns, nft_changes::Changes::everything()))
                         .is_err()
                 {
                     // The worker is gone (it cannot end on its own): keep what is known.

@@ -7,7 +7,7 @@
 
 use std::collections::BTreeSet;
 
-use super::announce::{Changes, Family, NftEvent};
+use super::nft_changes::{Changes, Family, NftEvent};
 use super::rules::{IptablesTables, NftTable, ServiceMap};
 use super::{DumpFormat, DumpSource, Dumps};
 

@@ -4,12 +4,12 @@
 //! iptables-nft (what kind and Debian's iptables 1.8.9 use). One socket per namespace
 //! is opened inside it (a socket keeps the namespace it was created in), and a thread
 //! waits on all of them. The announcements say which chains changed
-//! ([`super::announce`]); after a burst of them has been quiet for [`QUIET`] (a
+//! ([`super::nft_changes`]); after a burst of them has been quiet for [`QUIET`] (a
 //! transaction arrives at once, ending with `NFT_MSG_NEWGEN`), the namespace is
 //! re-read: only those chains where they are iptables-nft's, everything otherwise.
 //! Announcements about tables observer does not read are ignored. Legacy iptables
 //! announces nothing: where kube-proxy's rules are in legacy tables, the same thread
-//! compares a fingerprint of them every [`LEGACY_POLL`] ([`super::legacy`]) and
+//! compares a fingerprint of them every [`LEGACY_POLL`] ([`super::legacy_fingerprint`]) and
 //! re-reads everything when it changes.
 
 use std::collections::HashMap;
@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 
-use super::announce::Changes;
-use super::legacy::Sockets;
+use super::legacy_fingerprint::Sockets;
+use super::nft_changes::Changes;
 use nix::sys::socket::{
     AddressFamily, MsgFlags, NetlinkAddr, SockFlag, SockProtocol, SockType, bind, recv, setsockopt,
     socket, sockopt,
@@ -346,7 +346,7 @@ impl Watches {
         if let Some(&polled) = self.polled.get(&netns) {
             return polled;
         }
-        let polled = path.is_some_and(|path| match super::legacy::open(&path) {
+        let polled = path.is_some_and(|path| match super::legacy_fingerprint::open(&path) {
             // Tables that cannot be fingerprinted stay on the timer.
             Ok(sockets) if sockets.fingerprint().is_some() => {
                 let source = Source::Polled {

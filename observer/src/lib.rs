@@ -11,6 +11,7 @@
 //!   sandbox bundles.
 //! - [`stats`]: per-Service and per-backend aggregates; [`sinks`]: the log writer,
 //!   metrics, the summary report, check verdicts; [`tui`]: the live view.
+//! - [`netns`]: runs a closure inside another network or UTS namespace, on a thread of its own.
 //! - [`cli`]: every subcommand's arguments and entry point, and the exit-code convention.
 //!
 //! Pure, unit-tested without root: `model`, `naming` (but its edges), `stats`, `sinks`
@@ -26,6 +27,7 @@ pub mod kernel;
 pub mod model;
 pub mod naming;
 pub mod netlink;
+pub mod netns;
 pub mod pipeline;
 pub mod sinks;
 pub mod stats;

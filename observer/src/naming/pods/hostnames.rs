@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 
 use super::bundles::{PodScan, pod_from_hostnames};
 use super::runtime::netns_addresses;
+use crate::netns::{self, EnterError, Kind};
 
 /// A namespace's identity: (device, inode) of its nsfs file.
 pub(super) type NsId = (u64, u64);
@@ -172,17 +173,14 @@ fn vanished(err: &std::io::Error) -> bool {
 /// The hostname of the UTS namespace at `path`, read on a thread that enters it.
 fn hostname(path: &Path) -> std::io::Result<String> {
     let file = std::fs::File::open(path)?;
-    std::thread::scope(|scope| {
-        scope
-            .spawn(|| {
-                // Entering changes only this thread's UTS namespace; the thread then ends.
-                nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWUTS)?;
-                let uts = nix::sys::utsname::uname()?;
-                Ok(uts.nodename().to_string_lossy().into_owned())
-            })
-            .join()
-            .unwrap_or_else(|_| Err(std::io::Error::other("the hostname reader panicked")))
-    })
+    let read = netns::run_in(&file, Kind::Uts, || {
+        nix::sys::utsname::uname().map(|uts| uts.nodename().to_string_lossy().into_owned())
+    });
+    match read {
+        Ok(hostname) => Ok(hostname?),
+        Err(EnterError::Panicked) => Err(std::io::Error::other("the hostname reader panicked")),
+        Err(err) => Err(err.into()),
+    }
 }
 
 #[cfg(test)]

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use super::PodSource;
 use super::bundles::{PodScan, parse_bundle};
 use super::hostnames;
+use crate::netns::{self, EnterError, Kind};
 
 /// Where containerd (kind's runtime) and CRI-O keep their sandbox bundles.
 pub const DEFAULT_RUNTIME_ROOTS: [&str; 2] = [
@@ -195,23 +196,24 @@ pub(super) fn netns_addresses(path: &Path) -> Result<Vec<IpAddr>, String> {
         .custom_flags(libc::O_NONBLOCK)
         .open(path)
         .map_err(|e| format!("cannot open: {e}"))?;
-    std::thread::scope(|scope| {
-        scope
-            .spawn(|| {
-                nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
-                    .map_err(|e| format!("cannot enter the network namespace: {e}"))?;
-                let addresses = nix::ifaddrs::getifaddrs()
-                    .map_err(|e| format!("cannot list addresses: {e}"))?;
-                Ok(addresses
-                    .filter_map(|a| a.address)
-                    .filter_map(|a| {
-                        a.as_sockaddr_in()
-                            .map(|v4| IpAddr::V4(v4.ip()))
-                            .or_else(|| a.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip())))
-                    })
-                    .collect())
+    let read = netns::run_in(&file, Kind::Network, || {
+        let addresses =
+            nix::ifaddrs::getifaddrs().map_err(|e| format!("cannot list addresses: {e}"))?;
+        Ok(addresses
+            .filter_map(|a| a.address)
+            .filter_map(|a| {
+                a.as_sockaddr_in()
+                    .map(|v4| IpAddr::V4(v4.ip()))
+                    .or_else(|| a.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip())))
             })
-            .join()
-            .unwrap_or_else(|_| Err("the address reader panicked".to_owned()))
-    })
+            .collect())
+    });
+    match read {
+        Ok(addresses) => addresses,
+        Err(EnterError::Enter(errno)) => {
+            Err(format!("cannot enter the network namespace: {errno}"))
+        }
+        Err(EnterError::Panicked) => Err("the address reader panicked".to_owned()),
+        Err(err) => Err(err.to_string()),
+    }
 }

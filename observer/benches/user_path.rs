@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use observer::kernel::decode;
 use observer::model::tracker::{Clock, Tracker};
-use observer::naming::{Dump, DumpFormat, DumpSource, Dumps, Namer, NamerConfig};
+use observer::naming::services::{Dump, DumpFormat, DumpSource, Dumps, Namer, NamerConfig};
 use observer::pipeline::reconcile::matching::ConntrackMatcher;
 use observer::sinks::log::LogWriter;
 use observer_common::conn::{
@@ -50,7 +50,7 @@ fn endpoint(addr: std::net::SocketAddr) -> Endpoint {
 
 /// A Service address and one of its endpoints, from the rules.
 fn service_and_backend() -> (std::net::SocketAddr, std::net::SocketAddr) {
-    let (map, errors) = observer::naming::parse_dumps(&Rules.dump(NETNS).unwrap());
+    let (map, errors) = observer::naming::services::parse_dumps(&Rules.dump(NETNS).unwrap());
     assert!(errors.is_empty(), "{errors:?}");
     let record = map
         .service_records(NETNS, chrono::Utc::now())

@@ -6,16 +6,19 @@
 //!   its destroy events (connections it removed end `expired`), its NEW events (`verify`).
 //! - [`model`]: the connection-log schema, the tracker that turns events into records,
 //!   and the updates the pipeline hands on. [`pipeline`] runs kernel -> model -> naming -> sinks.
-//! - [`naming`]: kube-proxy's rules (iptables-save, nft JSON) read per network namespace.
+//! - [`naming`]: [`naming::services`] names Services from kube-proxy's rules (iptables-save,
+//!   nft JSON) read per network namespace; [`naming::pods`] names pods from the runtime's
+//!   sandbox bundles.
 //! - [`stats`]: per-Service and per-backend aggregates; [`sinks`]: the log writer,
 //!   metrics, the summary report, check verdicts; [`tui`]: the live view.
+//! - [`netns`]: runs a closure inside another network or UTS namespace, on a thread of its own.
 //! - [`cli`]: every subcommand's arguments and entry point, and the exit-code convention.
 //!
-//! Pure, unit-tested without root: `model`, `naming` (but its `source`), `stats`, `sinks`,
+//! Pure, unit-tested without root: `model`, `naming` (but its edges), `stats`, `sinks`,
 //! `tui` (but `run`), `kernel::{btf, offsets, decode}`, `conntrack::parse`.
 //! The edges that touch the kernel, the terminal, the network or the node's tools:
 //! `kernel::capture`, `conntrack::{socket, listener}`, `pipeline` (`pipeline::serve` too),
-//! `naming::source`, `tui::run`, `cli`.
+//! `naming::services::source`, `naming::pods::{runtime, hostnames}`, `tui::run`, `cli`.
 
 pub mod cli;
 pub mod conntrack;
@@ -24,6 +27,7 @@ pub mod kernel;
 pub mod model;
 pub mod naming;
 pub mod netlink;
+pub mod netns;
 pub mod pipeline;
 pub mod sinks;
 pub mod stats;

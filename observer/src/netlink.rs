@@ -1,6 +1,6 @@
 //! Netlink's framing, bounds-checked and without sockets: the messages of a datagram and
 //! the attributes of a block (include/uapi/linux/netlink.h). Shared by the ctnetlink
-//! reader (`conntrack::parse`) and nf_tables' announcements (`naming::announce`). Never
+//! reader (`conntrack::parse`) and nf_tables' announcements (`naming::services::nft_changes`). Never
 //! panics on malformed input.
 
 /// `NLMSG_HDRLEN`; `sizeof(struct nfgenmsg)`, which every nfnetlink message starts with.

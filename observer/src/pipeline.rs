@@ -25,8 +25,8 @@ use crate::kernel::capture::Capture;
 use crate::model::record::{Close, ConnRecord, SummaryRecord};
 use crate::model::tracker::{Clock, Tracker};
 use crate::model::update::{CaptureStats, ConnId, Update};
-use crate::naming::pod_source::PodNamer;
-use crate::naming::{FIRST_READ, Namer, hold::Hold};
+use crate::naming::pods::PodNamer;
+use crate::naming::services::{FIRST_READ, Namer, held_connections::Hold};
 use crate::sinks::log::LogWriter;
 
 /// How often the ring buffers are drained without a wake-up: the live view's latency.

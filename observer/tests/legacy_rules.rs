@@ -16,7 +16,7 @@ use std::{
 
 use common::{netns_inode, prefix, require_root};
 use observer::model::record::Proto;
-use observer::naming::{Namer, NamerConfig, SystemSource, legacy};
+use observer::naming::services::{Namer, NamerConfig, SystemSource, legacy_fingerprint};
 
 const RULES: &str = include_str!("data/rules/iptables/mixed-v4-nat.saved");
 
@@ -99,7 +99,7 @@ fn legacy_tables_fingerprint_sees_content_not_counters() {
     require_root();
     let netns = Netns::new(prefix("lf"));
     netns.restore(RULES);
-    let sockets = legacy::open(&netns.path()).unwrap();
+    let sockets = legacy_fingerprint::open(&netns.path()).unwrap();
     let first = sockets.fingerprint().expect("the nat table is readable");
     // Counters move with traffic: each new loopback flow passes nat's OUTPUT chain.
     let counted = netns.saved_with_counters();

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use observer::model::record::FrontendKind::{ClusterIp, NodePort};
 use observer::model::record::{LogLine, Proto};
-use observer::naming::{Namer, NamerConfig, Naming, SystemSource, netns_inode};
+use observer::naming::services::{Namer, NamerConfig, Naming, SystemSource, netns_inode};
 
 const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/rules");
 

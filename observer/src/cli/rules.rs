@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, bail};
 
 use super::{FormatArg, Outcome, OutputFormat, emit};
-use crate::naming::rules::ServiceMap;
-use crate::naming::{NetnsInfo, SystemSource, list_namespaces, netns_inode, parse_dumps};
+use crate::naming::services::rules::ServiceMap;
+use crate::naming::services::{NetnsInfo, SystemSource, list_namespaces, netns_inode, parse_dumps};
 use crate::sinks::rules_table::{format_tables, json_lines};
 
 #[derive(clap::Args, Debug, Clone, Default)]

@@ -7,8 +7,8 @@ use anyhow::Context as _;
 
 use super::args::idle_seconds;
 use crate::kernel::capture::{Capture, CaptureOptions};
-use crate::naming::pod_source::{DEFAULT_RUNTIME_ROOTS, PodNamer, PodNamerConfig, RuntimeSource};
-use crate::naming::{Namer, NamerConfig, SystemSource};
+use crate::naming::pods::{DEFAULT_RUNTIME_ROOTS, PodNamer, PodNamerConfig, RuntimeSource};
+use crate::naming::services::{Namer, NamerConfig, SystemSource};
 use crate::pipeline::SessionOptions;
 use crate::sinks::log::LogWriter;
 

@@ -18,7 +18,7 @@ use crate::conntrack::socket::{EVENT_BUFFER, GROUP_NEW};
 use crate::kernel::capture::check_host;
 use crate::model::record::Recording;
 use crate::model::tuple;
-use crate::naming::source::{NetnsInfo, list_namespaces, netns_inode};
+use crate::naming::services::source::{NetnsInfo, list_namespaces, netns_inode};
 use crate::pipeline;
 use crate::sinks::coverage::{Decision, coverage, render, render_json};
 use crate::sinks::log::LogWriter;

@@ -2,12 +2,13 @@
 //! a netlink socket talks to the namespace it was created in.
 
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
 use std::time::Duration;
 
 use super::parse::{self, ParseError};
 use super::{CtEntry, CtKind, CtMessage, CtStats, CtTuple};
+use crate::netns::{self, Kind};
 
 const NETLINK_NETFILTER: i32 = 12;
 const SOL_NETLINK: i32 = 270;
@@ -45,18 +46,8 @@ impl CtSocket {
     /// `buffer` bytes (the kernel doubles it). The namespace is entered on a
     /// thread of its own, so no other thread's namespace ever changes.
     pub fn open_in(netns: &Path, groups: &[u32], buffer: i32) -> io::Result<CtSocket> {
-        let file = std::fs::File::open(netns)?;
         let groups = groups.to_vec();
-        let fd = std::thread::scope(|scope| {
-            scope
-                .spawn(move || -> io::Result<OwnedFd> {
-                    nix::sched::setns(file.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)
-                        .map_err(io::Error::from)?;
-                    open_socket(&groups, buffer)
-                })
-                .join()
-                .unwrap_or_else(|_| Err(io::Error::other("namespace thread panicked")))
-        })?;
+        let fd = netns::run_in_file(netns, Kind::Network, || open_socket(&groups, buffer))??;
         Ok(CtSocket {
             fd,
             seq: 0,

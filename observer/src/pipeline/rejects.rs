@@ -112,7 +112,7 @@ impl Session {
         if generation == 0 || !self.rejects.waiting.is_empty() {
             self.rejects.waiting.push_back(Waiting {
                 record,
-                wait_for: crate::naming::FIRST_READ,
+                wait_for: crate::naming::services::FIRST_READ,
                 until: Instant::now() + FIRST_NAME_WAIT,
             });
             return Ok(());

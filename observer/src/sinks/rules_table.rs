@@ -4,8 +4,8 @@
 use chrono::Utc;
 
 use crate::model::record::{EndpointShare, Frontend, FrontendKind, LogLine};
-use crate::naming::NetnsInfo;
-use crate::naming::rules::{ServiceMap, ServicePort};
+use crate::naming::services::NetnsInfo;
+use crate::naming::services::rules::{ServiceMap, ServicePort};
 
 /// One JSON service record per line (the connection log's `service` lines).
 pub fn json_lines(found: &[(NetnsInfo, ServiceMap)]) -> serde_json::Result<String> {

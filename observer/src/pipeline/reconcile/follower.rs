@@ -16,7 +16,7 @@ use observer_common::conn::ConnState;
 use super::matching::{ConntrackMatcher, CtKey, lacks_destroy_events};
 use crate::model::record::ConnRecord;
 use crate::model::update::ConnId;
-use crate::naming::source::list_namespaces;
+use crate::naming::services::source::list_namespaces;
 
 /// Entries found at start asked about per sweep (each question is one netlink round trip).
 const CHECKS_PER_SWEEP: usize = 256;

@@ -69,20 +69,20 @@ pub(crate) fn without_third_checkout_endpoint() -> String {
 }
 
 /// An IPv4 iptables-nft `nat` chain.
-pub(crate) fn nat(chain: &str) -> super::announce::ChainRef {
-    super::announce::ChainRef {
-        family: super::announce::Family::V4,
-        table: super::announce::Table::Nat,
+pub(crate) fn nat(chain: &str) -> super::nft_changes::ChainRef {
+    super::nft_changes::ChainRef {
+        family: super::nft_changes::Family::V4,
+        table: super::nft_changes::Table::Nat,
         chain: chain.to_owned(),
     }
 }
 
 /// Announced changes of iptables-nft chains: (chain, still there).
 pub(crate) fn chain_changes(
-    chains: &[(super::announce::ChainRef, bool)],
-) -> super::announce::Changes {
-    super::announce::Changes {
+    chains: &[(super::nft_changes::ChainRef, bool)],
+) -> super::nft_changes::Changes {
+    super::nft_changes::Changes {
         chains: chains.iter().cloned().collect(),
-        ..super::announce::Changes::default()
+        ..super::nft_changes::Changes::default()
     }
 }

@@ -19,7 +19,7 @@ use json::{
 };
 use serde_json::{Value, json};
 
-use crate::naming::announce::{NftEvent, NftExpr, NftVerdict};
+use crate::naming::services::nft_changes::{NftEvent, NftExpr, NftVerdict};
 
 use super::{RulesError, ServicePort, frontend};
 use crate::model::record::{Frontend, FrontendKind, Proto};

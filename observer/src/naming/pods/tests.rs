@@ -1,5 +1,8 @@
 use std::sync::mpsc::{Receiver, Sender, channel};
 
+use std::path::{Path, PathBuf};
+
+use super::runtime::{MAX_BUNDLE_BYTES, within};
 use super::*;
 
 fn ip(text: &str) -> IpAddr {

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 
-use super::announce::Changes;
+use super::nft_changes::Changes;
 use super::parsed::ParsedRules;
 use super::rules::ServiceMap;
 use super::watch::{Seen, Watches};

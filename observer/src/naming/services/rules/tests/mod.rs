@@ -7,7 +7,7 @@ mod nft;
 use std::net::IpAddr;
 
 use super::*;
-use crate::naming::test_support::{fixture, sa};
+use crate::naming::services::test_support::{fixture, sa};
 
 /// The Service ports of kube-proxy's own TestOverallIPTablesRules (and its nftables
 /// counterpart), as `names` lists them.

@@ -352,7 +352,7 @@ impl DumpSource for ChainSource {
         self.fake.dump(netns)
     }
 
-    fn chain(&mut self, _netns: u32, chain: &announce::ChainRef) -> Result<String, String> {
+    fn chain(&mut self, _netns: u32, chain: &nft_changes::ChainRef) -> Result<String, String> {
         self.chains.lock().unwrap().push(chain.chain.clone());
         test_support::listing(&self.after, chain.table.name(), &chain.chain)
             .ok_or_else(|| format!("no chain {}", chain.chain))

@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use super::json::{NftRule, Verdict, as_port, path_err};
 use crate::model::record::EndpointShare;
-use crate::naming::rules::RulesError;
+use crate::naming::services::rules::RulesError;
 
 /// Rules by chain name, each with its index in the `nftables` array (for error paths).
 pub(super) type Chains<'a> = BTreeMap<&'a str, Vec<(usize, &'a NftRule)>>;

@@ -4,16 +4,16 @@
 //! iptables-nft (what kind and Debian's iptables 1.8.9 use). One socket per namespace
 //! is opened inside it (a socket keeps the namespace it was created in), and a thread
 //! waits on all of them. The announcements say which chains changed
-//! ([`super::announce`]); after a burst of them has been quiet for [`QUIET`] (a
+//! ([`super::nft_changes`]); after a burst of them has been quiet for [`QUIET`] (a
 //! transaction arrives at once, ending with `NFT_MSG_NEWGEN`), the namespace is
 //! re-read: only those chains where they are iptables-nft's, everything otherwise.
 //! Announcements about tables observer does not read are ignored. Legacy iptables
 //! announces nothing: where kube-proxy's rules are in legacy tables, the same thread
-//! compares a fingerprint of them every [`LEGACY_POLL`] ([`super::legacy`]) and
+//! compares a fingerprint of them every [`LEGACY_POLL`] ([`super::legacy_fingerprint`]) and
 //! re-reads everything when it changes.
 
 use std::collections::HashMap;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
@@ -21,8 +21,10 @@ use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 
-use super::announce::Changes;
-use super::legacy::Sockets;
+use crate::netns::Kind;
+
+use super::legacy_fingerprint::Sockets;
+use super::nft_changes::Changes;
 use nix::sys::socket::{
     AddressFamily, MsgFlags, NetlinkAddr, SockFlag, SockProtocol, SockType, bind, recv, setsockopt,
     socket, sockopt,
@@ -48,31 +50,9 @@ pub const LEGACY_POLL: Duration = Duration::from_secs(1);
 /// Room for a large transaction's announcements (5,000 Services rewritten at once).
 const RECEIVE_BUFFER: usize = 8 << 20;
 
-/// Runs `open` inside the network namespace `path` opens, on a short-lived thread (so
-/// no other thread changes namespace); what it opens keeps that namespace.
-pub fn in_namespace<T: Send + 'static>(
-    path: &Path,
-    open: impl FnOnce() -> Result<T, String> + Send + 'static,
-) -> Result<T, String> {
-    let path: PathBuf = path.to_owned();
-    let shown = path.display().to_string();
-    std::thread::Builder::new()
-        .name("observer-netns".to_owned())
-        .spawn(move || -> Result<T, String> {
-            let namespace = std::fs::File::open(&path).map_err(|e| e.to_string())?;
-            nix::sched::setns(namespace.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)
-                .map_err(|e| format!("setns: {e}"))?;
-            open()
-        })
-        .map_err(|e| e.to_string())?
-        .join()
-        .map_err(|_| "the namespace thread panicked".to_owned())?
-        .map_err(|e| format!("cannot watch {shown}: {e}"))
-}
-
 /// Opens a socket subscribed to nf_tables' announcements in the namespace `path` opens.
 pub fn subscribe(path: &Path) -> Result<OwnedFd, String> {
-    in_namespace(path, || {
+    let subscribed = crate::netns::run_in_file(path, Kind::Network, || {
         let fd = socket(
             AddressFamily::Netlink,
             SockType::Raw,
@@ -90,7 +70,20 @@ pub fn subscribe(path: &Path) -> Result<OwnedFd, String> {
         )
         .map_err(|e| format!("joining nf_tables' announcements: {e}"))?;
         Ok(fd)
-    })
+    });
+    cannot_watch(path, subscribed)
+}
+
+/// What entering the namespace `path` opens gave, its errors saying that the namespace
+/// cannot be watched.
+fn cannot_watch<T>(
+    path: &Path,
+    entered: Result<Result<T, String>, crate::netns::EnterError>,
+) -> Result<T, String> {
+    entered
+        .map_err(|e| e.to_string())
+        .flatten()
+        .map_err(|e| format!("cannot watch {}: {e}", path.display()))
 }
 
 /// Reads everything queued on `fd` without waiting into `changes`. An overflow means
@@ -346,7 +339,7 @@ impl Watches {
         if let Some(&polled) = self.polled.get(&netns) {
             return polled;
         }
-        let polled = path.is_some_and(|path| match super::legacy::open(&path) {
+        let polled = path.is_some_and(|path| match super::legacy_fingerprint::open(&path) {
             // Tables that cannot be fingerprinted stay on the timer.
             Ok(sockets) if sockets.fingerprint().is_some() => {
                 let source = Source::Polled {

@@ -72,7 +72,7 @@ fn with_a_worker_lookups_never_wait_and_finished_connections_wait_for_their_rule
         t0,
     );
     assert_eq!(again.wait_for, Some(1));
-    let mut hold = hold::Hold::new(Duration::from_secs(2), Duration::from_secs(10));
+    let mut hold = held_connections::Hold::new(Duration::from_secs(2), Duration::from_secs(10));
     let record = finished(NS, "10.96.35.226:80", "10.244.1.14:3000");
     assert!(hold.must_wait(first.wait_for));
     hold.hold(1, record, first.wait_for, t0);
@@ -130,7 +130,7 @@ fn a_held_connection_is_written_unnamed_once_its_wait_is_over() {
         sa("10.244.1.14:3000"),
         t0,
     );
-    let mut hold = hold::Hold::new(Duration::from_secs(2), Duration::from_secs(10));
+    let mut hold = held_connections::Hold::new(Duration::from_secs(2), Duration::from_secs(10));
     let record = finished(NS, "10.96.35.226:80", "10.244.1.14:3000");
     // The first read of a namespace: the longer limit.
     assert_eq!(lookup.wait_for, Some(1));
@@ -208,7 +208,7 @@ fn a_reread_that_does_not_come_in_time_leaves_the_earlier_name() {
     let lookup = namer.lookup(NS, Proto::Tcp, dst, backend, later);
     assert_eq!(lookup.wait_for, Some(2));
     assert_eq!(lookup.naming, named("shop/checkout:http", true));
-    let mut hold = hold::Hold::new(Duration::from_secs(2), Duration::from_secs(10));
+    let mut hold = held_connections::Hold::new(Duration::from_secs(2), Duration::from_secs(10));
     let record = finished(NS, "10.96.35.226:80", "10.244.1.14:3000");
     assert!(hold.must_wait(lookup.wait_for));
     hold.hold(7, record, lookup.wait_for, later);

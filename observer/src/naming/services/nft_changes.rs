@@ -214,7 +214,7 @@ fn string(block: &[u8], wanted: u16) -> Result<String, ()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::naming::test_support::nat;
+    use crate::naming::services::test_support::nat;
 
     /// One attribute, padded to 4 bytes.
     fn attr(kind: u16, value: &[u8]) -> Vec<u8> {

@@ -8,7 +8,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use super::announce::{ChainRef, Family};
+use super::nft_changes::{ChainRef, Family};
 use super::{Dump, DumpFormat, DumpSource, Dumps};
 use crate::kernel::host::{Cap, Caps};
 

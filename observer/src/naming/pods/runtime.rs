@@ -2,34 +2,23 @@
 //! host and, for kind, inside every node container's root), and reads each pod's
 //! addresses from inside its network namespace (`setns` + `getifaddrs` on a thread of
 //! its own, no external tool). Netns that no bundle names are named by the hostname of
-//! a process in them (`hostnames`). [`PodNamer`] keeps the result and refreshes it on a
-//! background thread, so naming a connection is a map lookup and never waits.
+//! a process in them ([`super::hostnames`]).
 
 use std::collections::HashSet;
 use std::net::IpAddr;
 use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::{self, SyncSender, TrySendError};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
-use super::pods::{PodScan, parse_bundle};
-use super::printable::{MESSAGE_BYTES, NAME_BYTES, printable};
-use crate::model::NetMap;
-use crate::model::record::Name;
-
-mod hostnames;
+use super::PodSource;
+use super::bundles::{PodScan, parse_bundle};
+use super::hostnames;
+use crate::netns::{self, EnterError, Kind};
 
 /// Where containerd (kind's runtime) and CRI-O keep their sandbox bundles.
 pub const DEFAULT_RUNTIME_ROOTS: [&str; 2] = [
     "/run/containerd/io.containerd.runtime.v2.task/k8s.io",
     "/run/containers/storage/overlay-containers",
 ];
-
-/// Something that can list the node's pods; tests inject fixed scans.
-pub trait PodSource: Send + 'static {
-    fn scan(&mut self) -> PodScan;
-}
 
 /// Reads the runtime state under `roots` (each a directory of `<id>/config.json` or
 /// `<id>/userdata/config.json` bundles), on this host and through `/proc/<pid>/root` of
@@ -151,7 +140,7 @@ fn scan_dir(
 }
 
 /// A runtime spec is a few KiB; anything far larger is not one (and is not read).
-const MAX_BUNDLE_BYTES: u64 = 4 << 20;
+pub(super) const MAX_BUNDLE_BYTES: u64 = 4 << 20;
 
 fn read_bundle(path: &Path) -> Result<String, String> {
     let size = std::fs::metadata(path).map_err(|e| e.to_string())?.len();
@@ -163,7 +152,7 @@ fn read_bundle(path: &Path) -> Result<String, String> {
 
 /// `path` as seen from `node_root`: absolute symlinks on the way (a node's `/var/run` is
 /// usually a link to `/run`) resolve inside the node's root, not ours.
-fn within(node_root: &Path, path: &Path) -> PathBuf {
+pub(super) fn within(node_root: &Path, path: &Path) -> PathBuf {
     // Components still to walk, last first; `..` stays a component.
     fn parts(path: &Path) -> impl Iterator<Item = std::ffi::OsString> + '_ {
         path.components().rev().filter_map(|c| match c {
@@ -200,181 +189,31 @@ fn within(node_root: &Path, path: &Path) -> PathBuf {
 
 /// The addresses of the interfaces in the network namespace at `path`, read on a thread
 /// that enters it (entering changes only the calling thread's namespace).
-fn netns_addresses(path: &Path) -> Result<Vec<IpAddr>, String> {
+pub(super) fn netns_addresses(path: &Path) -> Result<Vec<IpAddr>, String> {
     // Non-blocking: a path that names a FIFO must not stall the scan.
     let file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK)
         .open(path)
         .map_err(|e| format!("cannot open: {e}"))?;
-    std::thread::scope(|scope| {
-        scope
-            .spawn(|| {
-                nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
-                    .map_err(|e| format!("cannot enter the network namespace: {e}"))?;
-                let addresses = nix::ifaddrs::getifaddrs()
-                    .map_err(|e| format!("cannot list addresses: {e}"))?;
-                Ok(addresses
-                    .filter_map(|a| a.address)
-                    .filter_map(|a| {
-                        a.as_sockaddr_in()
-                            .map(|v4| IpAddr::V4(v4.ip()))
-                            .or_else(|| a.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip())))
-                    })
-                    .collect())
+    let read = netns::run_in(&file, Kind::Network, || {
+        let addresses =
+            nix::ifaddrs::getifaddrs().map_err(|e| format!("cannot list addresses: {e}"))?;
+        Ok(addresses
+            .filter_map(|a| a.address)
+            .filter_map(|a| {
+                a.as_sockaddr_in()
+                    .map(|v4| IpAddr::V4(v4.ip()))
+                    .or_else(|| a.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip())))
             })
-            .join()
-            .unwrap_or_else(|_| Err("the address reader panicked".to_owned()))
-    })
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PodNamerConfig {
-    /// A scan older than this is refreshed on the next lookup (pods come and go).
-    pub max_age: Duration,
-    /// An unknown address asks for a refresh at most this often.
-    pub min_interval: Duration,
-}
-
-impl Default for PodNamerConfig {
-    fn default() -> Self {
-        PodNamerConfig {
-            max_age: Duration::from_secs(30),
-            min_interval: Duration::from_secs(2),
+            .collect())
+    });
+    match read {
+        Ok(addresses) => addresses,
+        Err(EnterError::Enter(errno)) => {
+            Err(format!("cannot enter the network namespace: {errno}"))
         }
+        Err(EnterError::Panicked) => Err("the address reader panicked".to_owned()),
+        Err(err) => Err(err.to_string()),
     }
 }
-
-#[derive(Default)]
-struct Shared {
-    pods: NetMap<IpAddr, Name>,
-    /// Every cause seen, for warnings; `warned` marks how many were reported.
-    skipped: Vec<String>,
-    scans: u64,
-}
-
-/// Names addresses by pod. The first scan runs in `start`; later ones on a background
-/// thread, asked for when the last one is older than `max_age` or an address is unknown
-/// (at most every `min_interval`).
-pub struct PodNamer {
-    config: PodNamerConfig,
-    shared: Arc<Mutex<Shared>>,
-    refresh: SyncSender<()>,
-    asked_at: Instant,
-    warned: HashSet<String>,
-    skipped_total: u64,
-    /// Scans whose causes were looked at already.
-    scans_warned: u64,
-}
-
-impl PodNamer {
-    pub fn start(config: PodNamerConfig, mut source: Box<dyn PodSource>) -> PodNamer {
-        let shared = Arc::new(Mutex::new(Shared::default()));
-        let first = source.scan();
-        store(&shared, first);
-        let (refresh, wanted) = mpsc::sync_channel::<()>(1);
-        let background = Arc::clone(&shared);
-        // Ends when the namer (the only sender) is dropped.
-        let spawned = std::thread::Builder::new()
-            .name("observer-pods".to_owned())
-            .spawn(move || {
-                while wanted.recv().is_ok() {
-                    let scan = source.scan();
-                    store(&background, scan);
-                }
-            });
-        if let Err(err) = spawned {
-            shared
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .skipped
-                .push(format!(
-                    "cannot start the pod-name thread ({err}): names stay as first read"
-                ));
-        }
-        PodNamer {
-            config,
-            shared,
-            refresh,
-            asked_at: Instant::now(),
-            warned: HashSet::new(),
-            skipped_total: 0,
-            scans_warned: 0,
-        }
-    }
-
-    /// `namespace/name` of the pod that owns `ip`, as of the latest scan.
-    pub fn name(&mut self, ip: IpAddr, now: Instant) -> Option<Name> {
-        let name = self
-            .shared
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .pods
-            .get(&ip)
-            .cloned();
-        let since = now.saturating_duration_since(self.asked_at);
-        if since >= self.config.max_age || (name.is_none() && since >= self.config.min_interval) {
-            self.ask_refresh(now);
-        }
-        name
-    }
-
-    fn ask_refresh(&mut self, now: Instant) {
-        match self.refresh.try_send(()) {
-            // Full: a refresh is already waiting, which is as good.
-            Ok(()) | Err(TrySendError::Full(())) => self.asked_at = now,
-            Err(TrySendError::Disconnected(())) => {}
-        }
-    }
-
-    /// Scans done so far (the first one included).
-    pub fn scans(&self) -> u64 {
-        self.shared.lock().unwrap_or_else(|e| e.into_inner()).scans
-    }
-
-    /// One warning per bundle or namespace that could not be read, with the count so far.
-    pub fn take_warnings(&mut self) -> Vec<String> {
-        let skipped = {
-            let shared = self.shared.lock().unwrap_or_else(|e| e.into_inner());
-            // Called per connection: only a new scan can bring new causes.
-            if shared.scans == self.scans_warned {
-                return Vec::new();
-            }
-            self.scans_warned = shared.scans;
-            shared.skipped.clone()
-        };
-        let mut warnings = Vec::new();
-        for cause in skipped {
-            if self.warned.insert(cause.clone()) {
-                self.skipped_total += 1;
-                warnings.push(format!(
-                    "pod names: skipped {cause} ({} skipped so far; its addresses stay unnamed)",
-                    self.skipped_total
-                ));
-            }
-        }
-        warnings
-    }
-}
-
-/// Keeps a scan's names and causes, as printable text: where the node's hostnames and
-/// bundle annotations enter observer.
-fn store(shared: &Mutex<Shared>, scan: PodScan) {
-    let pods = scan
-        .pods
-        .into_iter()
-        .map(|(ip, name)| (ip, Name::from(printable(name, NAME_BYTES))))
-        .collect();
-    let skipped = scan
-        .skipped
-        .into_iter()
-        .map(|cause| printable(cause, MESSAGE_BYTES))
-        .collect();
-    let mut shared = shared.lock().unwrap_or_else(|e| e.into_inner());
-    shared.pods = pods;
-    shared.skipped = skipped;
-    shared.scans += 1;
-}
-
-#[cfg(test)]
-mod tests;

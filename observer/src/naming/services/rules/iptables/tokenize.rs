@@ -4,7 +4,7 @@
 use std::net::IpAddr;
 
 use super::{Rule, err};
-use crate::naming::rules::RulesError;
+use crate::naming::services::rules::RulesError;
 
 const UNTERMINATED: &str = "unterminated quoted string (truncated dump?)";
 

@@ -7,7 +7,7 @@
 
 use std::collections::BTreeSet;
 
-use super::announce::{Changes, Family, NftEvent};
+use super::nft_changes::{Changes, Family, NftEvent};
 use super::rules::{IptablesTables, NftTable, ServiceMap};
 use super::{DumpFormat, DumpSource, Dumps};
 
@@ -101,24 +101,24 @@ impl ParsedRules {
         source: &mut dyn DumpSource,
         netns: u32,
     ) -> Result<usize, String> {
-        if changes.everything {
-            return Err("a change that is not a chain's".to_owned());
-        }
-        if changes.chains.len() > MAX_PATCHED_CHAINS {
-            return Err(format!("{} chains changed", changes.chains.len()));
-        }
-        let sets: BTreeSet<(Family, &str)> = changes
-            .nft
-            .iter()
-            .filter_map(|(family, event)| match event {
-                NftEvent::Set { name } => Some((*family, name.as_str())),
-                _ => None,
-            })
-            .collect();
-        if sets.len() > MAX_NFT_SETS {
-            return Err(format!("{} nftables sets or maps changed", sets.len()));
-        }
+        let sets = changed_sets(changes)?;
         let mut touched = Vec::new();
+        self.patch_chains(changes, source, netns, &mut touched)?;
+        self.apply_nft_events(changes, &mut touched)?;
+        self.reread_sets(sets, source, netns)?;
+        self.rebuild_maps(touched)?;
+        Ok(changes.len())
+    }
+
+    /// Replaces (or removes) each iptables-nft chain that changed with its listing now;
+    /// adds the parts patched to `touched`.
+    fn patch_chains(
+        &mut self,
+        changes: &Changes,
+        source: &mut dyn DumpSource,
+        netns: u32,
+        touched: &mut Vec<usize>,
+    ) -> Result<(), String> {
         for (chain, present) in &changes.chains {
             let index = self
                 .parts
@@ -144,6 +144,16 @@ impl ParsedRules {
                 touched.push(index);
             }
         }
+        Ok(())
+    }
+
+    /// Applies the announced nftables events but set changes (re-read whole instead);
+    /// adds the parts patched to `touched`.
+    fn apply_nft_events(
+        &mut self,
+        changes: &Changes,
+        touched: &mut Vec<usize>,
+    ) -> Result<(), String> {
         for (family, event) in &changes.nft {
             let index = self.nft_part(*family)?;
             if let Part::Nft { table, .. } = &mut self.parts[index]
@@ -155,6 +165,16 @@ impl ParsedRules {
                 touched.push(index);
             }
         }
+        Ok(())
+    }
+
+    /// Reads the named sets and maps that changed as they are now.
+    fn reread_sets(
+        &mut self,
+        sets: BTreeSet<(Family, &str)>,
+        source: &mut dyn DumpSource,
+        netns: u32,
+    ) -> Result<(), String> {
         // Named sets and maps as they are now, whatever the announcements said.
         for (family, name) in sets {
             let index = self.nft_part(family)?;
@@ -173,6 +193,11 @@ impl ParsedRules {
                 .replace_set(name, listing.as_deref())
                 .map_err(|e| format!("nft -j list map {name}: {e}"))?;
         }
+        Ok(())
+    }
+
+    /// Rebuilds the Service map of every part that was patched.
+    fn rebuild_maps(&mut self, touched: Vec<usize>) -> Result<(), String> {
         for index in touched {
             match &mut self.parts[index] {
                 Part::Patchable {
@@ -191,7 +216,7 @@ impl ParsedRules {
                 Part::Fixed(_) => {}
             }
         }
-        Ok(changes.len())
+        Ok(())
     }
 
     /// The part holding kube-proxy's nftables table of `family`.
@@ -201,6 +226,29 @@ impl ParsedRules {
             .position(|part| matches!(part, Part::Nft { family: f, .. } if *f == family))
             .ok_or_else(|| format!("no {family:?} nftables table kube-proxy was read"))
     }
+}
+
+/// The nftables sets and maps that `changes` touch, or why `changes` cannot be patched
+/// (not a chain's, or too many chains or sets).
+fn changed_sets(changes: &Changes) -> Result<BTreeSet<(Family, &str)>, String> {
+    if changes.everything {
+        return Err("a change that is not a chain's".to_owned());
+    }
+    if changes.chains.len() > MAX_PATCHED_CHAINS {
+        return Err(format!("{} chains changed", changes.chains.len()));
+    }
+    let sets: BTreeSet<(Family, &str)> = changes
+        .nft
+        .iter()
+        .filter_map(|(family, event)| match event {
+            NftEvent::Set { name } => Some((*family, name.as_str())),
+            _ => None,
+        })
+        .collect();
+    if sets.len() > MAX_NFT_SETS {
+        return Err(format!("{} nftables sets or maps changed", sets.len()));
+    }
+    Ok(sets)
 }
 
 /// The family of kube-proxy's nftables table a dump lists.

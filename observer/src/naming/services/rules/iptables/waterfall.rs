@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 
 use super::{Rule, Table, err};
 use crate::model::record::{EndpointShare, Proto};
-use crate::naming::rules::{RulesError, parse_proto};
+use crate::naming::services::rules::{RulesError, parse_proto};
 
 pub(super) struct Waterfall {
     pub(super) name: Option<String>,

@@ -166,12 +166,21 @@ enum Register<'a> {
     Numgen { modulus: u32, offset: u32 },
 }
 
+/// The registers a rule's expressions loaded so far, last written last.
+type Registers<'a> = Vec<(u32, Register<'a>)>;
+
+/// What register `number` holds now.
+fn register<'r, 'a>(registers: &'r Registers<'a>, number: u32) -> Option<&'r Register<'a>> {
+    registers
+        .iter()
+        .rev()
+        .find(|(n, _)| *n == number)
+        .map(|(_, held)| held)
+}
+
 /// The expressions of one rule that the parser uses.
 fn expressions(list: &[u8]) -> Result<Vec<NftExpr>, ()> {
-    let mut registers: Vec<(u32, Register<'_>)> = Vec::new();
-    let register = |registers: &[(u32, Register<'_>)], number: u32| -> Option<usize> {
-        registers.iter().rposition(|(n, _)| *n == number)
-    };
+    let mut registers: Registers<'_> = Vec::new();
     let mut exprs = Vec::new();
     for attr in Attrs(list) {
         let (kind, element) = attr.map_err(drop)?;
@@ -181,75 +190,86 @@ fn expressions(list: &[u8]) -> Result<Vec<NftExpr>, ()> {
         let name = string(element, NFTA_EXPR_NAME)?;
         let data = optional(element, NFTA_EXPR_DATA)?.unwrap_or_default();
         match name.as_str() {
-            "numgen" => {
-                let modulus = be32(find(data, NFTA_NG_MODULUS)?)?;
-                let offset = optional(data, NFTA_NG_OFFSET)?.map_or(Ok(0), be32)?;
-                if be32(find(data, NFTA_NG_TYPE)?)? != NFT_NG_RANDOM {
-                    // `numgen inc`: not kube-proxy's; the full read says what it is.
-                    return Err(());
-                }
-                let dreg = be32(find(data, NFTA_NG_DREG)?)?;
-                registers.push((dreg, Register::Numgen { modulus, offset }));
-            }
-            "immediate" => {
-                let dreg = be32(find(data, NFTA_IMMEDIATE_DREG)?)?;
-                // A verdict (`jump`, `goto`) goes to the verdict register: not kept.
-                if let Some(value) = optional(find(data, NFTA_IMMEDIATE_DATA)?, NFTA_DATA_VALUE)? {
-                    registers.push((dreg, Register::Value(value)));
-                }
-            }
-            "lookup" => {
-                let sreg = be32(find(data, NFTA_LOOKUP_SREG)?)?;
-                let dreg = optional(data, NFTA_LOOKUP_DREG)?.map(be32).transpose()?;
-                let from_numgen = register(&registers, sreg).and_then(|i| match registers[i].1 {
-                    Register::Numgen { modulus, offset } => Some((modulus, offset)),
-                    Register::Value(_) => None,
-                });
-                if let (Some(NFT_REG_VERDICT), Some((modulus, offset))) = (dreg, from_numgen) {
-                    let set = string(data, NFTA_LOOKUP_SET)?;
-                    if !set.starts_with("__") {
-                        // A vmap over a named map: the parser wants it inline.
-                        return Err(());
-                    }
-                    exprs.push(NftExpr::NumgenVmap {
-                        modulus,
-                        offset,
-                        set,
-                    });
-                }
-            }
-            "nat" => {
-                if be32(find(data, NFTA_NAT_TYPE)?)? != NFT_NAT_DNAT {
-                    continue;
-                }
-                let value = |attribute: u16| -> Result<&[u8], ()> {
-                    let number = be32(find(data, attribute)?)?;
-                    match register(&registers, number).map(|i| &registers[i].1) {
-                        Some(Register::Value(value)) => Ok(value),
-                        _ => Err(()),
-                    }
-                };
-                let addr = match (
-                    be32(find(data, NFTA_NAT_FAMILY)?)?,
-                    value(NFTA_NAT_REG_ADDR_MIN)?,
-                ) {
-                    (NAT_IPV4, &[a, b, c, d]) => IpAddr::V4(Ipv4Addr::new(a, b, c, d)),
-                    (NAT_IPV6, bytes) if bytes.len() == 16 => {
-                        let octets: [u8; 16] = bytes.try_into().map_err(|_| ())?;
-                        IpAddr::V6(Ipv6Addr::from(octets))
-                    }
-                    _ => return Err(()),
-                };
-                let port = match value(NFTA_NAT_REG_PROTO_MIN)? {
-                    &[high, low] => u16::from_be_bytes([high, low]),
-                    _ => return Err(()),
-                };
-                exprs.push(NftExpr::Dnat { addr, port });
-            }
+            "numgen" => registers.push(numgen(data)?),
+            "immediate" => registers.extend(immediate(data)?),
+            "lookup" => exprs.extend(numgen_vmap(data, &registers)?),
+            "nat" => exprs.extend(dnat(data, &registers)?),
             _ => {}
         }
     }
     Ok(exprs)
+}
+
+/// `numgen random mod M offset O` into its register.
+fn numgen(data: &[u8]) -> Result<(u32, Register<'_>), ()> {
+    let modulus = be32(find(data, NFTA_NG_MODULUS)?)?;
+    let offset = optional(data, NFTA_NG_OFFSET)?.map_or(Ok(0), be32)?;
+    if be32(find(data, NFTA_NG_TYPE)?)? != NFT_NG_RANDOM {
+        // `numgen inc`: not kube-proxy's; the full read says what it is.
+        return Err(());
+    }
+    let dreg = be32(find(data, NFTA_NG_DREG)?)?;
+    Ok((dreg, Register::Numgen { modulus, offset }))
+}
+
+/// An immediate value into its register.
+fn immediate(data: &[u8]) -> Result<Option<(u32, Register<'_>)>, ()> {
+    let dreg = be32(find(data, NFTA_IMMEDIATE_DREG)?)?;
+    // A verdict (`jump`, `goto`) goes to the verdict register: not kept.
+    let value = optional(find(data, NFTA_IMMEDIATE_DATA)?, NFTA_DATA_VALUE)?;
+    Ok(value.map(|value| (dreg, Register::Value(value))))
+}
+
+/// A verdict lookup keyed by a numgen register: kube-proxy's random pick of an endpoint.
+fn numgen_vmap(data: &[u8], registers: &Registers<'_>) -> Result<Option<NftExpr>, ()> {
+    let sreg = be32(find(data, NFTA_LOOKUP_SREG)?)?;
+    let dreg = optional(data, NFTA_LOOKUP_DREG)?.map(be32).transpose()?;
+    let from_numgen = match register(registers, sreg) {
+        Some(Register::Numgen { modulus, offset }) => Some((*modulus, *offset)),
+        _ => None,
+    };
+    let (Some(NFT_REG_VERDICT), Some((modulus, offset))) = (dreg, from_numgen) else {
+        return Ok(None);
+    };
+    let set = string(data, NFTA_LOOKUP_SET)?;
+    if !set.starts_with("__") {
+        // A vmap over a named map: the parser wants it inline.
+        return Err(());
+    }
+    Ok(Some(NftExpr::NumgenVmap {
+        modulus,
+        offset,
+        set,
+    }))
+}
+
+/// `dnat to ADDR:PORT` from immediate values; other NAT is not kept.
+fn dnat(data: &[u8], registers: &Registers<'_>) -> Result<Option<NftExpr>, ()> {
+    if be32(find(data, NFTA_NAT_TYPE)?)? != NFT_NAT_DNAT {
+        return Ok(None);
+    }
+    let value = |attribute: u16| -> Result<&[u8], ()> {
+        match register(registers, be32(find(data, attribute)?)?) {
+            Some(Register::Value(value)) => Ok(value),
+            _ => Err(()),
+        }
+    };
+    let addr = match (
+        be32(find(data, NFTA_NAT_FAMILY)?)?,
+        value(NFTA_NAT_REG_ADDR_MIN)?,
+    ) {
+        (NAT_IPV4, &[a, b, c, d]) => IpAddr::V4(Ipv4Addr::new(a, b, c, d)),
+        (NAT_IPV6, bytes) if bytes.len() == 16 => {
+            let octets: [u8; 16] = bytes.try_into().map_err(|_| ())?;
+            IpAddr::V6(Ipv6Addr::from(octets))
+        }
+        _ => return Err(()),
+    };
+    let port = match value(NFTA_NAT_REG_PROTO_MIN)? {
+        &[high, low] => u16::from_be_bytes([high, low]),
+        _ => return Err(()),
+    };
+    Ok(Some(NftExpr::Dnat { addr, port }))
 }
 
 /// An anonymous map's elements: a 4-byte numgen number each, and its verdict.

@@ -1,11 +1,11 @@
 //! Patching parsed iptables-nft dumps chain by chain gives what a full read gives.
 
 use super::*;
-use crate::naming::announce::{ChainRef, Table};
-use crate::naming::test_support::{
+use crate::naming::services::nft_changes::{ChainRef, Table};
+use crate::naming::services::test_support::{
     FULL_V4, chain_changes as changes, listing, nat, without_third_checkout_endpoint,
 };
-use crate::naming::{Dump, Dumps};
+use crate::naming::services::{Dump, Dumps};
 
 /// Serves single chains of an iptables-save text; full reads are not expected.
 struct Chains {
@@ -174,7 +174,7 @@ fn only_iptables_nft_dumps_are_patched() {
     }
 }
 
-const NFT_V4: &str = crate::naming::test_support::fixture!("nftables/mixed-v4.json");
+const NFT_V4: &str = crate::naming::services::test_support::fixture!("nftables/mixed-v4.json");
 const CHECKOUT: &str = "service-AAAAAAA1-shop/checkout/tcp/http";
 const THIRD: &str = "endpoint-E0000003-shop/checkout/tcp/http__10.244.2.7/3000";
 
@@ -237,7 +237,7 @@ fn nft_changes(events: Vec<NftEvent>) -> Changes {
 
 #[test]
 fn announced_nftables_rules_give_what_a_full_read_of_the_new_table_gives() {
-    use crate::naming::announce::{NftExpr, NftVerdict};
+    use crate::naming::services::nft_changes::{NftExpr, NftVerdict};
     // kube-proxy's partial sync for 10.244.2.7 leaving shop/checkout:http: the vmap rule
     // replaced by one over two endpoints, the endpoint chain deleted.
     let after = edited(|objects| {
@@ -397,7 +397,7 @@ fn nftables_changes_that_cannot_be_applied_say_why() {
     let unknown_map = nft_changes(vec![NftEvent::Rule {
         chain: CHECKOUT.to_owned(),
         handle: 9,
-        exprs: vec![crate::naming::announce::NftExpr::NumgenVmap {
+        exprs: vec![crate::naming::services::nft_changes::NftExpr::NumgenVmap {
             modulus: 2,
             offset: 0,
             set: "__map77".to_owned(),

@@ -8,8 +8,9 @@ use std::collections::{BTreeMap, HashSet};
 use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 
-use super::netns_addresses;
-use crate::naming::pods::{PodScan, pod_from_hostnames};
+use super::bundles::{PodScan, pod_from_hostnames};
+use super::runtime::netns_addresses;
+use crate::netns::{self, EnterError, Kind};
 
 /// A namespace's identity: (device, inode) of its nsfs file.
 pub(super) type NsId = (u64, u64);
@@ -60,7 +61,10 @@ pub(super) fn scan(named: &HashSet<NsId>, node_procs: &[PathBuf], scan: &mut Pod
         .ok()
         .and_then(|uts| uts.nodename().to_str().map(str::to_owned));
     let own = Path::new("/proc/self");
-    let init = PathBuf::from(format!("/proc/{}", crate::naming::source::host_pid()));
+    let init = PathBuf::from(format!(
+        "/proc/{}",
+        crate::naming::services::source::host_pid()
+    ));
     // The init's hostname is read by entering its UTS namespace (ours may differ).
     let init_hostname = hostname(&init.join("ns/uts")).ok();
     let node = NodeNamespaces::new(
@@ -169,17 +173,14 @@ fn vanished(err: &std::io::Error) -> bool {
 /// The hostname of the UTS namespace at `path`, read on a thread that enters it.
 fn hostname(path: &Path) -> std::io::Result<String> {
     let file = std::fs::File::open(path)?;
-    std::thread::scope(|scope| {
-        scope
-            .spawn(|| {
-                // Entering changes only this thread's UTS namespace; the thread then ends.
-                nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWUTS)?;
-                let uts = nix::sys::utsname::uname()?;
-                Ok(uts.nodename().to_string_lossy().into_owned())
-            })
-            .join()
-            .unwrap_or_else(|_| Err(std::io::Error::other("the hostname reader panicked")))
-    })
+    let read = netns::run_in(&file, Kind::Uts, || {
+        nix::sys::utsname::uname().map(|uts| uts.nodename().to_string_lossy().into_owned())
+    });
+    match read {
+        Ok(hostname) => Ok(hostname?),
+        Err(EnterError::Panicked) => Err(std::io::Error::other("the hostname reader panicked")),
+        Err(err) => Err(err.into()),
+    }
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use std::net::IpAddr;
 use super::waterfall::waterfall;
 use super::{Rule, Table, err};
 use crate::model::record::{Frontend, FrontendKind, Proto};
-use crate::naming::rules::{RulesError, ServicePort, frontend, parse_proto};
+use crate::naming::services::rules::{RulesError, ServicePort, frontend, parse_proto};
 
 /// What the frontend rules say about one Service port, keyed by its chains' hash.
 #[derive(Default)]

@@ -8,7 +8,7 @@ use serde_json::Value;
 use serde_json::value::RawValue;
 
 use crate::model::record::Proto;
-use crate::naming::rules::{RulesError, parse_proto, service_port_name};
+use crate::naming::services::rules::{RulesError, parse_proto, service_port_name};
 
 #[derive(Deserialize)]
 pub(super) struct Dump {

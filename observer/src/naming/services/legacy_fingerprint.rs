@@ -11,6 +11,8 @@ use std::path::Path;
 
 use nix::sys::socket::{AddressFamily, SockFlag, SockProtocol, SockType, socket};
 
+use crate::netns::Kind;
+
 /// `IPT_SO_GET_INFO` / `IP6T_SO_GET_INFO` (`IPT_BASE_CTL`), and `..._GET_ENTRIES` after it.
 const GET_INFO: libc::c_int = 64;
 const GET_ENTRIES: libc::c_int = 65;
@@ -60,7 +62,7 @@ fn existing(names: &str) -> Vec<&'static str> {
 
 /// Opens the sockets inside the namespace (on a short-lived thread).
 pub fn open(path: &Path) -> Result<Sockets, String> {
-    super::watch::in_namespace(path, || {
+    crate::netns::run_in_file(path, Kind::Network, || {
         let raw = |family| {
             socket(
                 family,
@@ -78,6 +80,9 @@ pub fn open(path: &Path) -> Result<Sockets, String> {
                 .map(|v6| (v6, existing("/proc/thread-self/net/ip6_tables_names"))),
         })
     })
+    .map_err(|e| e.to_string())
+    .flatten()
+    .map_err(|e| format!("cannot watch {}: {e}", path.display()))
 }
 
 impl Sockets {

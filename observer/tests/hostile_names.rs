@@ -134,8 +134,8 @@ fn escapes_from_the_node_are_shown_as_text() {
     }
     let overview = tmux.wait_for("the Service's row", |s| s.contains(&service));
     assert_printable("the overview", &overview, std::slice::from_ref(&service));
-    // The Service's screen, by pod names.
-    tmux.keys(&["/", "e", "v", "i", "l", "Enter", "Enter", "n"]);
+    // The Service's screen, by pod names (the default).
+    tmux.keys(&["/", "e", "v", "i", "l", "Enter", "Enter"]);
     let screen = tmux.wait_for("the backends by pod name", |s| {
         pods_on_screen.iter().all(|pod| s.contains(pod.as_str()))
     });

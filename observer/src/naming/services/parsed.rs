@@ -133,7 +133,7 @@ impl ParsedRules {
             };
             let table = chain.table.name();
             if *present {
-                let listing = source.chain(netns, chain)?;
+                let listing = source.chain(netns, chain).map_err(|e| e.to_string())?;
                 tables
                     .replace_chain(table, &chain.chain, &listing)
                     .map_err(|e| format!("{command} -t {table} -S {}: {e}", chain.chain))?;
@@ -183,10 +183,17 @@ impl ParsedRules {
             };
             // A set the table has is listed as one; anything else is most likely a map.
             let listing = match table.is_set(name) {
-                true => source.nft_object(netns, family, "set", name)?,
-                false => match source.nft_object(netns, family, "map", name)? {
+                true => source
+                    .nft_object(netns, family, "set", name)
+                    .map_err(|e| e.to_string())?,
+                false => match source
+                    .nft_object(netns, family, "map", name)
+                    .map_err(|e| e.to_string())?
+                {
                     Some(listing) => Some(listing),
-                    None => source.nft_object(netns, family, "set", name)?,
+                    None => source
+                        .nft_object(netns, family, "set", name)
+                        .map_err(|e| e.to_string())?,
                 },
             };
             table

@@ -5,7 +5,7 @@ use crate::naming::services::nft_changes::{ChainRef, Table};
 use crate::naming::services::test_support::{
     FULL_V4, chain_changes as changes, listing, nat, without_third_checkout_endpoint,
 };
-use crate::naming::services::{Dump, Dumps};
+use crate::naming::services::{Dump, Dumps, RulesReadError};
 
 /// Serves single chains of an iptables-save text; full reads are not expected.
 struct Chains {
@@ -14,14 +14,14 @@ struct Chains {
 }
 
 impl DumpSource for Chains {
-    fn dump(&mut self, _netns: u32) -> Result<Dumps, String> {
+    fn dump(&mut self, _netns: u32) -> Result<Dumps, RulesReadError> {
         panic!("a patch must not read every table");
     }
 
-    fn chain(&mut self, _netns: u32, chain: &ChainRef) -> Result<String, String> {
+    fn chain(&mut self, _netns: u32, chain: &ChainRef) -> Result<String, RulesReadError> {
         self.read.push(chain.chain.clone());
         listing(&self.text, chain.table.name(), &chain.chain)
-            .ok_or_else(|| format!("no chain {}", chain.chain))
+            .ok_or_else(|| RulesReadError::Source(format!("no chain {}", chain.chain)))
     }
 }
 
@@ -133,10 +133,10 @@ fn what_cannot_be_patched_says_why() {
     let broken = "-N KUBE-SEP-CHK1\n-A KUBE-SEP-CHK2 -j ACCEPT\n";
     struct Fixed(&'static str);
     impl DumpSource for Fixed {
-        fn dump(&mut self, _: u32) -> Result<Dumps, String> {
+        fn dump(&mut self, _: u32) -> Result<Dumps, RulesReadError> {
             unreachable!()
         }
-        fn chain(&mut self, _: u32, _: &ChainRef) -> Result<String, String> {
+        fn chain(&mut self, _: u32, _: &ChainRef) -> Result<String, RulesReadError> {
             Ok(self.0.to_owned())
         }
     }
@@ -204,7 +204,7 @@ struct Maps {
 }
 
 impl DumpSource for Maps {
-    fn dump(&mut self, _netns: u32) -> Result<Dumps, String> {
+    fn dump(&mut self, _netns: u32) -> Result<Dumps, RulesReadError> {
         panic!("a patch must not read every table");
     }
 
@@ -214,7 +214,7 @@ impl DumpSource for Maps {
         _family: Family,
         verb: &str,
         name: &str,
-    ) -> Result<Option<String>, String> {
+    ) -> Result<Option<String>, RulesReadError> {
         self.listed.push(format!("{verb} {name}"));
         let dump: serde_json::Value = serde_json::from_str(&self.text).unwrap();
         let found: Vec<serde_json::Value> = dump["nftables"]

@@ -3,6 +3,9 @@
 use std::path::PathBuf;
 use std::process::ExitStatus;
 
+use super::nft_changes::Family;
+use super::rules::RulesError;
+
 /// Why reading a namespace's rules (a whole dump, one chain, one nftables object)
 /// failed. `Display` is the sentence that ends up in warnings and debug lines.
 #[derive(Debug, thiserror::Error)]
@@ -53,4 +56,54 @@ pub enum RulesReadError {
     /// A source other than the node's tools (fixtures, replays), in its own words.
     #[error("{0}")]
     Source(String),
+}
+
+/// Why announced changes could not be patched into a namespace's parsed rules: the
+/// namespace is then read whole.
+#[derive(Debug, thiserror::Error)]
+pub enum RulesPatchError {
+    /// A change other than a chain's or a set's (or lost announcements).
+    #[error("a change that is not a chain's")]
+    NotChainsOnly,
+    /// So many chains changed that a full read is cheaper.
+    #[error("{0} chains changed")]
+    TooManyChains(usize),
+    /// So many named sets or maps changed that a full read is as cheap.
+    #[error("{0} nftables sets or maps changed")]
+    TooManySets(usize),
+    /// A chain changed in a family whose iptables-nft tables were not read.
+    #[error("no {0:?} iptables-nft tables were read")]
+    NoIptablesNft(Family),
+    /// An nftables change in a family whose kube-proxy table was not read.
+    #[error("no {0:?} nftables table kube-proxy was read")]
+    NoNftTable(Family),
+    /// A chain or set could not be read.
+    #[error(transparent)]
+    Read(#[from] RulesReadError),
+    /// A chain's listing could not be parsed.
+    #[error("{command} -t {table} -S {chain}: {err}")]
+    ChainUnparsable {
+        command: String,
+        table: &'static str,
+        chain: String,
+        err: RulesError,
+    },
+    /// A named set or map's listing could not be parsed.
+    #[error("nft -j list map {name}: {err}")]
+    SetUnparsable { name: String, err: RulesError },
+    /// The patched iptables tables no longer make a Service map.
+    #[error("{command} patched: {err}")]
+    PatchedIptables { command: String, err: RulesError },
+    /// The patched nftables table no longer makes a Service map.
+    #[error("kube-proxy's nftables table patched: {err}")]
+    PatchedNft { err: RulesError },
+    /// A named set's change is read with nft, not taken from announcements.
+    #[error("set {name} is read with nft, not from announcements")]
+    SetAnnounced { name: String },
+    /// A rule uses an anonymous map whose elements were not announced.
+    #[error("the elements of {set} were not announced")]
+    ElementsNotAnnounced { set: String },
+    /// A rule's expression could not be rebuilt as nft's JSON.
+    #[error("{0}")]
+    Json(String),
 }

@@ -107,3 +107,30 @@ pub enum RulesPatchError {
     #[error("{0}")]
     Json(String),
 }
+
+/// Why a namespace's rule changes cannot be watched (announced or polled): its rules are
+/// then re-read on a timer.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot watch {}: {failure}", path.display())]
+pub struct WatchError {
+    /// The file that opens the namespace.
+    pub path: PathBuf,
+    pub failure: WatchFailure,
+}
+
+/// What failed in [`WatchError`].
+#[derive(Debug, thiserror::Error)]
+pub enum WatchFailure {
+    /// The namespace could not be entered.
+    #[error("{0}")]
+    Enter(crate::netns::EnterError),
+    /// No netlink socket for nf_tables' announcements.
+    #[error("netlink socket: {0}")]
+    NetlinkSocket(nix::errno::Errno),
+    /// The netlink socket could not join nf_tables' announcements.
+    #[error("joining nf_tables' announcements: {0}")]
+    JoinAnnouncements(nix::errno::Errno),
+    /// No raw socket to read legacy tables through.
+    #[error("raw socket: {0}")]
+    RawSocket(nix::errno::Errno),
+}

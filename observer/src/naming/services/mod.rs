@@ -39,7 +39,7 @@ pub mod rules;
 pub mod source;
 pub mod watch;
 
-pub use error::{RulesPatchError, RulesReadError};
+pub use error::{RulesPatchError, RulesReadError, WatchError, WatchFailure};
 pub use source::{NetnsInfo, SystemSource, list_namespaces, netns_inode};
 
 /// How a connection is named in the log.

@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use observer::kernel::decode;
 use observer::model::tracker::{Clock, Tracker};
-use observer::naming::services::{Dump, DumpFormat, DumpSource, Dumps, Namer, NamerConfig};
+use observer::naming::services::{
+    Dump, DumpFormat, DumpSource, Dumps, Namer, NamerConfig, RulesReadError,
+};
 use observer::pipeline::reconcile::matching::ConntrackMatcher;
 use observer::sinks::log::LogWriter;
 use observer_common::conn::{
@@ -23,7 +25,7 @@ const RULES: &str = include_str!("../tests/data/rules/iptables/k8s-overall.saved
 struct Rules;
 
 impl DumpSource for Rules {
-    fn dump(&mut self, _netns: u32) -> Result<Dumps, String> {
+    fn dump(&mut self, _netns: u32) -> Result<Dumps, RulesReadError> {
         Ok(Dumps {
             dumps: vec![Dump {
                 command: "iptables-save".to_owned(),

@@ -44,7 +44,6 @@ fn read_rules(wanted: Option<&str>) -> anyhow::Result<Vec<(NetnsInfo, ServiceMap
             let info = resolve(wanted)?;
             let dumps = source
                 .dump_path(&info.path)
-                .map_err(anyhow::Error::msg)
                 .with_context(|| format!("cannot read the rules of netns {}", info.inode))?;
             let (map, errors) = parse_dumps(&dumps);
             if map.is_empty() {

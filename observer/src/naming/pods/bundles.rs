@@ -55,6 +55,11 @@ pub enum BundleError {
     MissingAnnotation(&'static str),
 }
 
+/// The processes of one netns disagree on its pod: their hostnames (sorted, distinct).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("processes with different hostnames ({}) share it: not named", .0.join(", "))]
+pub struct AmbiguousHostnames(pub Vec<String>);
+
 #[derive(Deserialize)]
 struct Spec {
     #[serde(default)]
@@ -167,7 +172,7 @@ impl PodScan {
 pub fn pod_from_hostnames(
     candidates: &[String],
     node_hostnames: &HashSet<String>,
-) -> Result<Option<String>, String> {
+) -> Result<Option<String>, AmbiguousHostnames> {
     let mut names: Vec<&String> = candidates
         .iter()
         .filter(|name| !name.is_empty() && !node_hostnames.contains(*name))
@@ -177,13 +182,8 @@ pub fn pod_from_hostnames(
     match names.as_slice() {
         [] => Ok(None),
         [one] => Ok(Some((*one).clone())),
-        several => Err(format!(
-            "processes with different hostnames ({}) share it: not named",
-            several
-                .iter()
-                .map(|s| s.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
+        several => Err(AmbiguousHostnames(
+            several.iter().map(|s| (*s).clone()).collect(),
         )),
     }
 }
@@ -354,7 +354,7 @@ mod tests {
     #[test]
     fn the_one_hostname_that_is_not_the_nodes_names_the_pod() {
         let node = set(&["kind-worker", "build-host"]);
-        let pick = |c: &[&str]| pod_from_hostnames(&strings(c), &node);
+        let pick = |c: &[&str]| pod_from_hostnames(&strings(c), &node).map_err(|e| e.to_string());
         assert_eq!(pick(&["checkout-a"]), Ok(Some("checkout-a".into())));
         // The pod's server runs in the node's UTS namespace beside the pod's pause.
         assert_eq!(

@@ -105,7 +105,7 @@ pub(super) fn scan(named: &HashSet<NsId>, node_procs: &[PathBuf], scan: &mut Pod
         let path = first.join("ns/net");
         match netns_addresses(&path) {
             Ok(addresses) => scan.add_by_hostname(&name, &addresses),
-            Err(err) if err.contains("No such file") => {}
+            Err(err) if err.is_gone() => {}
             Err(err) => scan.skipped.push(format!("{}: {err}", path.display())),
         }
     }

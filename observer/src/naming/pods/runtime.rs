@@ -10,7 +10,7 @@ use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
 use std::path::{Path, PathBuf};
 
 use super::PodSource;
-use super::bundles::{PodScan, parse_bundle};
+use super::bundles::{BundleError, PodScan, parse_bundle};
 use super::hostnames;
 use crate::netns::{self, EnterError, Kind};
 
@@ -117,8 +117,8 @@ fn scan_dir(
         else {
             continue;
         };
-        let sandbox =
-            read_bundle(&config).and_then(|text| parse_bundle(&text).map_err(|e| e.to_string()));
+        let sandbox = read_bundle(&config)
+            .and_then(|text| parse_bundle(&text).map_err(BundleReadError::Invalid));
         match sandbox {
             Ok(Some(sandbox)) => {
                 let Some(netns) = &sandbox.netns else {
@@ -142,12 +142,53 @@ fn scan_dir(
 /// A runtime spec is a few KiB; anything far larger is not one (and is not read).
 pub(super) const MAX_BUNDLE_BYTES: u64 = 4 << 20;
 
-fn read_bundle(path: &Path) -> Result<String, String> {
-    let size = std::fs::metadata(path).map_err(|e| e.to_string())?.len();
+/// Why a bundle's `config.json` named no sandbox.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum BundleReadError {
+    #[error("{0}")]
+    Unreadable(std::io::Error),
+    #[error("{0} bytes: too large for a runtime spec")]
+    TooLarge(u64),
+    #[error("{0}")]
+    Invalid(BundleError),
+}
+
+fn read_bundle(path: &Path) -> Result<String, BundleReadError> {
+    let size = std::fs::metadata(path)
+        .map_err(BundleReadError::Unreadable)?
+        .len();
     if size > MAX_BUNDLE_BYTES {
-        return Err(format!("{size} bytes: too large for a runtime spec"));
+        return Err(BundleReadError::TooLarge(size));
     }
-    std::fs::read_to_string(path).map_err(|e| e.to_string())
+    std::fs::read_to_string(path).map_err(BundleReadError::Unreadable)
+}
+
+/// Why the addresses of a network namespace could not be listed.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum NetnsAddressesError {
+    #[error("cannot open: {0}")]
+    Open(std::io::Error),
+    #[error("cannot enter the network namespace: {0}")]
+    Enter(nix::errno::Errno),
+    #[error("cannot list addresses: {0}")]
+    List(nix::errno::Errno),
+    #[error("the address reader panicked")]
+    Panicked,
+    #[error("{0}")]
+    Thread(EnterError),
+}
+
+impl NetnsAddressesError {
+    /// Whether the namespace file is gone (its process ended meanwhile).
+    pub(super) fn is_gone(&self) -> bool {
+        match self {
+            NetnsAddressesError::Open(err)
+            | NetnsAddressesError::Thread(EnterError::Open(err) | EnterError::Spawn(err)) => {
+                err.kind() == std::io::ErrorKind::NotFound
+            }
+            _ => false,
+        }
+    }
 }
 
 /// `path` as seen from `node_root`: absolute symlinks on the way (a node's `/var/run` is
@@ -189,16 +230,15 @@ pub(super) fn within(node_root: &Path, path: &Path) -> PathBuf {
 
 /// The addresses of the interfaces in the network namespace at `path`, read on a thread
 /// that enters it (entering changes only the calling thread's namespace).
-pub(super) fn netns_addresses(path: &Path) -> Result<Vec<IpAddr>, String> {
+pub(super) fn netns_addresses(path: &Path) -> Result<Vec<IpAddr>, NetnsAddressesError> {
     // Non-blocking: a path that names a FIFO must not stall the scan.
     let file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK)
         .open(path)
-        .map_err(|e| format!("cannot open: {e}"))?;
+        .map_err(NetnsAddressesError::Open)?;
     let read = netns::run_in(&file, Kind::Network, || {
-        let addresses =
-            nix::ifaddrs::getifaddrs().map_err(|e| format!("cannot list addresses: {e}"))?;
+        let addresses = nix::ifaddrs::getifaddrs().map_err(NetnsAddressesError::List)?;
         Ok(addresses
             .filter_map(|a| a.address)
             .filter_map(|a| {
@@ -210,10 +250,8 @@ pub(super) fn netns_addresses(path: &Path) -> Result<Vec<IpAddr>, String> {
     });
     match read {
         Ok(addresses) => addresses,
-        Err(EnterError::Enter(errno)) => {
-            Err(format!("cannot enter the network namespace: {errno}"))
-        }
-        Err(EnterError::Panicked) => Err("the address reader panicked".to_owned()),
-        Err(err) => Err(err.to_string()),
+        Err(EnterError::Enter(errno)) => Err(NetnsAddressesError::Enter(errno)),
+        Err(EnterError::Panicked) => Err(NetnsAddressesError::Panicked),
+        Err(err) => Err(NetnsAddressesError::Thread(err)),
     }
 }

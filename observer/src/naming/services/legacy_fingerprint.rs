@@ -13,6 +13,8 @@ use nix::sys::socket::{AddressFamily, SockFlag, SockProtocol, SockType, socket};
 
 use crate::netns::Kind;
 
+use super::{WatchError, WatchFailure};
+
 /// `IPT_SO_GET_INFO` / `IP6T_SO_GET_INFO` (`IPT_BASE_CTL`), and `..._GET_ENTRIES` after it.
 const GET_INFO: libc::c_int = 64;
 const GET_ENTRIES: libc::c_int = 65;
@@ -61,8 +63,8 @@ fn existing(names: &str) -> Vec<&'static str> {
 }
 
 /// Opens the sockets inside the namespace (on a short-lived thread).
-pub fn open(path: &Path) -> Result<Sockets, String> {
-    crate::netns::run_in_file(path, Kind::Network, || {
+pub fn open(path: &Path) -> Result<Sockets, WatchError> {
+    let opened = crate::netns::run_in_file(path, Kind::Network, || {
         let raw = |family| {
             socket(
                 family,
@@ -71,7 +73,7 @@ pub fn open(path: &Path) -> Result<Sockets, String> {
                 SockProtocol::Raw,
             )
         };
-        let v4 = raw(AddressFamily::Inet).map_err(|e| format!("raw socket: {e}"))?;
+        let v4 = raw(AddressFamily::Inet).map_err(WatchFailure::RawSocket)?;
         // This thread's view of /proc/net is the namespace's.
         Ok(Sockets {
             v4: (v4, existing("/proc/thread-self/net/ip_tables_names")),
@@ -79,10 +81,8 @@ pub fn open(path: &Path) -> Result<Sockets, String> {
                 .ok()
                 .map(|v6| (v6, existing("/proc/thread-self/net/ip6_tables_names"))),
         })
-    })
-    .map_err(|e| e.to_string())
-    .flatten()
-    .map_err(|e| format!("cannot watch {}: {e}", path.display()))
+    });
+    super::watch::cannot_watch(path, opened)
 }
 
 impl Sockets {

@@ -29,6 +29,7 @@ use crate::model::record::{ConnRecord, EndpointsRecord, FrontendKind, Name, Prot
 use reader::{Request, RuleReader};
 use rules::ServiceMap;
 
+pub mod error;
 pub mod held_connections;
 pub mod legacy_fingerprint;
 pub mod nft_changes;
@@ -38,6 +39,7 @@ pub mod rules;
 pub mod source;
 pub mod watch;
 
+pub use error::{RulesPatchError, RulesReadError, WatchError, WatchFailure};
 pub use source::{NetnsInfo, SystemSource, list_namespaces, netns_inode};
 
 /// How a connection is named in the log.
@@ -107,7 +109,7 @@ pub struct Dumps {
 pub trait DumpSource: Send {
     /// Dumps of kube-proxy's rules in network namespace `netns` (an inode). `Err` names
     /// why nothing could be read at all.
-    fn dump(&mut self, netns: u32) -> Result<Dumps, String>;
+    fn dump(&mut self, netns: u32) -> Result<Dumps, RulesReadError>;
 
     /// A path that opens network namespace `netns`, to watch its rules' changes;
     /// `None` (fixtures) keeps its rules on the re-read timer.
@@ -117,8 +119,12 @@ pub trait DumpSource: Send {
 
     /// What `iptables -t TABLE -S CHAIN` prints for one iptables-nft chain of `netns`;
     /// `Err` (fixtures) says why not, and the namespace is read whole instead.
-    fn chain(&mut self, _netns: u32, _chain: &nft_changes::ChainRef) -> Result<String, String> {
-        Err("this source reads no single chains".to_owned())
+    fn chain(
+        &mut self,
+        _netns: u32,
+        _chain: &nft_changes::ChainRef,
+    ) -> Result<String, RulesReadError> {
+        Err(RulesReadError::NoSingleChains)
     }
 
     /// What `nft -j list VERB ip|ip6 kube-proxy NAME` prints for one chain, map or set
@@ -129,8 +135,8 @@ pub trait DumpSource: Send {
         _family: nft_changes::Family,
         _verb: &str,
         _name: &str,
-    ) -> Result<Option<String>, String> {
-        Err("this source reads no single nftables objects".to_owned())
+    ) -> Result<Option<String>, RulesReadError> {
+        Err(RulesReadError::NoSingleObjects)
     }
 }
 

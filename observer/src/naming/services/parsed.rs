@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 
 use super::nft_changes::{Changes, Family, NftEvent};
 use super::rules::{IptablesTables, NftTable, ServiceMap};
-use super::{DumpFormat, DumpSource, Dumps};
+use super::{DumpFormat, DumpSource, Dumps, RulesPatchError};
 
 /// Beyond this many changed iptables chains a full read is cheaper (each chain is one
 /// `iptables -S`, milliseconds).
@@ -100,7 +100,7 @@ impl ParsedRules {
         changes: &Changes,
         source: &mut dyn DumpSource,
         netns: u32,
-    ) -> Result<usize, String> {
+    ) -> Result<usize, RulesPatchError> {
         let sets = changed_sets(changes)?;
         let mut touched = Vec::new();
         self.patch_chains(changes, source, netns, &mut touched)?;
@@ -118,13 +118,13 @@ impl ParsedRules {
         source: &mut dyn DumpSource,
         netns: u32,
         touched: &mut Vec<usize>,
-    ) -> Result<(), String> {
+    ) -> Result<(), RulesPatchError> {
         for (chain, present) in &changes.chains {
             let index = self
                 .parts
                 .iter()
                 .position(|part| matches!(part, Part::Patchable { family, .. } if *family == chain.family))
-                .ok_or_else(|| format!("no {:?} iptables-nft tables were read", chain.family))?;
+                .ok_or(RulesPatchError::NoIptablesNft(chain.family))?;
             let Part::Patchable {
                 tables, command, ..
             } = &mut self.parts[index]
@@ -136,7 +136,12 @@ impl ParsedRules {
                 let listing = source.chain(netns, chain)?;
                 tables
                     .replace_chain(table, &chain.chain, &listing)
-                    .map_err(|e| format!("{command} -t {table} -S {}: {e}", chain.chain))?;
+                    .map_err(|err| RulesPatchError::ChainUnparsable {
+                        command: command.clone(),
+                        table,
+                        chain: chain.chain.clone(),
+                        err,
+                    })?;
             } else {
                 tables.remove_chain(table, &chain.chain);
             }
@@ -153,7 +158,7 @@ impl ParsedRules {
         &mut self,
         changes: &Changes,
         touched: &mut Vec<usize>,
-    ) -> Result<(), String> {
+    ) -> Result<(), RulesPatchError> {
         for (family, event) in &changes.nft {
             let index = self.nft_part(*family)?;
             if let Part::Nft { table, .. } = &mut self.parts[index]
@@ -174,7 +179,7 @@ impl ParsedRules {
         sets: BTreeSet<(Family, &str)>,
         source: &mut dyn DumpSource,
         netns: u32,
-    ) -> Result<(), String> {
+    ) -> Result<(), RulesPatchError> {
         // Named sets and maps as they are now, whatever the announcements said.
         for (family, name) in sets {
             let index = self.nft_part(family)?;
@@ -189,15 +194,18 @@ impl ParsedRules {
                     None => source.nft_object(netns, family, "set", name)?,
                 },
             };
-            table
-                .replace_set(name, listing.as_deref())
-                .map_err(|e| format!("nft -j list map {name}: {e}"))?;
+            table.replace_set(name, listing.as_deref()).map_err(|err| {
+                RulesPatchError::SetUnparsable {
+                    name: name.to_owned(),
+                    err,
+                }
+            })?;
         }
         Ok(())
     }
 
     /// Rebuilds the Service map of every part that was patched.
-    fn rebuild_maps(&mut self, touched: Vec<usize>) -> Result<(), String> {
+    fn rebuild_maps(&mut self, touched: Vec<usize>) -> Result<(), RulesPatchError> {
         for index in touched {
             match &mut self.parts[index] {
                 Part::Patchable {
@@ -206,12 +214,16 @@ impl ParsedRules {
                     command,
                     ..
                 } => {
-                    *map = ServiceMap::from_iptables_tables(tables)
-                        .map_err(|e| format!("{command} patched: {e}"))?;
+                    *map = ServiceMap::from_iptables_tables(tables).map_err(|err| {
+                        RulesPatchError::PatchedIptables {
+                            command: command.clone(),
+                            err,
+                        }
+                    })?;
                 }
                 Part::Nft { table, map, .. } => {
                     *map = ServiceMap::from_nft_table(table)
-                        .map_err(|e| format!("kube-proxy's nftables table patched: {e}"))?;
+                        .map_err(|err| RulesPatchError::PatchedNft { err })?;
                 }
                 Part::Fixed(_) => {}
             }
@@ -220,22 +232,22 @@ impl ParsedRules {
     }
 
     /// The part holding kube-proxy's nftables table of `family`.
-    fn nft_part(&self, family: Family) -> Result<usize, String> {
+    fn nft_part(&self, family: Family) -> Result<usize, RulesPatchError> {
         self.parts
             .iter()
             .position(|part| matches!(part, Part::Nft { family: f, .. } if *f == family))
-            .ok_or_else(|| format!("no {family:?} nftables table kube-proxy was read"))
+            .ok_or(RulesPatchError::NoNftTable(family))
     }
 }
 
 /// The nftables sets and maps that `changes` touch, or why `changes` cannot be patched
 /// (not a chain's, or too many chains or sets).
-fn changed_sets(changes: &Changes) -> Result<BTreeSet<(Family, &str)>, String> {
+fn changed_sets(changes: &Changes) -> Result<BTreeSet<(Family, &str)>, RulesPatchError> {
     if changes.everything {
-        return Err("a change that is not a chain's".to_owned());
+        return Err(RulesPatchError::NotChainsOnly);
     }
     if changes.chains.len() > MAX_PATCHED_CHAINS {
-        return Err(format!("{} chains changed", changes.chains.len()));
+        return Err(RulesPatchError::TooManyChains(changes.chains.len()));
     }
     let sets: BTreeSet<(Family, &str)> = changes
         .nft
@@ -246,7 +258,7 @@ fn changed_sets(changes: &Changes) -> Result<BTreeSet<(Family, &str)>, String> {
         })
         .collect();
     if sets.len() > MAX_NFT_SETS {
-        return Err(format!("{} nftables sets or maps changed", sets.len()));
+        return Err(RulesPatchError::TooManySets(sets.len()));
     }
     Ok(sets)
 }

@@ -94,7 +94,7 @@ impl RuleReader {
                 }
                 Err(cause) => {
                     self.parsed.remove(&netns);
-                    warnings.push(cause);
+                    warnings.push(cause.to_string());
                     None
                 }
             },

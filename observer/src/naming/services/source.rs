@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use super::nft_changes::{ChainRef, Family};
-use super::{Dump, DumpFormat, DumpSource, Dumps};
+use super::{Dump, DumpFormat, DumpSource, Dumps, RulesReadError};
 use crate::kernel::host::{Cap, Caps};
 
 /// A network namespace and a path that opens it.
@@ -117,9 +117,12 @@ impl Tool {
     /// namespace for a host tool. The namespaces are opened here, entered in the child
     /// between fork and exec (single-threaded, so setns into a mount namespace works):
     /// nothing like nsenter is needed in this process's root.
-    fn command(&self, netns: Option<&Path>) -> Result<Command, String> {
+    fn command(&self, netns: Option<&Path>) -> Result<Command, RulesReadError> {
         let open = |path: &Path| {
-            std::fs::File::open(path).map_err(|e| format!("cannot open {}: {e}", path.display()))
+            std::fs::File::open(path).map_err(|err| RulesReadError::CannotOpen {
+                path: path.to_owned(),
+                err,
+            })
         };
         let net = netns.map(open).transpose()?;
         let (program, mnt) = match self {
@@ -158,13 +161,16 @@ impl Tool {
         netns: Option<&Path>,
         args: &[&str],
         shown: &str,
-    ) -> Result<std::process::Output, String> {
+    ) -> Result<std::process::Output, RulesReadError> {
         self.command(netns)?
             .args(args)
             // A pipe, not /dev/null: a scratch root may have no /dev.
             .stdin(std::process::Stdio::piped())
             .output()
-            .map_err(|e| format!("{shown}: {e}"))
+            .map_err(|err| RulesReadError::CannotRun {
+                command: shown.to_owned(),
+                err,
+            })
     }
 }
 
@@ -216,9 +222,12 @@ impl SystemSource {
     }
 
     /// Dumps the rules of the namespace `path` opens.
-    pub fn dump_path(&self, path: &Path) -> Result<Dumps, String> {
+    pub fn dump_path(&self, path: &Path) -> Result<Dumps, RulesReadError> {
         let own = netns_inode(Path::new("/proc/self/ns/net")).ok();
-        let target = netns_inode(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let target = netns_inode(path).map_err(|err| RulesReadError::NamespaceUnknown {
+            path: path.to_owned(),
+            err,
+        })?;
         let netns = (own != Some(target)).then_some(path);
         let tools: Vec<Option<Tool>> = COMMANDS
             .iter()
@@ -232,7 +241,7 @@ impl SystemSource {
             .collect();
         missing.dedup();
         if tools.iter().all(Option::is_none) {
-            return Err(no_tools());
+            return Err(RulesReadError::NoTools(no_tools()));
         }
         if let Some(problem) = missing_capability(netns, &tools) {
             return Err(problem);
@@ -248,7 +257,7 @@ impl SystemSource {
                 Ok(output) => output,
                 Err(e) => {
                     if report {
-                        result.problems.push(e);
+                        result.problems.push(e.to_string());
                     }
                     continue;
                 }
@@ -264,7 +273,9 @@ impl SystemSource {
             {
                 // No kube-proxy table in this family: not an error.
             } else if report {
-                result.problems.push(failed(&command_text, &output));
+                result
+                    .problems
+                    .push(failed(&command_text, &output).to_string());
             }
         }
         result.problems.extend(
@@ -277,20 +288,27 @@ impl SystemSource {
 }
 
 /// `COMMAND failed (STATUS): FIRST LINE OF STDERR`.
-fn failed(shown: &str, output: &std::process::Output) -> String {
+fn failed(shown: &str, output: &std::process::Output) -> RulesReadError {
     let stderr = String::from_utf8_lossy(&output.stderr);
-    let first = stderr.lines().next().unwrap_or("").trim();
-    format!("{shown} failed ({}): {first}", output.status)
+    RulesReadError::Failed {
+        command: shown.to_owned(),
+        status: output.status,
+        stderr: stderr.lines().next().unwrap_or("").trim().to_owned(),
+    }
 }
 
 impl SystemSource {
     /// Fails with [`no_tools`]'s sentence when neither this root nor the node's init's
     /// holds `iptables-save` or `nft`: then no namespace's rules can be read.
-    pub fn check_tools() -> Result<(), String> {
+    pub fn check_tools() -> Result<(), RulesReadError> {
         let any = COMMANDS
             .iter()
             .any(|(program, ..)| Tool::find(program).is_some());
-        if any { Ok(()) } else { Err(no_tools()) }
+        if any {
+            Ok(())
+        } else {
+            Err(RulesReadError::NoTools(no_tools()))
+        }
     }
 }
 
@@ -349,7 +367,7 @@ fn no_tools_sentence(
 
 /// The first capability running these tools in `netns` needs that this process lacks,
 /// as one sentence: checked up front, because the tools' own errors do not name it.
-fn missing_capability(netns: Option<&Path>, tools: &[Option<Tool>]) -> Option<String> {
+fn missing_capability(netns: Option<&Path>, tools: &[Option<Tool>]) -> Option<RulesReadError> {
     let mut needed = vec![(Cap::NetAdmin, "to read kube-proxy's rules")];
     if netns.is_some() {
         needed.push((Cap::SysAdmin, "to enter the node's network namespace"));
@@ -362,19 +380,17 @@ fn missing_capability(netns: Option<&Path>, tools: &[Option<Tool>]) -> Option<St
     needed
         .into_iter()
         .find(|(cap, _)| !caps.has(*cap))
-        .map(|(cap, why)| {
-            format!(
-                "this process lacks {}, which observer needs {why}",
-                cap.name()
-            )
+        .map(|(cap, why)| RulesReadError::MissingCapability {
+            cap: cap.name(),
+            why,
         })
 }
 
 impl DumpSource for SystemSource {
-    fn dump(&mut self, netns: u32) -> Result<Dumps, String> {
+    fn dump(&mut self, netns: u32) -> Result<Dumps, RulesReadError> {
         let path = self
             .path_of(netns)
-            .ok_or_else(|| "no process or /run/netns entry is in this namespace".to_owned())?;
+            .ok_or(RulesReadError::NamespaceUnreachable)?;
         self.dump_path(&path)
     }
 
@@ -382,7 +398,7 @@ impl DumpSource for SystemSource {
         self.path_of(netns)
     }
 
-    fn chain(&mut self, netns: u32, chain: &ChainRef) -> Result<String, String> {
+    fn chain(&mut self, netns: u32, chain: &ChainRef) -> Result<String, RulesReadError> {
         let path = self.entered_path(netns)?;
         let netns = path.as_deref();
         // The nf_tables variant by name: plain `iptables` may be the legacy one.
@@ -390,14 +406,14 @@ impl DumpSource for SystemSource {
             Family::V4 => "iptables-nft",
             Family::V6 => "ip6tables-nft",
         };
-        let tool = Tool::find(program).ok_or_else(|| format!("{program} not found"))?;
+        let tool = Tool::find(program).ok_or(RulesReadError::ToolMissing { program })?;
         let table = chain.table.name();
         let shown = format!("{program} -t {table} -S {}", chain.chain);
         let output = tool.output(netns, &["-t", table, "-S", &chain.chain], &shown)?;
         if !output.status.success() {
             return Err(failed(&shown, &output));
         }
-        String::from_utf8(output.stdout).map_err(|_| format!("{shown}: not UTF-8"))
+        String::from_utf8(output.stdout).map_err(|_| RulesReadError::NotUtf8 { command: shown })
     }
 
     fn nft_object(
@@ -406,9 +422,9 @@ impl DumpSource for SystemSource {
         family: Family,
         verb: &str,
         name: &str,
-    ) -> Result<Option<String>, String> {
+    ) -> Result<Option<String>, RulesReadError> {
         let path = self.entered_path(netns)?;
-        let tool = Tool::find("nft").ok_or_else(|| "nft not found".to_owned())?;
+        let tool = Tool::find("nft").ok_or(RulesReadError::ToolMissing { program: "nft" })?;
         let family = match family {
             Family::V4 => "ip",
             Family::V6 => "ip6",
@@ -419,7 +435,7 @@ impl DumpSource for SystemSource {
         if output.status.success() {
             String::from_utf8(output.stdout)
                 .map(Some)
-                .map_err(|_| format!("{shown}: not UTF-8"))
+                .map_err(|_| RulesReadError::NotUtf8 { command: shown })
         } else if String::from_utf8_lossy(&output.stderr).contains("No such file or directory") {
             Ok(None)
         } else {
@@ -431,10 +447,10 @@ impl DumpSource for SystemSource {
 impl SystemSource {
     /// The path to enter to run a tool in `netns`; `None` when that is this process's
     /// own namespace.
-    fn entered_path(&mut self, netns: u32) -> Result<Option<PathBuf>, String> {
+    fn entered_path(&mut self, netns: u32) -> Result<Option<PathBuf>, RulesReadError> {
         let path = self
             .path_of(netns)
-            .ok_or_else(|| "no process or /run/netns entry is in this namespace".to_owned())?;
+            .ok_or(RulesReadError::NamespaceUnreachable)?;
         let own = netns_inode(Path::new("/proc/self/ns/net")).ok();
         Ok((own != Some(netns)).then_some(path))
     }

@@ -28,7 +28,7 @@ impl Fake {
 }
 
 impl DumpSource for Fake {
-    fn dump(&mut self, netns: u32) -> Result<Dumps, String> {
+    fn dump(&mut self, netns: u32) -> Result<Dumps, RulesReadError> {
         self.reads.lock().unwrap().push(netns);
         self.answers
             .lock()
@@ -36,6 +36,7 @@ impl DumpSource for Fake {
             .get(&netns)
             .cloned()
             .unwrap_or_else(|| Err("no such namespace".to_owned()))
+            .map_err(RulesReadError::Source)
     }
 }
 
@@ -348,14 +349,18 @@ struct ChainSource {
 }
 
 impl DumpSource for ChainSource {
-    fn dump(&mut self, netns: u32) -> Result<Dumps, String> {
+    fn dump(&mut self, netns: u32) -> Result<Dumps, RulesReadError> {
         self.fake.dump(netns)
     }
 
-    fn chain(&mut self, _netns: u32, chain: &nft_changes::ChainRef) -> Result<String, String> {
+    fn chain(
+        &mut self,
+        _netns: u32,
+        chain: &nft_changes::ChainRef,
+    ) -> Result<String, RulesReadError> {
         self.chains.lock().unwrap().push(chain.chain.clone());
         test_support::listing(&self.after, chain.table.name(), &chain.chain)
-            .ok_or_else(|| format!("no chain {}", chain.chain))
+            .ok_or_else(|| RulesReadError::Source(format!("no chain {}", chain.chain)))
     }
 }
 

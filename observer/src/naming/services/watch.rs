@@ -25,6 +25,7 @@ use crate::netns::Kind;
 
 use super::legacy_fingerprint::Sockets;
 use super::nft_changes::Changes;
+use super::{WatchError, WatchFailure};
 use nix::sys::socket::{
     AddressFamily, MsgFlags, NetlinkAddr, SockFlag, SockProtocol, SockType, bind, recv, setsockopt,
     socket, sockopt,
@@ -51,7 +52,7 @@ pub const LEGACY_POLL: Duration = Duration::from_secs(1);
 const RECEIVE_BUFFER: usize = 8 << 20;
 
 /// Opens a socket subscribed to nf_tables' announcements in the namespace `path` opens.
-pub fn subscribe(path: &Path) -> Result<OwnedFd, String> {
+pub fn subscribe(path: &Path) -> Result<OwnedFd, WatchError> {
     let subscribed = crate::netns::run_in_file(path, Kind::Network, || {
         let fd = socket(
             AddressFamily::Netlink,
@@ -59,7 +60,7 @@ pub fn subscribe(path: &Path) -> Result<OwnedFd, String> {
             SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
             SockProtocol::NetlinkNetFilter,
         )
-        .map_err(|e| format!("netlink socket: {e}"))?;
+        .map_err(WatchFailure::NetlinkSocket)?;
         // Root may exceed rmem_max; without it the default buffer still works.
         if setsockopt(&fd, sockopt::RcvBufForce, &RECEIVE_BUFFER).is_err() {
             let _ = setsockopt(&fd, sockopt::RcvBuf, &RECEIVE_BUFFER);
@@ -68,7 +69,7 @@ pub fn subscribe(path: &Path) -> Result<OwnedFd, String> {
             fd.as_raw_fd(),
             &NetlinkAddr::new(0, 1 << (NFNLGRP_NFTABLES - 1)),
         )
-        .map_err(|e| format!("joining nf_tables' announcements: {e}"))?;
+        .map_err(WatchFailure::JoinAnnouncements)?;
         Ok(fd)
     });
     cannot_watch(path, subscribed)
@@ -76,14 +77,17 @@ pub fn subscribe(path: &Path) -> Result<OwnedFd, String> {
 
 /// What entering the namespace `path` opens gave, its errors saying that the namespace
 /// cannot be watched.
-fn cannot_watch<T>(
+pub(super) fn cannot_watch<T>(
     path: &Path,
-    entered: Result<Result<T, String>, crate::netns::EnterError>,
-) -> Result<T, String> {
+    entered: Result<Result<T, WatchFailure>, crate::netns::EnterError>,
+) -> Result<T, WatchError> {
     entered
-        .map_err(|e| e.to_string())
+        .map_err(WatchFailure::Enter)
         .flatten()
-        .map_err(|e| format!("cannot watch {}: {e}", path.display()))
+        .map_err(|failure| WatchError {
+            path: path.to_owned(),
+            failure,
+        })
 }
 
 /// Reads everything queued on `fd` without waiting into `changes`. An overflow means

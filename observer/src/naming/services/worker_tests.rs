@@ -13,10 +13,14 @@ struct Gated {
 }
 
 impl DumpSource for Gated {
-    fn dump(&mut self, netns: u32) -> Result<Dumps, String> {
+    fn dump(&mut self, netns: u32) -> Result<Dumps, RulesReadError> {
         self.fake.reads.lock().unwrap().push(netns);
-        self.tokens.recv().map_err(|_| "closed".to_owned())?;
-        self.fake.answers.lock().unwrap()[&netns].clone()
+        self.tokens
+            .recv()
+            .map_err(|_| RulesReadError::Source("closed".to_owned()))?;
+        self.fake.answers.lock().unwrap()[&netns]
+            .clone()
+            .map_err(RulesReadError::Source)
     }
 }
 
@@ -155,7 +159,7 @@ struct Slow {
 }
 
 impl DumpSource for Slow {
-    fn dump(&mut self, netns: u32) -> Result<Dumps, String> {
+    fn dump(&mut self, netns: u32) -> Result<Dumps, RulesReadError> {
         std::thread::sleep(self.delay);
         self.fake.dump(netns)
     }

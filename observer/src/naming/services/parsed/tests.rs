@@ -5,7 +5,7 @@ use crate::naming::services::nft_changes::{ChainRef, Table};
 use crate::naming::services::test_support::{
     FULL_V4, chain_changes as changes, listing, nat, without_third_checkout_endpoint,
 };
-use crate::naming::services::{Dump, Dumps};
+use crate::naming::services::{Dump, Dumps, RulesReadError};
 
 /// Serves single chains of an iptables-save text; full reads are not expected.
 struct Chains {
@@ -14,14 +14,14 @@ struct Chains {
 }
 
 impl DumpSource for Chains {
-    fn dump(&mut self, _netns: u32) -> Result<Dumps, String> {
+    fn dump(&mut self, _netns: u32) -> Result<Dumps, RulesReadError> {
         panic!("a patch must not read every table");
     }
 
-    fn chain(&mut self, _netns: u32, chain: &ChainRef) -> Result<String, String> {
+    fn chain(&mut self, _netns: u32, chain: &ChainRef) -> Result<String, RulesReadError> {
         self.read.push(chain.chain.clone());
         listing(&self.text, chain.table.name(), &chain.chain)
-            .ok_or_else(|| format!("no chain {}", chain.chain))
+            .ok_or_else(|| RulesReadError::Source(format!("no chain {}", chain.chain)))
     }
 }
 
@@ -51,7 +51,12 @@ fn patched_chains_give_what_a_full_read_of_the_new_rules_gives() {
         (nat("KUBE-SVC-CHKHTTP0000000000"), true),
         (nat("KUBE-SEP-CHK3"), false),
     ]);
-    assert_eq!(parsed.patch(&announced, &mut source, 1), Ok(2));
+    assert_eq!(
+        parsed
+            .patch(&announced, &mut source, 1)
+            .map_err(|e| e.to_string()),
+        Ok(2)
+    );
     assert_eq!(parsed.map(), expected);
     assert_eq!(
         source.read,
@@ -100,7 +105,7 @@ fn what_cannot_be_patched_says_why() {
     };
     let (mut parsed, _) = ParsedRules::parse(&dumps("iptables-save", FULL_V4));
     let why = |parsed: &mut ParsedRules, source: &mut Chains, changes: &Changes| {
-        parsed.patch(changes, source, 1).unwrap_err()
+        parsed.patch(changes, source, 1).unwrap_err().to_string()
     };
     assert_eq!(
         why(&mut parsed, &mut source, &Changes::everything()),
@@ -133,10 +138,10 @@ fn what_cannot_be_patched_says_why() {
     let broken = "-N KUBE-SEP-CHK1\n-A KUBE-SEP-CHK2 -j ACCEPT\n";
     struct Fixed(&'static str);
     impl DumpSource for Fixed {
-        fn dump(&mut self, _: u32) -> Result<Dumps, String> {
+        fn dump(&mut self, _: u32) -> Result<Dumps, RulesReadError> {
             unreachable!()
         }
-        fn chain(&mut self, _: u32, _: &ChainRef) -> Result<String, String> {
+        fn chain(&mut self, _: u32, _: &ChainRef) -> Result<String, RulesReadError> {
             Ok(self.0.to_owned())
         }
     }
@@ -148,7 +153,7 @@ fn what_cannot_be_patched_says_why() {
         )
         .unwrap_err();
     assert_eq!(
-        err,
+        err.to_string(),
         "iptables-save -t nat -S KUBE-SEP-CHK1: iptables-save line 2: not a line of chain KUBE-SEP-CHK1: -A KUBE-SEP-CHK2 -j ACCEPT"
     );
 }
@@ -167,7 +172,9 @@ fn only_iptables_nft_dumps_are_patched() {
         };
         let announced = changes(&[(nat("KUBE-SERVICES"), true)]);
         assert_eq!(
-            parsed.patch(&announced, &mut source, 1),
+            parsed
+                .patch(&announced, &mut source, 1)
+                .map_err(|e| e.to_string()),
             Err("no V4 iptables-nft tables were read".to_owned()),
             "{command}"
         );
@@ -204,7 +211,7 @@ struct Maps {
 }
 
 impl DumpSource for Maps {
-    fn dump(&mut self, _netns: u32) -> Result<Dumps, String> {
+    fn dump(&mut self, _netns: u32) -> Result<Dumps, RulesReadError> {
         panic!("a patch must not read every table");
     }
 
@@ -214,7 +221,7 @@ impl DumpSource for Maps {
         _family: Family,
         verb: &str,
         name: &str,
-    ) -> Result<Option<String>, String> {
+    ) -> Result<Option<String>, RulesReadError> {
         self.listed.push(format!("{verb} {name}"));
         let dump: serde_json::Value = serde_json::from_str(&self.text).unwrap();
         let found: Vec<serde_json::Value> = dump["nftables"]
@@ -296,7 +303,12 @@ fn announced_nftables_rules_give_what_a_full_read_of_the_new_table_gives() {
         text: after.clone(),
         listed: Vec::new(),
     };
-    assert_eq!(parsed.patch(&nft_changes(events), &mut source, 1), Ok(4));
+    assert_eq!(
+        parsed
+            .patch(&nft_changes(events), &mut source, 1)
+            .map_err(|e| e.to_string()),
+        Ok(4)
+    );
     assert_eq!(parsed.map(), expected);
     assert!(
         source.listed.is_empty(),
@@ -404,7 +416,9 @@ fn nftables_changes_that_cannot_be_applied_say_why() {
         }],
     }]);
     assert_eq!(
-        parsed.patch(&unknown_map, &mut source, 1),
+        parsed
+            .patch(&unknown_map, &mut source, 1)
+            .map_err(|e| e.to_string()),
         Err("the elements of __map77 were not announced".to_owned())
     );
     let sets: Vec<NftEvent> = (0..=MAX_NFT_SETS)
@@ -413,7 +427,9 @@ fn nftables_changes_that_cannot_be_applied_say_why() {
         })
         .collect();
     assert_eq!(
-        parsed.patch(&nft_changes(sets), &mut source, 1),
+        parsed
+            .patch(&nft_changes(sets), &mut source, 1)
+            .map_err(|e| e.to_string()),
         Err(format!(
             "{} nftables sets or maps changed",
             MAX_NFT_SETS + 1
@@ -429,7 +445,7 @@ fn nftables_changes_that_cannot_be_applied_say_why() {
         ..Changes::default()
     };
     assert_eq!(
-        parsed.patch(&v6, &mut source, 1),
+        parsed.patch(&v6, &mut source, 1).map_err(|e| e.to_string()),
         Err("no V6 nftables table kube-proxy was read".to_owned())
     );
 }

@@ -19,6 +19,7 @@ use json::{
 };
 use serde_json::{Value, json};
 
+use crate::naming::services::RulesPatchError;
 use crate::naming::services::nft_changes::{NftEvent, NftExpr, NftVerdict};
 
 use super::{RulesError, ServicePort, frontend};
@@ -139,7 +140,7 @@ impl Table {
 
     /// Applies one announcement about a chain's rules or an anonymous map; a named set
     /// or map is [`Table::replace_set`]'s. `Err` says why the table must be read whole.
-    pub fn apply(&mut self, event: &NftEvent) -> Result<(), String> {
+    pub fn apply(&mut self, event: &NftEvent) -> Result<(), RulesPatchError> {
         match event {
             NftEvent::Rule {
                 chain,
@@ -149,7 +150,7 @@ impl Table {
                 let expr = exprs
                     .iter()
                     .map(|expr| self.expr(expr))
-                    .collect::<Result<Vec<Expr>, String>>()?;
+                    .collect::<Result<Vec<Expr>, RulesPatchError>>()?;
                 self.remove_rules(|rule| rule.chain == *chain && rule.handle == Some(*handle));
                 if expr.is_empty() && !names_port(chain) {
                     // Kept no more than a read would keep it.
@@ -179,9 +180,7 @@ impl Table {
                 self.anonymous.remove(set);
             }
             NftEvent::Set { name } => {
-                return Err(format!(
-                    "set {name} is read with nft, not from announcements"
-                ));
+                return Err(RulesPatchError::SetAnnounced { name: name.clone() });
             }
         }
         Ok(())
@@ -193,7 +192,7 @@ impl Table {
     }
 
     /// A decoded expression as nft's JSON has it.
-    fn expr(&self, expr: &NftExpr) -> Result<Expr, String> {
+    fn expr(&self, expr: &NftExpr) -> Result<Expr, RulesPatchError> {
         Ok(match expr {
             NftExpr::NumgenVmap {
                 modulus,
@@ -203,7 +202,7 @@ impl Table {
                 let mut elements = self
                     .anonymous
                     .get(set)
-                    .ok_or_else(|| format!("the elements of {set} were not announced"))?
+                    .ok_or_else(|| RulesPatchError::ElementsNotAnnounced { set: set.clone() })?
                     .clone();
                 // nft lists a map's elements by key.
                 elements.sort_by_key(|(key, _)| *key);
@@ -219,7 +218,8 @@ impl Table {
                     })
                     .collect();
                 let raw = |value: Value| {
-                    serde_json::value::to_raw_value(&value).map_err(|e| e.to_string())
+                    serde_json::value::to_raw_value(&value)
+                        .map_err(|e| RulesPatchError::Json(e.to_string()))
                 };
                 Expr {
                     vmap: Some(Vmap {

@@ -381,6 +381,11 @@ impl Readings {
             }
             Err(err) => {
                 self.sockets.remove(&netns);
+                // Without nf_conntrack_netlink there are no statistics either; the one
+                // sentence about the missing module (NETLINK_MISSING) already says so.
+                if super::netlink_missing(&err) {
+                    return;
+                }
                 Err(err.to_string())
             }
         };

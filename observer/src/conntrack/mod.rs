@@ -15,7 +15,7 @@ mod tests;
 use std::net::SocketAddr;
 
 /// What observer says, once, when the kernel has no conntrack netlink interface.
-pub const NETLINK_MISSING: &str = "conntrack's netlink interface is missing (module nf_conntrack_netlink is not loaded): observer cannot adopt connections that began before it, nor see conntrack remove entries (timeouts, flushes, deletes); load it with `modprobe nf_conntrack_netlink`";
+pub const NETLINK_MISSING: &str = "conntrack's netlink interface is missing (module nf_conntrack_netlink is not loaded): observer cannot adopt connections that began before it, nor see conntrack remove entries (timeouts, flushes, deletes), nor read conntrack's table fill and drops; load it with `modprobe nf_conntrack_netlink`";
 
 /// Whether `err`, from opening a ctnetlink socket or dumping conntrack through it, means
 /// that the kernel has no conntrack netlink interface: no `NETLINK_NETFILTER` protocol

@@ -87,7 +87,7 @@ pub(super) fn scan(named: &HashSet<NsId>, node_procs: &[PathBuf], scan: &mut Pod
         for proc in utses.values() {
             match hostname(&proc.join("ns/uts")) {
                 Ok(name) => hostnames.push(name),
-                Err(err) if vanished(&err) => {}
+                Err(err) if vanished(&err) || exiting(&proc) => {}
                 Err(err) => scan
                     .skipped
                     .push(format!("{}: {err}", proc.join("ns/uts").display())),
@@ -145,7 +145,7 @@ fn candidates(
                 }
             }
             Ok(_) => {}
-            Err(err) if vanished(&err) => {}
+            Err(err) if vanished(&err) || exiting(&proc) => {}
             Err(err) => unreadable = Some(err),
         }
     }
@@ -170,6 +170,28 @@ fn vanished(err: &std::io::Error) -> bool {
     matches!(err.raw_os_error(), Some(libc::ENOENT) | Some(libc::ESRCH))
 }
 
+/// Whether the process at `proc` (`/proc/<pid>`) is gone or on its way out: a process
+/// that is exiting can refuse its namespaces' links for a moment (seen as `EACCES` on
+/// Debian's 6.12 arm64 and on 6.18), which is no reason to warn.
+fn exiting(proc: &Path) -> bool {
+    /// `PF_EXITING` in the flags of `/proc/<pid>/stat`.
+    const PF_EXITING: u64 = 0x4;
+    let Ok(stat) = std::fs::read_to_string(proc.join("stat")) else {
+        return true;
+    };
+    // After the command name in parentheses: state, ppid, pgrp, session, tty, tpgid, flags.
+    let Some((_, fields)) = stat.rsplit_once(')') else {
+        return false;
+    };
+    let mut fields = fields.split_whitespace();
+    let state = fields.next().unwrap_or("");
+    let flags = fields
+        .nth(5)
+        .and_then(|f| f.parse::<u64>().ok())
+        .unwrap_or(0);
+    matches!(state, "Z" | "X" | "x") || flags & PF_EXITING != 0
+}
+
 /// The hostname of the UTS namespace at `path`, read on a thread that enters it.
 fn hostname(path: &Path) -> std::io::Result<String> {
     let file = std::fs::File::open(path)?;
@@ -185,6 +207,12 @@ fn hostname(path: &Path) -> std::io::Result<String> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_running_process_is_not_exiting_and_a_gone_one_is() {
+        assert!(!super::exiting(std::path::Path::new("/proc/self")));
+        assert!(super::exiting(std::path::Path::new("/proc/4294967295")));
+    }
+
     use super::*;
 
     const NODE_NET: NsId = (4, 100);

@@ -37,7 +37,7 @@ fn held(port: u16, sent: u64, received: u64) -> String {
     )
 }
 
-const NETLINK_SENTENCE: &str = "observer: warning: conntrack's netlink interface is missing (module nf_conntrack_netlink is not loaded): observer cannot adopt connections that began before it, nor see conntrack remove entries (timeouts, flushes, deletes); load it with `modprobe nf_conntrack_netlink`";
+const NETLINK_SENTENCE: &str = "observer: warning: conntrack's netlink interface is missing (module nf_conntrack_netlink is not loaded): observer cannot adopt connections that began before it, nor see conntrack remove entries (timeouts, flushes, deletes), nor read conntrack's table fill and drops; load it with `modprobe nf_conntrack_netlink`";
 
 /// What a guest where everything works reports.
 fn good() -> String {

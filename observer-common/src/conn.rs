@@ -171,6 +171,10 @@ pub const CLOSE_RST: u32 = 2;
 /// to a new connection).
 pub const CLOSE_EXPIRED: u32 = 3;
 
+/// The revalidation program's mark on a checked `nf_conn` address whose conntrack
+/// entry is gone (the `CHECKED` array; an `nf_conn` is 8-byte aligned, so bit 0 is free).
+pub const GONE_MARK: u64 = 1;
+
 /// A ring-buffer record. Every event carries the full state, so a close event whose
 /// open event was dropped still yields a complete connection record.
 #[repr(C)]

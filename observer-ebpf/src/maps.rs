@@ -4,7 +4,7 @@ use core::intrinsics::{AtomicOrdering, atomic_xadd};
 
 use aya_ebpf::{
     macros::map,
-    maps::{HashMap, LruHashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
 };
 use observer_common::{
     conn::{ConnState, DialedKey},
@@ -30,6 +30,8 @@ pub static OFFSETS: KernelOffsets = KernelOffsets {
     ct_status: 0,
     ct_net: 0,
     ct_tcp_state: 0,
+    ct_use: 0,
+    ct_timeout: 0,
     net_ns_inum: 0,
     tuple_src_addr: 0,
     tuple_src_port: 0,
@@ -125,6 +127,16 @@ pub fn maybe_dialed(slot: usize) -> bool {
 /// it (`--max-connections`) and removes entries that idle out.
 #[map]
 pub static CONNS: HashMap<u64, ConnState> = HashMap::with_max_entries(65536, 0);
+
+/// The revalidation program's work (`hooks/revalidate.rs`): user space writes the
+/// `nf_conn` addresses of the connections it tracks into the first slots, through a
+/// memory mapping (no system call per address), and the program marks those whose
+/// conntrack entry is gone (`GONE_MARK`). Same size as `CONNS`.
+#[map]
+pub static CHECKED: Array<u64> = Array::with_max_entries(65536, BPF_F_MMAPABLE);
+
+/// `BPF_F_MMAPABLE` (include/uapi/linux/bpf.h): an array user space can `mmap`.
+const BPF_F_MMAPABLE: u32 = 1 << 10;
 
 /// Tracked connections by client and dialed address (value: the `nf_conn` address),
 /// for the local-delivery hook. Same size as `CONNS`.

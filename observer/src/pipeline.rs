@@ -22,7 +22,7 @@ pub use reconcile::{ConntrackStart, follow_conntrack};
 
 use crate::conntrack::listener::Note;
 use crate::kernel::capture::Capture;
-use crate::model::record::{Close, ConnRecord, SummaryRecord};
+use crate::model::record::{Close, ConnRecord, ConntrackEnds, SummaryRecord};
 use crate::model::tracker::{Clock, Tracker};
 use crate::model::update::{CaptureStats, ConnId, Update};
 use crate::naming::pods::PodNamer;
@@ -99,6 +99,8 @@ struct Session {
     rejects: rejects::RejectSide,
     /// conntrack's figures per namespace, for the summary line.
     pressure: pressure::Pressure,
+    /// When the revalidation program runs next.
+    revalidation: reconcile::Revalidation,
 }
 
 /// Runs until `stop` completes, then detaches, drains, writes connections still open
@@ -130,7 +132,10 @@ pub async fn run(
                 ready.context("cannot poll the kernel's ring buffer")?;
                 session.drain(DNS_DRAIN_MAX)?;
             }
-            _ = drain.tick() => session.drain(DNS_DRAIN_MAX)?,
+            _ = drain.tick() => {
+                session.drain(DNS_DRAIN_MAX)?;
+                session.revalidate_if_due()?;
+            }
             _ = sweep.tick() => session.sweep()?,
         }
     }
@@ -166,11 +171,21 @@ impl Session {
                 options.idle_timeout,
             )),
             pressure: Default::default(),
+            revalidation: reconcile::Revalidation::new(Instant::now()),
         }
     }
 
     /// Detaches, writes every connection still open and the summary line.
     fn finish(mut self, started: DateTime<Utc>) -> anyhow::Result<SummaryRecord> {
+        // Entries gone since the last sweep end as expired, not as open at the end.
+        if self
+            .follower
+            .as_ref()
+            .is_some_and(|f| f.ends == ConntrackEnds::Revalidated)
+        {
+            self.drain(usize::MAX)?;
+            self.end_revalidated()?;
+        }
         self.capture.detach();
         // Nothing is added any more: every DNS message left is read.
         self.drain(usize::MAX)?;
@@ -188,6 +203,7 @@ impl Session {
         self.release_held_at_end()?;
         self.finish_dns()?;
         self.finish_rejects()?;
+        let conntrack_ends = self.follower.as_ref().map(|f| f.ends);
         self.stop_following();
         let stats = self.stats();
         let summary = SummaryRecord {
@@ -205,6 +221,7 @@ impl Session {
             rejects: self.rejects.written,
             lost_rejects: stats.lost_rejects,
             conntrack: self.pressure.summary(),
+            conntrack_ends,
             started,
             ended: Utc::now(),
         };

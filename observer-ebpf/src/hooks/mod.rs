@@ -4,3 +4,4 @@ mod dev_queue;
 mod dns_egress;
 mod local_delivery;
 mod netfilter_drop;
+mod revalidate;

@@ -96,6 +96,8 @@ fn live(args: LiveArgs) -> anyhow::Result<Outcome> {
         runtime()?.block_on(async move {
             let started = capture_args.start_capture().and_then(|capture| {
                 options.log = target.map(LogTarget::open).transpose()?;
+                // Before `attached`: connections older than observer are read here.
+                options.conntrack = Some(capture_args.follow_conntrack(&capture)?);
                 Ok(capture)
             });
             let capture = match started {

@@ -32,7 +32,8 @@ pub fn run(args: RecordArgs) -> anyhow::Result<Outcome> {
         let capture = args.capture.start_capture()?;
         let log = target.open()?;
         // conntrack's entries are read before `attached` is said: they are there from it on.
-        let options = args.capture.session_options(Some(log), stderr_warnings());
+        let mut options = args.capture.session_options(Some(log), stderr_warnings());
+        options.conntrack = Some(args.capture.follow_conntrack(&capture)?);
         let stop = stop_signal(args.duration);
         eprintln!(
             "observer: attached {} kernel program(s); recording DNATed connections to {}",

@@ -41,7 +41,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<Outcome> {
             capture.hooks_attached(),
             args.listen
         );
-        let options = args.capture.session_options(log, stderr_warnings());
+        let mut options = args.capture.session_options(log, stderr_warnings());
+        options.conntrack = Some(args.capture.follow_conntrack(&capture)?);
         let summary = crate::pipeline::serve::run(listener, capture, options, stop).await?;
         eprintln!(
             "observer: stopped ({} DNAT decisions, {} lost connections)",

@@ -7,9 +7,10 @@ use anyhow::Context as _;
 
 use super::args::idle_seconds;
 use crate::kernel::capture::{Capture, CaptureOptions};
+use crate::model::record::ConntrackEnds;
 use crate::naming::pods::{DEFAULT_RUNTIME_ROOTS, PodNamer, PodNamerConfig, RuntimeSource};
 use crate::naming::services::{Namer, NamerConfig, SystemSource};
-use crate::pipeline::SessionOptions;
+use crate::pipeline::{ConntrackStart, SessionOptions};
 use crate::sinks::log::LogWriter;
 
 /// Capture settings shared by the live view, `record` and `serve`.
@@ -43,6 +44,21 @@ pub struct CaptureArgs {
     /// Do not name addresses by pod: `client_pod` and `backend_pod` stay null.
     #[arg(long)]
     pub no_pod_names: bool,
+    /// How to learn that a connection's conntrack entry went without a FIN or RST
+    /// (flushed, deleted, timed out): `revalidate` checks the entries observer tracks
+    /// from the kernel every second (Linux 5.13 and later); `events` subscribes to
+    /// conntrack's destroy events, which costs every connection of the node a message;
+    /// `auto` revalidates where the kernel can.
+    #[arg(long, value_enum, value_name = "HOW", default_value = "auto")]
+    pub conntrack_ends: EndsChoice,
+}
+
+/// `--conntrack-ends`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EndsChoice {
+    Auto,
+    Revalidate,
+    Events,
 }
 
 impl CaptureArgs {
@@ -60,8 +76,22 @@ impl CaptureArgs {
             namer: self.namer(),
             pods: self.pods(),
             warn,
-            conntrack: Some(crate::pipeline::follow_conntrack()),
+            conntrack: None,
         }
+    }
+
+    /// Starts following conntrack (see `pipeline::follow_conntrack`) the way
+    /// `--conntrack-ends` says and `capture`'s kernel allows. Call it before saying
+    /// `attached`: connections older than observer are read here.
+    pub fn follow_conntrack(&self, capture: &Capture) -> anyhow::Result<ConntrackStart> {
+        let ends = match (self.conntrack_ends, capture.revalidation_refused()) {
+            (EndsChoice::Events, _) | (EndsChoice::Auto, Some(_)) => ConntrackEnds::DestroyEvents,
+            (EndsChoice::Revalidate, Some(reason)) => anyhow::bail!(
+                "--conntrack-ends revalidate cannot work on this kernel: it refused the revalidation program ({reason}); use --conntrack-ends events"
+            ),
+            (_, None) => ConntrackEnds::Revalidated,
+        };
+        Ok(crate::pipeline::follow_conntrack(ends))
     }
 
     fn namer(&self) -> Option<Namer> {

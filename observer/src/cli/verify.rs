@@ -85,7 +85,8 @@ pub fn run(args: VerifyArgs) -> anyhow::Result<Outcome> {
             })?;
         }
         let log = LogWriter::new(Box::new(memory.clone()), "memory");
-        let options = args.capture.session_options(Some(log), stderr_warnings());
+        let mut options = args.capture.session_options(Some(log), stderr_warnings());
+        options.conntrack = Some(args.capture.follow_conntrack(&capture)?);
         let stop_verifying = stop_signal(Some(args.duration));
         eprintln!(
             "observer: attached {} kernel program(s); verifying against conntrack in {} namespace(s) for {:?}",
@@ -115,6 +116,7 @@ pub fn run(args: VerifyArgs) -> anyhow::Result<Outcome> {
             .with_context(|| format!("cannot write the connection log to {}", path.display()))?;
     }
     let recording = Recording::parse("memory", &text)?;
+    let ends = recording.summary.as_ref().and_then(|s| s.conntrack_ends);
     let decisions = decisions(notes)?;
     if decisions.is_empty() {
         bail!(
@@ -129,7 +131,8 @@ pub fn run(args: VerifyArgs) -> anyhow::Result<Outcome> {
         .into_iter()
         .filter(|c| inodes.contains(&c.netns))
         .collect();
-    let coverage = coverage(&decisions, &conns);
+    let mut coverage = coverage(&decisions, &conns);
+    coverage.conntrack_ends = ends;
     emit(&match args.output.format {
         OutputFormat::Table => render(&coverage),
         OutputFormat::Json => render_json(&coverage),

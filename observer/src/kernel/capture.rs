@@ -4,10 +4,13 @@
 use aya::{
     Ebpf, EbpfLoader,
     maps::{HashMap, MapData, PerCpuArray, RingBuf},
-    programs::{BtfTracePoint, CgroupAttachMode, CgroupSkb, CgroupSkbAttachType, RawTracePoint},
+    programs::{
+        BtfTracePoint, CgroupAttachMode, CgroupSkb, CgroupSkbAttachType, RawTracePoint,
+        RawTracePointRunOptions, TestRun as _,
+    },
 };
 use observer_common::{
-    conn::{ConnEvent, ConnState, DialedKey},
+    conn::{ConnEvent, ConnState, DialedKey, GONE_MARK},
     counters,
     dns::DnsEvent,
     reject::{RejectCount, RejectEvent, RejectKey},
@@ -16,7 +19,7 @@ use observer_common::{
 use std::os::fd::AsFd as _;
 
 use crate::kernel::host::{Caps, kernel_release, raise_memlock, too_old};
-use crate::kernel::{btf::Btf, decode};
+use crate::kernel::{btf::Btf, decode, mapped_array::MappedArray};
 
 /// The compiled kernel programs, built by `build.rs` and embedded in the binary.
 static PROGRAMS: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/observer"));
@@ -105,6 +108,11 @@ pub struct Capture {
     lost_by_netns: HashMap<MapData, u32, u64>,
     dns_dropped_by_netns: HashMap<MapData, u32, u64>,
     hooks_attached: u32,
+    /// The revalidation program's slots (see `gone_connections`).
+    checked: MappedArray,
+    /// Why the revalidation program could not load (then conntrack's destroy events
+    /// must say when entries go); `None` when it loaded.
+    revalidation_refused: Option<String>,
     /// What works less well than it could on this machine, one sentence each.
     pub warnings: Vec<String>,
 }
@@ -166,7 +174,8 @@ fn load(options: &CaptureOptions, layout: &KernelLayout) -> Result<Ebpf, Capture
         .override_global("NETFILTER_DROP_REASON", &layout.netfilter_drop_reason, true)
         .override_global("TICK_NS", &tick_ns, true)
         .map_max_entries("CONNS", options.max_connections)
-        .map_max_entries("DIALED", options.max_connections);
+        .map_max_entries("DIALED", options.max_connections)
+        .map_max_entries("CHECKED", options.max_connections);
     for (ring, bytes) in [
         ("EVENTS", options.ring_buffer_bytes),
         ("DNS_EVENTS", options.dns_ring_buffer_bytes),
@@ -254,6 +263,29 @@ fn attach_btf_tracepoint(ebpf: &mut Ebpf) -> Result<(), String> {
     program.load(DEV_QUEUE, &btf).map_err(|err| refused(&err))?;
     program.attach().map_err(|err| refused(&err))?;
     Ok(())
+}
+
+/// Maps the revalidation program's `CHECKED` array, as large as the connection table.
+fn map_checked(ebpf: &mut Ebpf, max_connections: u32) -> Result<MappedArray, CaptureError> {
+    match take_map(ebpf, "CHECKED")? {
+        aya::maps::Map::Array(data) => MappedArray::new(data, max_connections as usize),
+        _ => Err(std::io::Error::other("it is not an array")),
+    }
+    .map_err(|err| CaptureError::Load(format!("cannot map the array CHECKED: {err}")))
+}
+
+/// The program that finds connections whose conntrack entry is gone.
+const REVALIDATE: &str = "revalidate";
+
+/// Loads the revalidation program (run, never attached); on failure, a sentence saying
+/// why.
+fn load_revalidate(ebpf: &mut Ebpf) -> Result<(), String> {
+    let program: &mut RawTracePoint = ebpf
+        .program_mut(REVALIDATE)
+        .ok_or_else(|| "the program is missing from the object".to_owned())?
+        .try_into()
+        .map_err(|err| error_chain(&err))?;
+    program.load().map_err(|err| error_chain(&err))
 }
 
 /// Loads and attaches the program on `skb:kfree_skb` (see observer-ebpf's
@@ -390,6 +422,12 @@ impl Capture {
                     .to_owned(),
             ),
         }
+        let revalidation_refused = load_revalidate(&mut ebpf).err();
+        if let Some(reason) = &revalidation_refused {
+            log::debug!(
+                "the kernel refused the revalidation program ({reason}): conntrack's destroy events say when entries go"
+            );
+        }
         let load_error = |err: aya::maps::MapError| CaptureError::Load(error_chain(&err));
         let events = poll_ring_buffer(&mut ebpf, "EVENTS")?;
         let dns_events = poll_ring_buffer(&mut ebpf, "DNS_EVENTS")?;
@@ -416,10 +454,49 @@ impl Capture {
                 .map_err(load_error)?,
             dns_dropped_by_netns: HashMap::try_from(take_map(&mut ebpf, "DNS_DROPPED_BY_NETNS")?)
                 .map_err(load_error)?,
+            checked: map_checked(&mut ebpf, options.max_connections)?,
             ebpf: Some(ebpf),
             hooks_attached,
+            revalidation_refused,
             warnings,
         })
+    }
+
+    /// Why the kernel refused the revalidation program (before Linux 5.13), if it did:
+    /// then only conntrack's destroy events can say when entries go.
+    pub fn revalidation_refused(&self) -> Option<&str> {
+        self.revalidation_refused.as_deref()
+    }
+
+    /// Runs the revalidation program (observer-ebpf's `hooks/revalidate.rs`) once over
+    /// `conntracks` (`nf_conn` addresses of tracked connections): those whose conntrack
+    /// entry is gone. Nothing once detached, or where the program could not load.
+    pub fn gone_connections(&mut self, conntracks: &[u64]) -> Result<Vec<u64>, String> {
+        let Some(ebpf) = self.ebpf.as_ref() else {
+            return Ok(Vec::new());
+        };
+        if self.revalidation_refused.is_some() || conntracks.is_empty() {
+            return Ok(Vec::new());
+        }
+        let listed = conntracks.len().min(self.checked.len());
+        for (index, conntrack) in conntracks[..listed].iter().enumerate() {
+            self.checked.set(index, *conntrack);
+        }
+        let program: &RawTracePoint = ebpf
+            .program(REVALIDATE)
+            .ok_or("the revalidation program is missing")?
+            .try_into()
+            .map_err(|err| error_chain(&err))?;
+        let mut options = RawTracePointRunOptions::new();
+        options.args[0] = listed as u64;
+        program
+            .test_run(options)
+            .map_err(|err| format!("cannot run the revalidation program: {}", error_chain(&err)))?;
+        Ok((0..listed)
+            .map(|index| self.checked.get(index))
+            .filter(|slot| slot & GONE_MARK != 0)
+            .map(|slot| slot & !GONE_MARK)
+            .collect())
     }
 
     pub fn hooks_attached(&self) -> u32 {

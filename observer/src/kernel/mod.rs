@@ -7,4 +7,5 @@ pub mod btf;
 pub mod capture;
 pub mod decode;
 pub mod host;
+pub mod mapped_array;
 pub mod offsets;

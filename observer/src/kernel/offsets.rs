@@ -56,7 +56,18 @@ pub fn kernel_offsets(btf: &Btf) -> Result<KernelOffsets, BtfError> {
             ("dst.protonum", 1),
         ],
     )?;
-    let (_, [tuple_original, tuple_reply, status, net, tcp_state]) = offsets(
+    let (
+        _,
+        [
+            tuple_original,
+            tuple_reply,
+            status,
+            net,
+            tcp_state,
+            use_count,
+            timeout,
+        ],
+    ) = offsets(
         btf,
         "nf_conn",
         [
@@ -65,6 +76,9 @@ pub fn kernel_offsets(btf: &Btf) -> Result<KernelOffsets, BtfError> {
             ("status", 8),
             ("ct_net.net", 8),
             ("proto.tcp.state", 1),
+            // refcount_t (hooks/revalidate.rs).
+            ("ct_general.use", 4),
+            ("timeout", 4),
         ],
     )?;
     let (_, [ns_inum]) = offsets(btf, "net", [("ns.inum", 4)])?;
@@ -74,6 +88,8 @@ pub fn kernel_offsets(btf: &Btf) -> Result<KernelOffsets, BtfError> {
         ct_status: status,
         ct_net: net,
         ct_tcp_state: tcp_state,
+        ct_use: use_count,
+        ct_timeout: timeout,
         net_ns_inum: ns_inum,
         tuple_src_addr: src_addr,
         tuple_src_port: src_port,
@@ -158,7 +174,7 @@ pub fn netfilter_drop_reason(btf: &Btf) -> u32 {
 /// Every offset as `struct.member.path=bytes`, in C's notation, space-separated: what
 /// `observer` logs at debug level so other tools can check it against their own reading.
 pub fn describe(o: &KernelOffsets) -> String {
-    let pairs: [(&str, u32); 19] = [
+    let pairs: [(&str, u32); 21] = [
         ("sk_buff._nfct", o.skb_nfct),
         ("sk_buff.head", o.skb_head),
         ("sk_buff.data", o.skb_data),
@@ -171,6 +187,8 @@ pub fn describe(o: &KernelOffsets) -> String {
         ("nf_conn.status", o.ct_status),
         ("nf_conn.ct_net.net", o.ct_net),
         ("nf_conn.proto.tcp.state", o.ct_tcp_state),
+        ("nf_conn.ct_general.use", o.ct_use),
+        ("nf_conn.timeout", o.ct_timeout),
         ("net.ns.inum", o.net_ns_inum),
         ("nf_conntrack_tuple.src.u3", o.tuple_src_addr),
         ("nf_conntrack_tuple.src.u.all", o.tuple_src_port),

@@ -3,11 +3,19 @@
 //! conntrack destroyed while the kernel programs saw no FIN or RST (`expired`), and
 //! connections a newer entry with the same tuple superseded.
 //!
+//! Destroyed entries are found one of two ways (`ConntrackEnds`): where the kernel takes
+//! it, a kernel program checks every tracked connection's `nf_conn` at each sweep
+//! (`end_revalidated`); elsewhere conntrack's destroy events are subscribed to, in
+//! every namespace, which makes conntrack build a message at the end of every
+//! connection of the node.
+//!
 //! - `matching`: which conntrack entry is which kernel connection, and how each ends.
 //!   Pure (no aya, tokio or sockets): unit-tested without root.
 //! - `follower`: the ctnetlink side: dumps, destroy events and single-entry questions,
 //!   in every network namespace.
 //! - here: the session's side, which ends the connections the two above find ended.
+
+use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use observer_common::conn::ConnState;
@@ -19,22 +27,55 @@ pub(super) use follower::Follower;
 
 use super::{Session, monotonic_ns};
 use crate::conntrack::listener::Note;
-use crate::model::record::{Close, ConnRecord};
+use crate::model::record::{Close, ConnRecord, ConntrackEnds};
 use crate::model::update::ConnId;
 use matching::{CtKey, Destroyed, destroyed_close};
 
-/// conntrack followed from before a session starts: its destroy events are subscribed
-/// to and its DNATed entries read.
+/// conntrack followed from before a session starts: its DNATed entries read, and its
+/// destroy events subscribed to where `ends` says so.
 pub struct ConntrackStart {
     follower: Follower,
     found: Vec<(ConnId, ConnRecord)>,
 }
 
-/// Subscribes to conntrack's destroy events and reads its DNATed entries in every
-/// namespace: call it before saying that recording has started.
-pub fn follow_conntrack() -> ConntrackStart {
-    let (follower, found) = Follower::start(Utc::now());
+/// Reads conntrack's DNATed entries in every namespace and, with
+/// `ConntrackEnds::DestroyEvents`, subscribes to its destroy events: call it before
+/// saying that recording has started.
+pub fn follow_conntrack(ends: ConntrackEnds) -> ConntrackStart {
+    let (follower, found) = Follower::start(Utc::now(), ends);
     ConntrackStart { follower, found }
+}
+
+/// When the revalidation program runs: every `FASTEST` (so an entry conntrack removed
+/// ends within about that of its removal), or less often where a run takes long (a
+/// large table), keeping its share of a CPU under `1 / SLOWDOWN`; at least every
+/// `SLOWEST`.
+pub(super) struct Revalidation {
+    next: Instant,
+    /// A run failed (said once).
+    failed: bool,
+}
+
+impl Revalidation {
+    const FASTEST: Duration = Duration::from_millis(100);
+    const SLOWEST: Duration = Duration::from_secs(5);
+    const SLOWDOWN: u32 = 500;
+
+    pub(super) fn new(now: Instant) -> Revalidation {
+        Revalidation {
+            next: now + Self::FASTEST,
+            failed: false,
+        }
+    }
+
+    fn due(&self, now: Instant) -> bool {
+        now >= self.next
+    }
+
+    fn ran(&mut self, started: Instant, took: Duration) {
+        let wait = (took * Self::SLOWDOWN).clamp(Self::FASTEST, Self::SLOWEST);
+        self.next = started + wait;
+    }
 }
 
 impl Session {
@@ -104,13 +145,60 @@ impl Session {
     }
 
     /// Ends the kernel connections of the table `entries` whose conntrack entry is gone
-    /// with no destroy event to say so (see `Follower::unreported_gone`).
+    /// though no destroy event can say so (see `Follower::unreported_gone`), where
+    /// destroy events are followed.
     pub(super) fn end_unreported(&mut self, entries: &[(u64, ConnState)]) -> anyhow::Result<()> {
         let Some(follower) = self.follower.as_mut() else {
             return Ok(());
         };
+        if follower.ends != ConntrackEnds::DestroyEvents {
+            return Ok(());
+        }
         let gone = follower.unreported_gone(entries);
         self.end_destroyed(gone)
+    }
+
+    /// Revalidates when it is due (see `Revalidation`); called on the drain timer, so it
+    /// never wakes observer by itself.
+    pub(super) fn revalidate_if_due(&mut self) -> anyhow::Result<()> {
+        let revalidates = self
+            .follower
+            .as_ref()
+            .is_some_and(|f| f.ends == ConntrackEnds::Revalidated);
+        if !revalidates || !self.revalidation.due(Instant::now()) {
+            return Ok(());
+        }
+        let started = Instant::now();
+        let result = self.end_revalidated();
+        self.revalidation.ran(started, started.elapsed());
+        result
+    }
+
+    /// Runs the revalidation program (observer-ebpf's `hooks/revalidate.rs`) over the
+    /// kernel connections the matcher knows (every open event and every sweep tell it)
+    /// and ends those it finds gone, as their destroy events would. A failed run is said
+    /// once and tried again next time.
+    pub(super) fn end_revalidated(&mut self) -> anyhow::Result<()> {
+        let Some(follower) = self.follower.as_ref() else {
+            return Ok(());
+        };
+        let known = follower.matcher.all_kernel_connections();
+        let conntracks: Vec<u64> = known.iter().map(|(id, _)| id.conntrack).collect();
+        let gone = match self.capture.gone_connections(&conntracks) {
+            Ok(gone) => gone,
+            Err(error) => {
+                if !std::mem::replace(&mut self.revalidation.failed, true) {
+                    (self.warn)(error);
+                }
+                return Ok(());
+            }
+        };
+        let gone: std::collections::HashSet<u64> = gone.into_iter().collect();
+        let ended = known
+            .into_iter()
+            .filter(|(id, _)| gone.contains(&id.conntrack))
+            .collect();
+        self.end_destroyed(ended)
     }
 
     /// Ends kernel connections whose conntrack entry is gone, as its destroy event would

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 
 use super::text::thousands;
-use crate::model::record::{ConnRecord, Proto};
+use crate::model::record::{ConnRecord, ConntrackEnds, Proto};
 
 /// One DNAT decision as conntrack reported it (a NEW event).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -65,6 +65,8 @@ pub struct Coverage {
     pub unmatched_records: u64,
     /// The first decisions without a record, to look for.
     pub lost: Vec<Decision>,
+    /// How the recording learned of entries conntrack removed without a FIN or RST.
+    pub conntrack_ends: Option<ConntrackEnds>,
 }
 
 /// How many lost decisions the report names.
@@ -119,6 +121,9 @@ pub fn render_json(coverage: &Coverage) -> String {
     let mut node = counts(&coverage.total);
     node["type"] = "node".into();
     node["unmatched_records"] = coverage.unmatched_records.into();
+    if let Some(ends) = coverage.conntrack_ends {
+        node["conntrack_ends"] = ends.as_str().into();
+    }
     lines.push(node);
     for (name, service) in &coverage.services {
         let mut line = counts(service);
@@ -170,6 +175,15 @@ pub fn render(coverage: &Coverage) -> String {
             "  ({} recorded connections match no decision conntrack reported while verifying)\n",
             thousands(coverage.unmatched_records)
         ));
+    }
+    match coverage.conntrack_ends {
+        Some(ConntrackEnds::Revalidated) => out.push_str(
+            "  (entries conntrack removed without a FIN or RST were found by checking the tracked entries every second)\n",
+        ),
+        Some(ConntrackEnds::DestroyEvents) => out.push_str(
+            "  (entries conntrack removed without a FIN or RST were found by its destroy events: this kernel refused the check observer prefers)\n",
+        ),
+        None => {}
     }
     out
 }

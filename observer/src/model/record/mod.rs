@@ -256,10 +256,38 @@ pub struct SummaryRecord {
     /// when no namespace was read (and in older logs).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub conntrack: std::collections::BTreeMap<String, ConntrackSummary>,
+    /// How observer learned that a connection's conntrack entry went without a FIN or
+    /// RST (flushed, deleted, timed out). Absent when it did not follow conntrack (and
+    /// in older logs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conntrack_ends: Option<ConntrackEnds>,
     #[serde(with = "micros")]
     pub started: DateTime<Utc>,
     #[serde(with = "micros")]
     pub ended: DateTime<Utc>,
+}
+
+/// How observer learns that a connection's conntrack entry went without a FIN or RST.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ConntrackEnds {
+    /// A kernel program checks the entries observer tracks, every second: nothing is
+    /// added to the node's other connections.
+    Revalidated,
+    /// conntrack's destroy events, where the kernel refused that program (before Linux
+    /// 5.13): while subscribed, conntrack builds a message at the end of every
+    /// connection of the node.
+    DestroyEvents,
+}
+
+impl ConntrackEnds {
+    /// The name the log and `verify` use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConntrackEnds::Revalidated => "revalidated",
+            ConntrackEnds::DestroyEvents => "destroy_events",
+        }
+    }
 }
 
 /// How traffic reaches a Service: which kind of address the client dialed.

@@ -14,7 +14,7 @@ use crate::conntrack::{CtEntry, NETLINK_MISSING, netlink_missing};
 use observer_common::conn::ConnState;
 
 use super::matching::{ConntrackMatcher, CtKey, lacks_destroy_events};
-use crate::model::record::ConnRecord;
+use crate::model::record::{ConnRecord, ConntrackEnds};
 use crate::model::update::ConnId;
 use crate::naming::services::source::list_namespaces;
 
@@ -27,6 +27,9 @@ const RESCAN: Duration = Duration::from_secs(5);
 const STATS_EVERY: Duration = Duration::from_secs(5);
 
 pub struct Follower {
+    /// How destroyed entries are found: with `DestroyEvents`, the listener subscribes
+    /// to them in every namespace; otherwise it only reads conntrack's statistics.
+    pub ends: ConntrackEnds,
     listener: Listener,
     /// A request socket per followed namespace, for single-entry questions.
     requests: HashMap<u32, CtSocket>,
@@ -48,16 +51,22 @@ pub struct Follower {
 }
 
 impl Follower {
-    /// Subscribes to destroy events in every namespace now, and returns their DNATed
-    /// entries as open records (connections that began before observer).
+    /// Reads every namespace's DNATed entries, returned as open records (connections that
+    /// began before observer); with `ConntrackEnds::DestroyEvents`, subscribes to destroy
+    /// events in every namespace first.
     ///
     /// Every namespace, not only those with DNATed entries yet: with conntrack's default
     /// `nf_conntrack_events=2`, the kernel keeps events only for entries created while
     /// someone listens in their namespace, so a subscription made after a connection
     /// began would never hear of its end.
-    pub fn start(now: DateTime<Utc>) -> (Follower, Vec<(ConnId, ConnRecord)>) {
+    pub fn start(now: DateTime<Utc>, ends: ConntrackEnds) -> (Follower, Vec<(ConnId, ConnRecord)>) {
+        let groups: &[u32] = match ends {
+            ConntrackEnds::DestroyEvents => &[GROUP_DESTROY],
+            ConntrackEnds::Revalidated => &[],
+        };
         let mut follower = Follower {
-            listener: Listener::start(&[GROUP_DESTROY], EVENT_BUFFER, Some(STATS_EVERY)),
+            ends,
+            listener: Listener::start(groups, EVENT_BUFFER, Some(STATS_EVERY)),
             requests: HashMap::new(),
             matcher: ConntrackMatcher::default(),
             paths: HashMap::new(),

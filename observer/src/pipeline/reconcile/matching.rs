@@ -193,6 +193,11 @@ impl ConntrackMatcher {
         std::mem::take(&mut self.superseded)
     }
 
+    /// Every connection the kernel programs follow.
+    pub fn all_kernel_connections(&self) -> Vec<(ConnId, CtKey)> {
+        self.kernel.iter().map(|(key, id)| (*id, *key)).collect()
+    }
+
     /// The kernel programs' connections in `netns`.
     pub fn kernel_connections(&self, netns: u32) -> Vec<(ConnId, CtKey)> {
         self.kernel

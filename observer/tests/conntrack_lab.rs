@@ -9,7 +9,7 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::Duration;
 
 use common::{Recorder, only_node, prefix, require_root};
-use observer::model::record::{Close, ConnRecord, Proto};
+use observer::model::record::{Close, ConnRecord, ConntrackEnds, Proto, Recording};
 use observer_lab::{Lab, LabConfig, RuleMode, Topology, http_fresh, http_keepalive_paced};
 
 /// A keep-alive HTTP client in the lab's client namespace, driven line by line:
@@ -118,21 +118,61 @@ fn by_port(conns: &[ConnRecord], port: u16) -> Vec<&ConnRecord> {
         .collect()
 }
 
+/// How the recording must have found ends without FIN or RST: `--conntrack-ends`.
+#[derive(Clone, Copy)]
+enum Ends {
+    /// The kernel check (this machine's kernel takes it).
+    Revalidated,
+    /// conntrack's destroy events (the fallback for older kernels).
+    DestroyEvents,
+}
+
+impl Ends {
+    fn flag(self) -> &'static str {
+        match self {
+            Ends::Revalidated => "revalidate",
+            Ends::DestroyEvents => "events",
+        }
+    }
+
+    /// Asserts that the recording says it found ends this way.
+    fn check(self, recording: &Recording) {
+        let said = recording.summary.as_ref().and_then(|s| s.conntrack_ends);
+        let expected = match self {
+            Ends::Revalidated => ConntrackEnds::Revalidated,
+            Ends::DestroyEvents => ConntrackEnds::DestroyEvents,
+        };
+        assert_eq!(said, Some(expected));
+    }
+}
+
 #[test]
 #[ignore = "root: run by cargo xtask test"]
 fn flushed_and_deleted_connections_end_expired_iptables_bridged() {
-    flushed_and_deleted(&lab("ctx"));
+    flushed_and_deleted(&lab("ctx"), Ends::Revalidated);
 }
 
 #[test]
 #[ignore = "root: run by cargo xtask test"]
 fn flushed_and_deleted_connections_end_expired_nftables_routed() {
-    flushed_and_deleted(&lab_of("ctn", Topology::Routed, RuleMode::Nftables));
+    flushed_and_deleted(
+        &lab_of("ctn", Topology::Routed, RuleMode::Nftables),
+        Ends::Revalidated,
+    );
 }
 
-fn flushed_and_deleted(lab: &Lab) {
+#[test]
+#[ignore = "root: run by cargo xtask test"]
+fn flushed_and_deleted_connections_end_expired_by_destroy_events() {
+    flushed_and_deleted(&lab("ctv"), Ends::DestroyEvents);
+}
+
+fn flushed_and_deleted(lab: &Lab, ends: Ends) {
     let dir = tempfile::tempdir().unwrap();
-    let recorder = Recorder::start(dir.path(), &["--idle-timeout", "30"]);
+    let recorder = Recorder::start(
+        dir.path(),
+        &["--idle-timeout", "30", "--conntrack-ends", ends.flag()],
+    );
     let mut flushed = Client::start(lab);
     let mut deleted = Client::start(lab);
     let flushed_port = flushed.send("req 3");
@@ -156,6 +196,7 @@ fn flushed_and_deleted(lab: &Lab) {
     deleted.send("close");
     std::thread::sleep(Duration::from_secs(1));
     let mut recording = recorder.stop();
+    ends.check(&recording);
     only_node(&mut recording, lab.node_ns());
 
     for (port, requests, removed) in [
@@ -192,7 +233,20 @@ fn flushed_and_deleted(lab: &Lab) {
 #[test]
 #[ignore = "root: run by cargo xtask test"]
 fn connections_older_than_observer_are_recorded() {
-    let lab = lab("ctp");
+    connections_older_than_observer(Ends::Revalidated);
+}
+
+#[test]
+#[ignore = "root: run by cargo xtask test"]
+fn connections_older_than_observer_are_recorded_by_destroy_events() {
+    connections_older_than_observer(Ends::DestroyEvents);
+}
+
+fn connections_older_than_observer(ends: Ends) {
+    let lab = lab(match ends {
+        Ends::Revalidated => "ctp",
+        Ends::DestroyEvents => "ctq",
+    });
     // Real starts for entries created from now on (a per-namespace setting).
     let out = lab
         .run_in(
@@ -215,7 +269,10 @@ fn connections_older_than_observer_are_recorded() {
     let active_port = active.send("req 5");
     let deleted_port = deleted.send("req 5");
     std::thread::sleep(Duration::from_secs(1));
-    let recorder = Recorder::start(dir.path(), &["--idle-timeout", "30"]);
+    let recorder = Recorder::start(
+        dir.path(),
+        &["--idle-timeout", "30", "--conntrack-ends", ends.flag()],
+    );
     let started = chrono::Utc::now();
     std::thread::sleep(Duration::from_millis(500));
     closing.send("close");
@@ -228,6 +285,7 @@ fn connections_older_than_observer_are_recorded() {
     conntrack(&lab, &["-D", "-p", "tcp", "--orig-port-src", &port]);
     std::thread::sleep(Duration::from_secs(3));
     let mut recording = recorder.stop();
+    ends.check(&recording);
     only_node(&mut recording, lab.node_ns());
 
     let one = |port: u16| -> ConnRecord {

@@ -46,7 +46,7 @@ pub struct CaptureArgs {
     pub no_pod_names: bool,
     /// How to learn that a connection's conntrack entry went without a FIN or RST
     /// (flushed, deleted, timed out): `revalidate` checks the entries observer tracks
-    /// from the kernel every second (Linux 5.13 and later); `events` subscribes to
+    /// from the kernel at most every 100 ms (Linux 5.17 and later); `events` subscribes to
     /// conntrack's destroy events, which costs every connection of the node a message;
     /// `auto` revalidates where the kernel can.
     #[arg(long, value_enum, value_name = "HOW", default_value = "auto")]

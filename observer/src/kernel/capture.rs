@@ -462,7 +462,7 @@ impl Capture {
         })
     }
 
-    /// Why the kernel refused the revalidation program (before Linux 5.13), if it did:
+    /// Why the kernel refused the revalidation program (before Linux 5.17), if it did:
     /// then only conntrack's destroy events can say when entries go.
     pub fn revalidation_refused(&self) -> Option<&str> {
         self.revalidation_refused.as_deref()

@@ -286,6 +286,7 @@ mod tests {
                 ),
                 (104, 32, 128, 136, 224)
             );
+            assert_eq!((off.ct_use, off.ct_timeout), (0, 8));
         }
         assert_eq!(btf.tracepoint_args("kfree_skb"), Some(4));
         assert!(netfilter_drop_reason(&btf) > 0);
@@ -296,7 +297,7 @@ mod tests {
         let data = std::fs::read(Btf::SYS_FS).expect("this kernel exposes /sys/kernel/btf/vmlinux");
         let off = kernel_offsets(&Btf::parse(&data).unwrap()).unwrap();
         let text = describe(&off);
-        assert_eq!(text.split(' ').count(), 19);
+        assert_eq!(text.split(' ').count(), 21);
         assert!(text.starts_with(&format!("sk_buff._nfct={} ", off.skb_nfct)));
         assert!(text.contains(&format!(
             " nf_conn.tuplehash[1].tuple={} ",

@@ -266,3 +266,27 @@ impl Session {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn revalidation_runs_every_tenth_of_a_second_unless_a_run_costs_more_than_its_share() {
+        let start = Instant::now();
+        let mut revalidation = Revalidation::new(start);
+        assert!(!revalidation.due(start));
+        assert!(revalidation.due(start + Duration::from_millis(100)));
+        // A cheap run: the next one a tenth of a second later.
+        revalidation.ran(start, Duration::from_micros(20));
+        assert!(!revalidation.due(start + Duration::from_millis(99)));
+        assert!(revalidation.due(start + Duration::from_millis(100)));
+        // A run of 1 ms (a large table): the next one 500 ms later.
+        revalidation.ran(start, Duration::from_millis(1));
+        assert!(!revalidation.due(start + Duration::from_millis(499)));
+        assert!(revalidation.due(start + Duration::from_millis(500)));
+        // Never less often than every 5 s.
+        revalidation.ran(start, Duration::from_secs(1));
+        assert!(revalidation.due(start + Duration::from_secs(5)));
+    }
+}

@@ -178,7 +178,7 @@ pub fn render(coverage: &Coverage) -> String {
     }
     match coverage.conntrack_ends {
         Some(ConntrackEnds::Revalidated) => out.push_str(
-            "  (entries conntrack removed without a FIN or RST were found by checking the tracked entries every second)\n",
+            "  (entries conntrack removed without a FIN or RST were found by checking the tracked entries from the kernel)\n",
         ),
         Some(ConntrackEnds::DestroyEvents) => out.push_str(
             "  (entries conntrack removed without a FIN or RST were found by its destroy events: this kernel refused the check observer prefers)\n",

@@ -271,11 +271,11 @@ pub struct SummaryRecord {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ConntrackEnds {
-    /// A kernel program checks the entries observer tracks, every second: nothing is
+    /// A kernel program checks the entries observer tracks, at most every 100 ms: nothing is
     /// added to the node's other connections.
     Revalidated,
     /// conntrack's destroy events, where the kernel refused that program (before Linux
-    /// 5.13): while subscribed, conntrack builds a message at the end of every
+    /// 5.17): while subscribed, conntrack builds a message at the end of every
     /// connection of the node.
     DestroyEvents,
 }

@@ -23,6 +23,7 @@ use crate::load::{EchoReport, LoadReport};
 
 mod compare;
 mod cost;
+mod keepalive;
 mod progstats;
 mod rounds;
 mod subscriber;
@@ -66,7 +67,8 @@ pub struct BenchArgs {
     #[arg(long)]
     observer: Option<std::path::PathBuf>,
     /// Only one part of the run (`subscriber`: the bound split into empty programs and
-    /// conntrack's destroy subscriber, through the DNAT and pod-to-pod).
+    /// conntrack's destroy subscriber, through the DNAT and pod-to-pod; `keepalive`: a
+    /// fixed keep-alive load, latency and observer's CPU, and an idle observer).
     #[arg(long, value_enum)]
     only: Option<Part>,
     /// Compare this observer binary (e.g. an older build) with the one benchmarked, in
@@ -81,6 +83,9 @@ pub struct BenchArgs {
 enum Part {
     /// What conntrack's destroy subscriber costs, beside the empty programs and alone.
     Subscriber,
+    /// The seed's case at a fixed load: 10,000 exchanges/s over 100 kept connections,
+    /// client latency with and without observer, observer's CPU; and an idle observer.
+    Keepalive,
 }
 
 /// Kills child processes when the benchmark ends, however it ends.
@@ -145,6 +150,20 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
             &["--echo-connections", &connections],
         )
     };
+    let keepalive = || -> anyhow::Result<crate::load::PacedReport> {
+        let (connections, rate) = (
+            keepalive::CONNECTIONS.to_string(),
+            keepalive::RATE.to_string(),
+        );
+        bench_client(
+            &lab,
+            &xtask,
+            echo,
+            0,
+            args.seconds,
+            &["--echo-connections", &connections, "--paced-rate", &rate],
+        )
+    };
 
     println!(
         "observer benchmark: new TCP connections/s through kube-proxy iptables DNAT (lab, bridged node)"
@@ -164,12 +183,15 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
         dnat: &|| load(0),
         pod_to_pod: &|| load_to(pod, 0),
         established: &exchange,
+        keepalive: &keepalive,
     };
     if let Some(other) = &args.compare {
         return compare::report(&setup, other);
     }
-    if let Some(Part::Subscriber) = args.only {
-        return subscriber::report(&setup);
+    match args.only {
+        Some(Part::Subscriber) => return subscriber::report(&setup),
+        Some(Part::Keepalive) => return keepalive::report(&setup),
+        None => {}
     }
     cost::report(&setup)?;
     println!();

@@ -211,6 +211,151 @@ pub fn echo_client(
     })
 }
 
+/// What one paced echo run achieved: exchanges done, and the client's latency
+/// percentiles, each exchange measured from when it was due (so a stall that delays
+/// the next ones counts against them too, not only against the one that stalled).
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
+pub struct PacedReport {
+    pub exchanges: u64,
+    pub seconds: f64,
+    /// Exchanges that were due but not done by the end (the client fell behind).
+    pub behind: u64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+}
+
+/// Keeps `connections` connections to `target` and exchanges `ECHO_BYTES`-byte
+/// messages on them at `rate` per second in all, evenly spread over the connections and
+/// staggered between them, for `duration`; one connection has at most one exchange in
+/// flight. One thread drives them all with `ppoll` (100 blocking threads on a 2-CPU VM
+/// measured their own scheduling: a p99 of 12-38 ms). Like `echo_client`, the
+/// connections are opened before the clock starts and reset after it stops.
+pub fn paced_echo_client(
+    target: SocketAddr,
+    duration: Duration,
+    connections: usize,
+    rate: u64,
+) -> anyhow::Result<PacedReport> {
+    use std::os::fd::AsRawFd as _;
+    let connections = connections.max(1);
+    let mut streams = (0..connections)
+        .map(|_| {
+            let stream = TcpStream::connect_timeout(&target, Duration::from_secs(1))?;
+            stream.set_nodelay(true)?;
+            stream.set_nonblocking(true)?;
+            Ok(stream)
+        })
+        .collect::<std::io::Result<Vec<_>>>()
+        .with_context(|| format!("connecting to {target}"))?;
+    let period = Duration::from_secs_f64(connections as f64 / rate.max(1) as f64);
+    let stagger = period / connections as u32;
+    let start = Instant::now() + Duration::from_millis(50);
+    let deadline = start + duration;
+    // Per connection: when its next exchange is due, when the one in flight was due,
+    // and how many bytes of its answer arrived.
+    let mut due: Vec<Instant> = (0..connections)
+        .map(|index| start + stagger * index as u32)
+        .collect();
+    let mut in_flight: Vec<Option<Instant>> = vec![None; connections];
+    let mut received = vec![0usize; connections];
+    let mut latencies: Vec<u32> = Vec::new();
+    let mut buf = [7u8; ECHO_BYTES];
+    let give_up = deadline + Duration::from_secs(2);
+    loop {
+        let now = Instant::now();
+        for index in 0..connections {
+            if in_flight[index].is_none() && due[index] <= now && due[index] < deadline {
+                streams[index]
+                    .write_all(&buf)
+                    .context("sending an exchange")?;
+                in_flight[index] = Some(due[index]);
+                received[index] = 0;
+                due[index] += period;
+            }
+        }
+        let waiting = in_flight.iter().any(Option::is_some);
+        let next_due = (0..connections)
+            .filter(|&index| in_flight[index].is_none() && due[index] < deadline)
+            .map(|index| due[index])
+            .min();
+        if (!waiting && next_due.is_none()) || now >= give_up {
+            break;
+        }
+        let wake = next_due.unwrap_or(give_up).min(give_up);
+        let timeout = wake.saturating_duration_since(Instant::now());
+        let timespec = nix::libc::timespec {
+            tv_sec: timeout.as_secs() as nix::libc::time_t,
+            tv_nsec: timeout.subsec_nanos() as nix::libc::c_long,
+        };
+        let mut fds: Vec<nix::libc::pollfd> = streams
+            .iter()
+            .map(|stream| nix::libc::pollfd {
+                fd: stream.as_raw_fd(),
+                events: nix::libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        // SAFETY: `fds` is a live array of the length passed; `timespec` a valid timeout.
+        let ready = unsafe {
+            nix::libc::ppoll(
+                fds.as_mut_ptr(),
+                fds.len() as nix::libc::nfds_t,
+                &timespec,
+                std::ptr::null(),
+            )
+        };
+        if ready <= 0 {
+            continue;
+        }
+        for (index, pollfd) in fds.iter().enumerate() {
+            if pollfd.revents == 0 {
+                continue;
+            }
+            match streams[index].read(&mut buf[received[index]..]) {
+                Ok(0) => anyhow::bail!("the echo server closed a connection"),
+                Ok(n) => received[index] += n,
+                Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => continue,
+                Err(err) => return Err(err).context("reading an answer"),
+            }
+            if received[index] == ECHO_BYTES
+                && let Some(was_due) = in_flight[index].take()
+            {
+                latencies.push(was_due.elapsed().as_micros().min(u32::MAX as u128) as u32);
+            }
+        }
+    }
+    let seconds = duration.as_secs_f64();
+    let behind = due
+        .iter()
+        .map(|next| {
+            let late = deadline.saturating_duration_since(*next);
+            (late.as_secs_f64() / period.as_secs_f64()).ceil() as u64
+        })
+        .sum::<u64>()
+        + in_flight.iter().filter(|f| f.is_some()).count() as u64;
+    for stream in &streams {
+        let _ = nix::sys::socket::setsockopt(
+            stream,
+            nix::sys::socket::sockopt::Linger,
+            &libc_linger_zero(),
+        );
+    }
+    latencies.sort_unstable();
+    let percentile = |p: f64| -> f64 {
+        match latencies.len() {
+            0 => 0.0,
+            n => f64::from(latencies[(((n - 1) as f64) * p).round() as usize]),
+        }
+    };
+    Ok(PacedReport {
+        exchanges: latencies.len() as u64,
+        seconds,
+        behind,
+        p50_us: percentile(0.50),
+        p99_us: percentile(0.99),
+    })
+}
+
 /// conntrack's multicast group of destroy events (`NFNLGRP_CONNTRACK_DESTROY`).
 const CONNTRACK_DESTROY_GROUP: u32 = 3;
 

@@ -71,6 +71,10 @@ enum Task {
         /// instead of opening new ones.
         #[arg(long)]
         echo_connections: Option<usize>,
+        /// With `--echo-connections`: this many exchanges per second in all, paced, with
+        /// the client's latency percentiles in the report.
+        #[arg(long)]
+        paced_rate: Option<u64>,
     },
 }
 
@@ -104,13 +108,18 @@ fn main() -> ExitCode {
             rate,
             seconds,
             echo_connections,
+            paced_rate,
         } => {
             let duration = std::time::Duration::from_secs_f64(seconds);
-            match echo_connections {
-                Some(connections) => {
+            match (echo_connections, paced_rate) {
+                (Some(connections), Some(paced)) => {
+                    load::paced_echo_client(target, duration, connections, paced)
+                        .and_then(|r| print_json(&r))
+                }
+                (Some(connections), None) => {
                     load::echo_client(target, duration, connections).and_then(|r| print_json(&r))
                 }
-                None => print_json(&load::client(target, rate, duration, 2)),
+                (None, _) => print_json(&load::client(target, rate, duration, 2)),
             }
         }
     };

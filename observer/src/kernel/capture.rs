@@ -600,6 +600,15 @@ impl Capture {
             .collect()
     }
 
+    /// Connections ever entered in the kernel's table (`counters::TRACKED`): the table
+    /// gains an entry only with this count.
+    pub fn tracked(&self) -> u64 {
+        self.counters
+            .get(&counters::TRACKED, 0)
+            .map(|values| values.iter().sum())
+            .unwrap_or(0)
+    }
+
     /// The programs' counters, summed over CPUs.
     pub fn counters(&self) -> Counters {
         let sum = |index: u32| -> u64 {

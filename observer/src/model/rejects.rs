@@ -39,6 +39,11 @@ pub struct RejectSweep {
 }
 
 impl RejectTracker {
+    /// No UDP socket is being followed (nothing a sweep could still write).
+    pub fn is_idle(&self) -> bool {
+        self.udp.is_empty()
+    }
+
     pub fn new(clock: Clock, idle_timeout: std::time::Duration) -> RejectTracker {
         RejectTracker {
             clock,

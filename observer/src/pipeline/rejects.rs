@@ -45,6 +45,13 @@ impl RejectSide {
     }
 }
 
+impl RejectSide {
+    /// Nothing drained at the last drain, followed or waiting for names.
+    pub fn is_quiet(&self) -> bool {
+        self.drained.is_empty() && self.waiting.is_empty() && self.tracker.is_idle()
+    }
+}
+
 impl Session {
     /// Reads the kernel's rejected-flow reports; writes new TCP attempts.
     pub(super) fn drain_rejects(&mut self) -> anyhow::Result<()> {

@@ -30,6 +30,9 @@ pub struct Setup<'a> {
     pub pod_to_pod: &'a dyn Fn() -> anyhow::Result<LoadReport>,
     /// One run of messages on a few kept connections through the DNAT.
     pub established: &'a dyn Fn() -> anyhow::Result<EchoReport>,
+    /// One run of paced messages on 100 kept connections through the DNAT
+    /// (`keepalive::RATE` per second).
+    pub keepalive: &'a dyn Fn() -> anyhow::Result<crate::load::PacedReport>,
 }
 
 /// One run with `observer record` attached.

@@ -87,7 +87,7 @@ pub(super) fn scan(named: &HashSet<NsId>, node_procs: &[PathBuf], scan: &mut Pod
         for proc in utses.values() {
             match hostname(&proc.join("ns/uts")) {
                 Ok(name) => hostnames.push(name),
-                Err(err) if vanished(&err) || exiting(&proc) => {}
+                Err(err) if vanished(&err) || exiting(proc) => {}
                 Err(err) => scan
                     .skipped
                     .push(format!("{}: {err}", proc.join("ns/uts").display())),

@@ -1,0 +1,179 @@
+//! `cargo xtask bench --only keepalive`: the seed's case at a fixed load, as peers
+//! publish it (Coroot: about 200 mCPU for its agent at 10,000 requests/s over 100
+//! keep-alive connections). 10,000 request-response exchanges per second (64 bytes each
+//! way) over 100 kept connections through a Service, with and without observer, in
+//! alternating rounds, `kernel.bpf_stats_enabled` on in all of them (so both pay the
+//! accounting). Reports the client's p50 and p99 latency, measured from when each
+//! exchange was due, and observer's CPU as % of a core: its programs (bpf_stats, gross:
+//! the accounting's own clock reads included) and its process (user + sys). Then an idle
+//! `observer record` (no traffic).
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+
+use super::{Recorder, cost, list, median, progstats, rounds, tempfile_dir};
+use crate::load::PacedReport;
+
+/// Exchanges per second in all, and kept connections.
+pub const RATE: u64 = 10_000;
+pub const CONNECTIONS: usize = 100;
+/// How long an idle observer is measured per round, after it settled.
+const IDLE: Duration = Duration::from_secs(10);
+const SETTLE: Duration = Duration::from_secs(2);
+
+/// One round with observer attached.
+struct Observed {
+    load: PacedReport,
+    /// Programs' ns and runs, and the process's CPU seconds, over `wall`.
+    programs_ns: u64,
+    program_runs: u64,
+    process_seconds: f64,
+    wall: f64,
+}
+
+impl Observed {
+    fn programs_percent(&self) -> f64 {
+        self.programs_ns as f64 / 1e9 / self.wall * 100.0
+    }
+
+    fn process_percent(&self) -> f64 {
+        self.process_seconds / self.wall * 100.0
+    }
+}
+
+pub fn report(setup: &cost::Setup<'_>) -> anyhow::Result<()> {
+    println!("load average before: {}", rounds::load_average()?);
+    let stats = progstats::StatsEnabled::new()?;
+    let (mut without, mut with) = (Vec::new(), Vec::new());
+    for round in 0..setup.rounds {
+        let observed_first = round % 2 == 1;
+        for observed in [observed_first, !observed_first] {
+            if observed {
+                with.push(observed_round(setup, |_| (setup.keepalive)())?);
+            } else {
+                without.push((setup.keepalive)()?);
+            }
+        }
+    }
+    let idle: Vec<Observed> = (0..3)
+        .map(|_| {
+            observed_round(setup, |_| {
+                std::thread::sleep(IDLE);
+                Ok(PacedReport::default())
+            })
+        })
+        .collect::<anyhow::Result<_>>()?;
+    drop(stats);
+    println!(
+        "keep-alive: {RATE} exchanges/s over {CONNECTIONS} kept DNATed connections (64 bytes each way), {} alternating rounds, kernel.bpf_stats_enabled on in all",
+        setup.rounds
+    );
+    let column = |reports: Vec<&PacedReport>| {
+        let p50: Vec<f64> = reports.iter().map(|r| r.p50_us).collect();
+        let p99: Vec<f64> = reports.iter().map(|r| r.p99_us).collect();
+        let mut rate: Vec<f64> = reports
+            .iter()
+            .map(|r| r.exchanges as f64 / r.seconds.max(1e-9))
+            .collect();
+        let behind: u64 = reports.iter().map(|r| r.behind).sum();
+        format!(
+            "p50 {:.0} us (rounds {}), p99 {:.0} us (rounds {}), {:.0} exchanges/s, {behind} exchanges behind",
+            median(&mut p50.clone()),
+            list(&p50),
+            median(&mut p99.clone()),
+            list(&p99),
+            median(&mut rate),
+        )
+    };
+    println!("  no observer: {}", column(without.iter().collect()));
+    println!(
+        "  observer:    {}",
+        column(with.iter().map(|o| &o.load).collect())
+    );
+    print_cpu("observer's CPU under that load", &with, true);
+    print_cpu(
+        &format!(
+            "an idle observer record (no traffic), 3 rounds of {} s",
+            IDLE.as_secs()
+        ),
+        &idle,
+        false,
+    );
+    println!("load average after: {}", rounds::load_average()?);
+    Ok(())
+}
+
+fn print_cpu(title: &str, rounds: &[Observed], per_exchange: bool) {
+    let programs: Vec<f64> = rounds.iter().map(Observed::programs_percent).collect();
+    let process: Vec<f64> = rounds.iter().map(Observed::process_percent).collect();
+    let total: Vec<f64> = rounds
+        .iter()
+        .map(|o| o.programs_percent() + o.process_percent())
+        .collect();
+    println!("  {title}, % of a core (medians; rounds):");
+    println!(
+        "    total {:.2}% ({}); programs {:.2}% ({}); process {:.2}% ({})",
+        median(&mut total.clone()),
+        list(&total),
+        median(&mut programs.clone()),
+        list(&programs),
+        median(&mut process.clone()),
+        list(&process)
+    );
+    if per_exchange {
+        let mut runs: Vec<f64> = rounds
+            .iter()
+            .map(|o| o.program_runs as f64 / o.load.exchanges.max(1) as f64)
+            .collect();
+        let mut ns: Vec<f64> = rounds
+            .iter()
+            .map(|o| o.programs_ns as f64 / o.program_runs.max(1) as f64)
+            .collect();
+        println!(
+            "    program runs per exchange {:.2}, ns per run {:.0}",
+            median(&mut runs),
+            median(&mut ns)
+        );
+    }
+}
+
+/// `load` with `observer record` attached, its programs' and process's CPU measured
+/// over the load.
+fn observed_round(
+    setup: &cost::Setup<'_>,
+    load: impl FnOnce(()) -> anyhow::Result<PacedReport>,
+) -> anyhow::Result<Observed> {
+    let dir = tempfile_dir()?;
+    let recorder = Recorder::start(setup.observer, &dir)?;
+    let pid = recorder.observer.pid();
+    std::thread::sleep(SETTLE);
+    let ids = progstats::program_ids(pid)?;
+    let (programs_before, cpu_before, started) = (
+        progstats::snapshot(&ids)?,
+        cost::cpu_seconds(pid)?,
+        Instant::now(),
+    );
+    let report = load(())?;
+    let (programs_after, cpu_after, wall) = (
+        progstats::snapshot(&ids)?,
+        cost::cpu_seconds(pid)?,
+        started.elapsed().as_secs_f64(),
+    );
+    recorder.stop().context("observer record")?;
+    let _ = std::fs::remove_dir_all(&dir);
+    let (mut programs_ns, mut program_runs) = (0, 0);
+    for (name, after) in &programs_after {
+        if let Some(before) = programs_before.get(name) {
+            programs_ns += after.ns.saturating_sub(before.ns);
+            program_runs += after.count_since(before);
+        }
+    }
+    Ok(Observed {
+        load: report,
+        programs_ns,
+        program_runs,
+        process_seconds: cpu_after - cpu_before,
+        wall,
+    })
+}

@@ -141,7 +141,8 @@ fn backend_note(b: &BackendStats) -> String {
     }
 }
 
-/// "10.244.1.12:8080 got 100% of requests, expected 33%": why a Service is skewed.
+/// "shop/checkout-a (10.244.1.12:8080) got 100% of requests, expected 33%": why a
+/// Service is skewed (the pod named where known, see `BackendStats::label`).
 pub fn skew_cause(detail: &SkewDetail<'_>) -> String {
     // Requests to backends outside the rules do not count (see `stats`); say so when
     // that makes the share differ from the table's.
@@ -152,7 +153,7 @@ pub fn skew_cause(detail: &SkewDetail<'_>) -> String {
     };
     format!(
         "{} got {} of {of}, expected {}",
-        detail.backend.backend,
+        detail.backend.label(true),
         percent(detail.share),
         detail
             .backend
@@ -193,31 +194,34 @@ fn render_service(s: &ServiceStats) -> String {
         let _ = writeln!(
             out,
             "  ! stale: {} is no longer an endpoint; {} pinned to it ({} still open)",
-            b.backend,
+            b.label(true),
             plural(b.connections, "connection"),
             b.active,
         );
     }
-    for line in failure_lines(s) {
+    for line in failure_lines(s, true) {
         let _ = writeln!(out, "  ! {line}");
     }
     out
 }
 
 /// "7 refused by 10.244.1.13:8080 (nothing listens)", "5 rejected: no endpoints": what
-/// went wrong for the Service's connections, per backend, then the rejected ones.
-pub fn failure_lines(s: &ServiceStats) -> Vec<String> {
+/// went wrong for the Service's connections, per backend (by pod where known and
+/// `names`), then the rejected ones.
+pub fn failure_lines(s: &ServiceStats, names: bool) -> Vec<String> {
     let mut lines = Vec::new();
     for b in s.backends.iter().filter(|b| b.outcomes.refused > 0) {
         lines.push(format!(
             "{} refused by {} (nothing listens)",
-            b.outcomes.refused, b.backend
+            b.outcomes.refused,
+            b.label(names)
         ));
     }
     for b in s.backends.iter().filter(|b| b.outcomes.unanswered > 0) {
         lines.push(format!(
             "{} unanswered by {} (nothing came back)",
-            b.outcomes.unanswered, b.backend
+            b.outcomes.unanswered,
+            b.label(names)
         ));
     }
     if s.rejected > 0 {
@@ -406,6 +410,36 @@ shop/checkout:http (tcp, ClusterIP 10.96.35.226:80): 1 connection, 0 active, 30 
         assert_eq!(
             render("keepalive.jsonl", recording.summary.as_ref(), &services),
             expected
+        );
+    }
+
+    #[test]
+    fn sentences_name_the_pod_where_it_is_known_and_addresses_with_addresses() {
+        let (recording, mut services) = fixture("keepalive.jsonl");
+        services[0].backends[0].pod = Some("shop/checkout-a".into());
+        services[0].backends[0].outcomes.refused = 2;
+        let text = render("keepalive.jsonl", recording.summary.as_ref(), &services);
+        assert!(
+            text.contains(
+                "  ! skew 3.00x: shop/checkout-a (10.244.1.12:8080) got 100% of requests, expected 33%\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "  ! 2 refused by shop/checkout-a (10.244.1.12:8080) (nothing listens)\n"
+            ),
+            "{text}"
+        );
+        without_pod_names(&mut services);
+        let text = render("keepalive.jsonl", recording.summary.as_ref(), &services);
+        assert!(
+            text.contains("  ! skew 3.00x: 10.244.1.12:8080 got 100% of requests, expected 33%\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("  ! 2 refused by 10.244.1.12:8080 (nothing listens)\n"),
+            "{text}"
         );
     }
 
@@ -616,7 +650,7 @@ shop/checkout:http (tcp, ClusterIP 10.96.35.226:80, NodePort :30080): 3 connecti
   backend           pod              conns  active  requests  share                          expected    p50    p90    max  to backend  from backend
   10.244.1.12:8080  shop/checkout-a      2       0         3    75%  [###############.....]       50%  1.00s  1.00s  1.00s       195 B         540 B
   10.244.1.13:8080  shop/checkout-b      1       0         1    25%  [#####...............]       50%  1.00s  1.00s  1.00s        65 B         180 B
-  ! skew 1.50x: 10.244.1.12:8080 got 75% of requests, expected 50%"
+  ! skew 1.50x: shop/checkout-a (10.244.1.12:8080) got 75% of requests, expected 50%"
         );
     }
 

@@ -94,6 +94,17 @@ pub struct SkewDetail<'a> {
     pub skew: f64,
 }
 
+impl BackendStats {
+    /// How a sentence names it: `namespace/pod (ip:port)` when its pod is known and
+    /// `names` (not `--addresses`, or the view's `n`), else `ip:port`.
+    pub fn label(&self, names: bool) -> String {
+        match self.pod.as_deref() {
+            Some(pod) if names => format!("{pod} ({})", self.backend),
+            _ => self.backend.to_string(),
+        }
+    }
+}
+
 impl ServiceStats {
     /// The backend with the highest share / expected share (the first one on ties);
     /// `None` when no backend with a positive expected share got a request.

@@ -46,7 +46,9 @@ pub(super) fn service_screen(
             yellow,
         ));
     }
-    let failures = app.shown_service().map(|row| failure_lines(&row.stats));
+    let failures = app
+        .shown_service()
+        .map(|row| failure_lines(&row.stats, names));
     let red = Style::default().fg(Color::Red);
     for failure in failures.unwrap_or_default().iter().take(FAILURE_MARKS) {
         lines.push(Line::styled(truncate(&format!("! {failure}"), width), red));

@@ -27,9 +27,6 @@ pub struct KernelOffsets {
     pub ct_tcp_state: u32,
     /// `struct nf_conn`: `ct_general.use` (refcount_t, 4 bytes): 0 once the entry is freed
     pub ct_use: u32,
-    /// `struct nf_conn`: `timeout` (u32): once confirmed, the jiffies (low 32 bits) at
-    /// which the entry expires
-    pub ct_timeout: u32,
     /// `struct net`: `ns.inum`
     pub net_ns_inum: u32,
     /// `struct nf_conntrack_tuple`: `src.u3`, `src.u.all`, `src.l3num`
@@ -44,7 +41,7 @@ pub struct KernelOffsets {
     pub valid: u32,
 }
 
-const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 22 * 4);
+const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 21 * 4);
 
 /// `struct nf_conntrack_tuple` as every kernel since 2.6 lays it out: the programs read
 /// a tuple with one read into this. User space refuses to load on a kernel whose BTF
@@ -111,8 +108,6 @@ pub mod status {
     /// `IPS_SEEN_REPLY_BIT`: the entry has seen a packet in the reply direction.
     pub const SEEN_REPLY_BIT: u64 = 1;
     pub const DST_NAT_BIT: u64 = 5;
-    /// `IPS_CONFIRMED_BIT`: the entry is in conntrack's table (its `timeout` is absolute).
-    pub const CONFIRMED_BIT: u64 = 3;
     /// `IPS_DYING_BIT`: the entry was deleted (flush, delete, garbage collection).
     pub const DYING_BIT: u64 = 9;
 }

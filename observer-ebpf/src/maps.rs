@@ -31,7 +31,6 @@ pub static OFFSETS: KernelOffsets = KernelOffsets {
     ct_net: 0,
     ct_tcp_state: 0,
     ct_use: 0,
-    ct_timeout: 0,
     net_ns_inum: 0,
     tuple_src_addr: 0,
     tuple_src_port: 0,

@@ -1,7 +1,7 @@
 //! `revalidate`: attached to no hook. User space runs it with `BPF_PROG_TEST_RUN` about
 //! ten times a second to learn which tracked connections ended without a FIN or RST:
 //! their conntrack entry was flushed (`conntrack -F`), deleted (`conntrack -D`), timed
-//! out, or freed and its memory reused. That is what conntrack's destroy events would
+//! out (once conntrack reaps it), or freed and its memory reused. That is what conntrack's destroy events would
 //! say, without subscribing to them: while anyone listens to those, conntrack builds a
 //! netlink message at the end of every connection of the node, Service or not
 //! (docs/benchmarks.md prices it). Where this program cannot load (before Linux 5.17,
@@ -26,11 +26,7 @@
 
 use core::ffi::c_void;
 
-use aya_ebpf::{
-    helpers::{bpf_jiffies64, bpf_loop},
-    macros::raw_tracepoint,
-    programs::RawTracePointContext,
-};
+use aya_ebpf::{helpers::bpf_loop, macros::raw_tracepoint, programs::RawTracePointContext};
 use observer_common::{
     conn::{ConnState, FlowTuple, GONE_MARK},
     offsets::status,
@@ -48,14 +44,12 @@ pub fn revalidate(ctx: RawTracePointContext) -> i32 {
     }
     // The first argument: how many slots of `CHECKED` user space filled.
     let listed: u64 = ctx.arg(0);
-    // SAFETY: bpf_jiffies64 has no preconditions.
-    let mut jiffies = unsafe { bpf_jiffies64() };
-    // SAFETY: `check` has the callback's prototype, and `jiffies` outlives the call.
+    // SAFETY: `check` has the callback's prototype and reads no context.
     unsafe {
         bpf_loop(
             listed as u32,
             check as *mut c_void,
-            (&raw mut jiffies).cast(),
+            core::ptr::null_mut(),
             0,
         )
     };
@@ -65,12 +59,12 @@ pub fn revalidate(ctx: RawTracePointContext) -> i32 {
 /// Slot `index` of `CHECKED`: marks it when its connection's entry is gone. A
 /// connection no longer in `CONNS` ended with a close event of its own.
 #[inline(never)]
-extern "C" fn check(index: u64, jiffies: *mut u64) -> i64 {
+extern "C" fn check(index: u64, _context: *mut c_void) -> i64 {
     let Some(slot) = CHECKED.get_ptr_mut(index as u32) else {
         return 1;
     };
-    // SAFETY: a live map value, and the caller's context.
-    let (conntrack, now) = unsafe { (*slot, *jiffies) };
+    // SAFETY: a live map value.
+    let conntrack = unsafe { *slot };
     if conntrack == 0 || conntrack & GONE_MARK != 0 {
         return 0;
     }
@@ -78,7 +72,7 @@ extern "C" fn check(index: u64, jiffies: *mut u64) -> i64 {
         return 0;
     };
     // A failed read (counted) proves nothing: the connection stays.
-    if matches!(gone(conntrack, state, now), Ok(true)) {
+    if matches!(gone(conntrack, state), Ok(true)) {
         // SAFETY: a live map value.
         unsafe { *slot = conntrack | GONE_MARK };
     }
@@ -86,10 +80,14 @@ extern "C" fn check(index: u64, jiffies: *mut u64) -> i64 {
 }
 
 /// Whether the `nf_conn` at `conntrack` no longer holds the tracked connection: freed
-/// (no references), dying (deleted), confirmed and past its timeout (conntrack reaps
-/// such entries lazily), or holding another tuple (its memory was reused).
+/// (no references), dying (deleted: `conntrack -D`, a flush, or conntrack's garbage
+/// collection of a timed-out entry, whose destroy event it would send then), or holding
+/// another tuple (its memory was reused). An entry merely past its timeout is not gone
+/// yet: conntrack reaps it lazily, and its destroy event would come then too. Ending it
+/// earlier would race observer's own idle timeout, which conntrack's UDP timeout equals
+/// by default (30 s), and turn a `timeout` into an `expired`.
 #[inline(always)]
-fn gone(conntrack: u64, state: *const ConnState, jiffies: u64) -> Result<bool, ReadFailed> {
+fn gone(conntrack: u64, state: *const ConnState) -> Result<bool, ReadFailed> {
     let users: u32 = read(conntrack, offset!(ct_use))?;
     if users == 0 {
         return Ok(true);
@@ -97,13 +95,6 @@ fn gone(conntrack: u64, state: *const ConnState, jiffies: u64) -> Result<bool, R
     let flags: u64 = read(conntrack, offset!(ct_status))?;
     if flags & (1 << status::DYING_BIT) != 0 {
         return Ok(true);
-    }
-    if flags & (1 << status::CONFIRMED_BIT) != 0 {
-        // `nf_ct_is_expired`: the entry's 32-bit jiffies deadline has passed.
-        let timeout: u32 = read(conntrack, offset!(ct_timeout))?;
-        if timeout.wrapping_sub(jiffies as u32) as i32 <= 0 {
-            return Ok(true);
-        }
     }
     let mut current = FlowTuple::default();
     read_original(conntrack, &mut current)?;

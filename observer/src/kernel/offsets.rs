@@ -65,7 +65,6 @@ pub fn kernel_offsets(btf: &Btf) -> Result<KernelOffsets, BtfError> {
             net,
             tcp_state,
             use_count,
-            timeout,
         ],
     ) = offsets(
         btf,
@@ -78,7 +77,6 @@ pub fn kernel_offsets(btf: &Btf) -> Result<KernelOffsets, BtfError> {
             ("proto.tcp.state", 1),
             // refcount_t (hooks/revalidate.rs).
             ("ct_general.use", 4),
-            ("timeout", 4),
         ],
     )?;
     let (_, [ns_inum]) = offsets(btf, "net", [("ns.inum", 4)])?;
@@ -89,7 +87,6 @@ pub fn kernel_offsets(btf: &Btf) -> Result<KernelOffsets, BtfError> {
         ct_net: net,
         ct_tcp_state: tcp_state,
         ct_use: use_count,
-        ct_timeout: timeout,
         net_ns_inum: ns_inum,
         tuple_src_addr: src_addr,
         tuple_src_port: src_port,
@@ -174,7 +171,7 @@ pub fn netfilter_drop_reason(btf: &Btf) -> u32 {
 /// Every offset as `struct.member.path=bytes`, in C's notation, space-separated: what
 /// `observer` logs at debug level so other tools can check it against their own reading.
 pub fn describe(o: &KernelOffsets) -> String {
-    let pairs: [(&str, u32); 21] = [
+    let pairs: [(&str, u32); 20] = [
         ("sk_buff._nfct", o.skb_nfct),
         ("sk_buff.head", o.skb_head),
         ("sk_buff.data", o.skb_data),
@@ -188,7 +185,6 @@ pub fn describe(o: &KernelOffsets) -> String {
         ("nf_conn.ct_net.net", o.ct_net),
         ("nf_conn.proto.tcp.state", o.ct_tcp_state),
         ("nf_conn.ct_general.use", o.ct_use),
-        ("nf_conn.timeout", o.ct_timeout),
         ("net.ns.inum", o.net_ns_inum),
         ("nf_conntrack_tuple.src.u3", o.tuple_src_addr),
         ("nf_conntrack_tuple.src.u.all", o.tuple_src_port),
@@ -286,7 +282,7 @@ mod tests {
                 ),
                 (104, 32, 128, 136, 224)
             );
-            assert_eq!((off.ct_use, off.ct_timeout), (0, 8));
+            assert_eq!(off.ct_use, 0);
         }
         assert_eq!(btf.tracepoint_args("kfree_skb"), Some(4));
         assert!(netfilter_drop_reason(&btf) > 0);
@@ -297,7 +293,7 @@ mod tests {
         let data = std::fs::read(Btf::SYS_FS).expect("this kernel exposes /sys/kernel/btf/vmlinux");
         let off = kernel_offsets(&Btf::parse(&data).unwrap()).unwrap();
         let text = describe(&off);
-        assert_eq!(text.split(' ').count(), 21);
+        assert_eq!(text.split(' ').count(), 20);
         assert!(text.starts_with(&format!("sk_buff._nfct={} ", off.skb_nfct)));
         assert!(text.contains(&format!(
             " nf_conn.tuplehash[1].tuple={} ",

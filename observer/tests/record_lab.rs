@@ -422,17 +422,23 @@ const BPF_PROG_TYPE_CGROUP_SKB: u32 = 8;
 const BPF_PROG_TYPE_RAW_TRACEPOINT: u32 = 17;
 const BPF_PROG_TYPE_TRACING: u32 = 26;
 
-/// Asserts that observer holds the two cgroup_skb programs and `tracing` (`what`): on
-/// `net_dev_queue`, a BTF or raw tracepoint program, and on `skb:kfree_skb` a BTF
-/// tracepoint program where the kernel's BTF is there.
+/// Asserts that observer holds the two cgroup_skb programs, the revalidation program (a
+/// raw tracepoint program, loaded and run but attached to nothing: this kernel has
+/// `bpf_loop`) and `tracing` (`what`): on `net_dev_queue`, a BTF or raw tracepoint
+/// program, and on `skb:kfree_skb` a BTF tracepoint program where the kernel's BTF is
+/// there.
 fn assert_programs(recorder: &Recorder, tracing: &[u32], what: &str) {
-    let mut expected = vec![BPF_PROG_TYPE_CGROUP_SKB, BPF_PROG_TYPE_CGROUP_SKB];
+    let mut expected = vec![
+        BPF_PROG_TYPE_CGROUP_SKB,
+        BPF_PROG_TYPE_CGROUP_SKB,
+        BPF_PROG_TYPE_RAW_TRACEPOINT,
+    ];
     expected.extend_from_slice(tracing);
     expected.sort();
     assert_eq!(
         program_types(recorder.pid()),
         expected,
-        "{what} and the two cgroup_skb programs"
+        "{what}, the revalidation program and the two cgroup_skb programs"
     );
 }
 

@@ -277,6 +277,10 @@ fn map_checked(ebpf: &mut Ebpf, max_connections: u32) -> Result<MappedArray, Cap
 /// The program that finds connections whose conntrack entry is gone.
 const REVALIDATE: &str = "revalidate";
 
+/// What observer logs (debug) once the revalidation program loaded: one more program
+/// than it attaches (`cargo xtask kernels` counts them).
+pub const REVALIDATION_LOADED: &str = "the revalidation program loaded (run, not attached)";
+
 /// Loads the revalidation program (run, never attached); on failure, a sentence saying
 /// why.
 fn load_revalidate(ebpf: &mut Ebpf) -> Result<(), String> {
@@ -423,10 +427,11 @@ impl Capture {
             ),
         }
         let revalidation_refused = load_revalidate(&mut ebpf).err();
-        if let Some(reason) = &revalidation_refused {
-            log::debug!(
+        match &revalidation_refused {
+            Some(reason) => log::debug!(
                 "the kernel refused the revalidation program ({reason}): conntrack's destroy events say when entries go"
-            );
+            ),
+            None => log::debug!("{REVALIDATION_LOADED}"),
         }
         let load_error = |err: aya::maps::MapError| CaptureError::Load(error_chain(&err));
         let events = poll_ring_buffer(&mut ebpf, "EVENTS")?;

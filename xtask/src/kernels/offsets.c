@@ -20,6 +20,7 @@ void offsets(void) {
     P(nf_conn, status);
     P(nf_conn, ct_net.net);
     P(nf_conn, proto.tcp.state);
+    P(nf_conn, ct_general.use);
     P(net, ns.inum);
     P(nf_conntrack_tuple, src.u3);
     P(nf_conntrack_tuple, src.u.all);

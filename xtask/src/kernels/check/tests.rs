@@ -76,6 +76,26 @@ fn a_report_where_everything_holds_passes() {
 }
 
 #[test]
+fn the_revalidation_program_counts_as_loaded_where_observer_said_it_loaded() {
+    let report = good().replace(
+        "STDERR nftables [DEBUG] net_dev_queue attached as a BTF tracepoint",
+        "STDERR nftables [DEBUG] net_dev_queue attached as a BTF tracepoint\nSTDERR nftables [2026-12-03T08:23:41Z DEBUG observer::kernel::capture] the revalidation program loaded (run, not attached)",
+    );
+    assert_eq!(
+        check(&report, &expected()),
+        vec!["nftables: not attached and detached cleanly: observer attached Some(2) programs; bpftool counted before, during, after, pinned objects: [1, 3, 1, 0]".to_owned()]
+    );
+    let report = report.replace("PROGS nftables 1 3 1 0", "PROGS nftables 1 4 1 0");
+    assert_eq!(check(&report, &expected()), Vec::<String>::new());
+    // A debug line quoting the verifier's errno is no bare errno.
+    let report = good().replace(
+        "STDERR without-ctnetlink observer: attached",
+        "STDERR without-ctnetlink [2026-12-03T08:23:41Z DEBUG observer::kernel::capture] the kernel refused the revalidation program (the BPF_PROG_LOAD syscall returned Invalid argument (os error 22))\nSTDERR without-ctnetlink observer: attached",
+    );
+    assert_eq!(check(&report, &expected()), Vec::<String>::new());
+}
+
+#[test]
 fn each_wrong_fact_is_one_line_naming_it() {
     let cases: [(&str, &str, &str); 15] = [
         ("DONE", "", "the guest did not finish its scenarios"),

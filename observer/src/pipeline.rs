@@ -296,7 +296,7 @@ impl Session {
             && self
                 .follower
                 .as_ref()
-                .is_none_or(|f| f.matcher.all_kernel_connections().is_empty())
+                .is_none_or(|f| !f.matcher.follows_kernel_connections())
             && self.held.is_empty()
             && self.rejects.is_quiet()
     }

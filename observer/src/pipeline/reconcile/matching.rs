@@ -193,6 +193,11 @@ impl ConntrackMatcher {
         std::mem::take(&mut self.superseded)
     }
 
+    /// Whether the kernel programs follow any connection.
+    pub fn follows_kernel_connections(&self) -> bool {
+        !self.kernel.is_empty()
+    }
+
     /// Every connection the kernel programs follow.
     pub fn all_kernel_connections(&self) -> Vec<(ConnId, CtKey)> {
         self.kernel.iter().map(|(key, id)| (*id, *key)).collect()

@@ -657,18 +657,50 @@ fn drain<T: decode::KernelRecord>(
 
 /// An error and its sources on one line.
 fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
+    let mut text = one_line(&err.to_string());
     let mut source = err.source();
     while let Some(cause) = source {
         text.push_str(": ");
-        text.push_str(&cause.to_string());
+        text.push_str(&one_line(&cause.to_string()));
         source = cause.source();
     }
     text
 }
 
+/// How many of a verifier log's last lines an error keeps: the verdict is at its end.
+const VERIFIER_LINES_KEPT: usize = 3;
+
+/// A message folded onto one line. Aya's load errors carry the verifier's log, one
+/// line per instruction; only its last lines, which give the verdict, are kept.
+fn one_line(message: &str) -> String {
+    let lines: Vec<&str> = message
+        .lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty())
+        .collect();
+    match lines.split_first() {
+        None => String::new(),
+        Some((first, rest)) if rest.len() > VERIFIER_LINES_KEPT => format!(
+            "{first} ... {}",
+            rest[rest.len() - VERIFIER_LINES_KEPT..].join(" / ")
+        ),
+        Some(_) => lines.join(" / "),
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_verifier_log_is_folded_onto_one_line_keeping_its_verdict() {
+        let log = "the BPF_PROG_LOAD syscall failed. Verifier output: 0: (b7) r0 = 0\n1: (95) exit\n2: x\nprocessed 2 insns\nnumber of funcs in func_info doesn't match number of subprogs\n";
+        assert_eq!(
+            super::one_line(log),
+            "the BPF_PROG_LOAD syscall failed. Verifier output: 0: (b7) r0 = 0 ... 2: x / processed 2 insns / number of funcs in func_info doesn't match number of subprogs"
+        );
+        assert_eq!(super::one_line("a\n\nb\n"), "a / b");
+        assert_eq!(super::one_line("plain"), "plain");
+    }
+
     #[test]
     fn the_tick_is_a_jiffy() {
         // HZ is 100 to 1000 on every kernel configuration.

@@ -358,9 +358,13 @@ fn median(values: &mut [f64]) -> f64 {
 }
 
 fn list(values: &[f64]) -> String {
+    list_decimals(values, 0)
+}
+
+fn list_decimals(values: &[f64], decimals: usize) -> String {
     values
         .iter()
-        .map(|v| format!("{v:.0}"))
+        .map(|v| format!("{v:.decimals$}"))
         .collect::<Vec<_>>()
         .join(" ")
 }

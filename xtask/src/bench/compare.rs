@@ -166,16 +166,13 @@ fn kernel_round(setup: &cost::Setup<'_>, binary: &Path) -> anyhow::Result<Kernel
     let end = progstats::snapshot(&ids)?;
     recorder.stop()?;
     let _ = std::fs::remove_dir_all(&dir);
-    let since = |later: &progstats::Runs, earlier: &progstats::Runs| progstats::Runs {
-        ns: later.ns.saturating_sub(earlier.ns),
-        count: later.count_since(earlier),
-    };
-    let programs = end
-        .iter()
-        .filter_map(|(name, last)| {
-            let (first, mid) = (start.get(name)?, middle.get(name)?);
-            Some((name.clone(), [since(mid, first), since(last, mid)]))
-        })
+    let (dnat_runs, echo_runs) = (
+        progstats::since(&middle, &start),
+        progstats::since(&end, &middle),
+    );
+    let programs = echo_runs
+        .into_iter()
+        .filter_map(|(name, echo)| Some((name.clone(), [*dnat_runs.get(&name)?, echo])))
         .collect();
     Ok(KernelRound {
         programs,

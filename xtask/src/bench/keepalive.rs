@@ -5,14 +5,18 @@
 //! alternating rounds, `kernel.bpf_stats_enabled` on in all of them (so both pay the
 //! accounting). Reports the client's p50 and p99 latency, measured from when each
 //! exchange was due, and observer's CPU as % of a core: its programs (bpf_stats, gross:
-//! the accounting's own clock reads included) and its process (user + sys). Then an idle
-//! `observer record` (no traffic).
+//! the accounting's own clock reads included; and net of them, less what empty programs
+//! on the same hooks measure under the same load) and its process (user + sys). Then an
+//! idle `observer record` (no traffic).
 
-use std::time::{Duration, Instant};
+use std::{
+    collections::BTreeMap,
+    time::{Duration, Instant},
+};
 
 use anyhow::Context as _;
 
-use super::{Recorder, cost, list, median, progstats, rounds, tempfile_dir};
+use super::{Recorder, cost, list, list_decimals, median, progstats, rounds, tempfile_dir};
 use crate::load::PacedReport;
 
 /// Exchanges per second in all, and kept connections.
@@ -25,20 +29,79 @@ const SETTLE: Duration = Duration::from_secs(2);
 /// One round with observer attached.
 struct Observed {
     load: PacedReport,
-    /// Programs' ns and runs, and the process's CPU seconds, over `wall`.
-    programs_ns: u64,
-    program_runs: u64,
+    /// Each program's ns and runs, and the process's CPU seconds, over `wall`.
+    programs: BTreeMap<String, progstats::Runs>,
     process_seconds: f64,
     wall: f64,
 }
 
 impl Observed {
+    fn programs_ns(&self) -> u64 {
+        self.programs.values().map(|runs| runs.ns).sum()
+    }
+
+    fn program_runs(&self) -> u64 {
+        self.programs.values().map(|runs| runs.count).sum()
+    }
+
     fn programs_percent(&self) -> f64 {
-        self.programs_ns as f64 / 1e9 / self.wall * 100.0
+        self.programs_ns() as f64 / 1e9 / self.wall * 100.0
+    }
+
+    /// The programs' CPU net of bpf_stats' own: each run less what an empty program
+    /// on the same hook measured (`floor`, ns per run).
+    fn programs_net_percent(&self, floor: &Floor) -> f64 {
+        let net: f64 = self
+            .programs
+            .iter()
+            .map(|(name, runs)| runs.ns as f64 - runs.count as f64 * floor.of(name))
+            .sum();
+        net.max(0.0) / 1e9 / self.wall * 100.0
     }
 
     fn process_percent(&self) -> f64 {
         self.process_seconds / self.wall * 100.0
+    }
+}
+
+/// ns per run of the empty programs (`progstats::FloorPrograms`) under the same load:
+/// what bpf_stats measures for a program that does nothing, per hook.
+struct Floor {
+    dev_queue: f64,
+    ingress: f64,
+    egress: f64,
+}
+
+impl Floor {
+    /// The floor of observer's program `name` (bpftool's name, cut at 15 bytes): the
+    /// tracepoint programs (`net_dev_queue`, its raw fallback, `kfree_skb`'s and the
+    /// revalidation program run by test runs) take the raw tracepoint's.
+    fn of(&self, name: &str) -> f64 {
+        match name {
+            "local_delivery" => self.ingress,
+            "dns_egress" => self.egress,
+            _ => self.dev_queue,
+        }
+    }
+
+    /// One round of the load with only the empty programs attached.
+    fn measure(setup: &cost::Setup<'_>) -> anyhow::Result<Floor> {
+        let programs = progstats::FloorPrograms::attach()?;
+        let before = progstats::snapshot(&programs.ids)?;
+        (setup.keepalive)()?;
+        let after = progstats::snapshot(&programs.ids)?;
+        drop(programs);
+        let per_run = |name: &str| -> anyhow::Result<f64> {
+            let (Some(after), Some(before)) = (after.get(name), before.get(name)) else {
+                anyhow::bail!("the empty program {name} is missing");
+            };
+            Ok(after.per_run_since(before))
+        };
+        Ok(Floor {
+            dev_queue: per_run("floor_dev_queue")?,
+            ingress: per_run("floor_ingress")?,
+            egress: per_run("floor_egress")?,
+        })
     }
 }
 
@@ -64,6 +127,7 @@ pub fn report(setup: &cost::Setup<'_>) -> anyhow::Result<()> {
             })
         })
         .collect::<anyhow::Result<_>>()?;
+    let floor = Floor::measure(setup)?;
     drop(stats);
     println!(
         "keep-alive: {RATE} exchanges/s over {CONNECTIONS} kept DNATed connections (64 bytes each way), {} alternating rounds, kernel.bpf_stats_enabled on in all",
@@ -91,50 +155,78 @@ pub fn report(setup: &cost::Setup<'_>) -> anyhow::Result<()> {
         "  observer:    {}",
         column(with.iter().map(|o| &o.load).collect())
     );
-    print_cpu("observer's CPU under that load", &with, true);
+    print_cpu("observer's CPU under that load", &with, &floor, true);
     print_cpu(
         &format!(
             "an idle observer record (no traffic), 3 rounds of {} s",
             IDLE.as_secs()
         ),
         &idle,
+        &floor,
         false,
     );
     println!("load average after: {}", rounds::load_average()?);
     Ok(())
 }
 
-fn print_cpu(title: &str, rounds: &[Observed], per_exchange: bool) {
-    let programs: Vec<f64> = rounds.iter().map(Observed::programs_percent).collect();
-    let process: Vec<f64> = rounds.iter().map(Observed::process_percent).collect();
-    let total: Vec<f64> = rounds
-        .iter()
-        .map(|o| o.programs_percent() + o.process_percent())
-        .collect();
+fn print_cpu(title: &str, rounds: &[Observed], floor: &Floor, per_exchange: bool) {
+    let figure = |of: &dyn Fn(&Observed) -> f64| {
+        let values: Vec<f64> = rounds.iter().map(of).collect();
+        format!(
+            "{:.2}% ({})",
+            median(&mut values.clone()),
+            list_decimals(&values, 2)
+        )
+    };
     println!("  {title}, % of a core (medians; rounds):");
     println!(
-        "    total {:.2}% ({}); programs {:.2}% ({}); process {:.2}% ({})",
-        median(&mut total.clone()),
-        list(&total),
-        median(&mut programs.clone()),
-        list(&programs),
-        median(&mut process.clone()),
-        list(&process)
+        "    gross: total {}; programs {}; process {}",
+        figure(&|o| o.programs_percent() + o.process_percent()),
+        figure(&Observed::programs_percent),
+        figure(&Observed::process_percent),
+    );
+    println!(
+        "    net of bpf_stats (empty programs: {:.0} ns per run on net_dev_queue, {:.0} on cgroup ingress, {:.0} on egress): total {}; programs {}",
+        floor.dev_queue,
+        floor.ingress,
+        floor.egress,
+        figure(&|o| o.programs_net_percent(floor) + o.process_percent()),
+        figure(&|o| o.programs_net_percent(floor)),
     );
     if per_exchange {
         let mut runs: Vec<f64> = rounds
             .iter()
-            .map(|o| o.program_runs as f64 / o.load.exchanges.max(1) as f64)
+            .map(|o| o.program_runs() as f64 / o.load.exchanges.max(1) as f64)
             .collect();
         let mut ns: Vec<f64> = rounds
             .iter()
-            .map(|o| o.programs_ns as f64 / o.program_runs.max(1) as f64)
+            .map(|o| o.programs_ns() as f64 / o.program_runs().max(1) as f64)
             .collect();
         println!(
-            "    program runs per exchange {:.2}, ns per run {:.0}",
+            "    program runs per exchange {:.2}, ns per run {:.0}; per program, ns per run and runs per exchange:",
             median(&mut runs),
             median(&mut ns)
         );
+        for name in rounds
+            .first()
+            .map(|o| o.programs.keys())
+            .into_iter()
+            .flatten()
+        {
+            let mut ns: Vec<f64> = Vec::new();
+            let mut runs: Vec<f64> = Vec::new();
+            for round in rounds {
+                if let Some(program) = round.programs.get(name) {
+                    ns.push(program.ns as f64 / program.count.max(1) as f64);
+                    runs.push(program.count as f64 / round.load.exchanges.max(1) as f64);
+                }
+            }
+            println!(
+                "      {name:<16} {:>6.0} ns  {:>5.2} runs",
+                median(&mut ns),
+                median(&mut runs)
+            );
+        }
     }
 }
 
@@ -162,17 +254,9 @@ fn observed_round(
     );
     recorder.stop().context("observer record")?;
     let _ = std::fs::remove_dir_all(&dir);
-    let (mut programs_ns, mut program_runs) = (0, 0);
-    for (name, after) in &programs_after {
-        if let Some(before) = programs_before.get(name) {
-            programs_ns += after.ns.saturating_sub(before.ns);
-            program_runs += after.count_since(before);
-        }
-    }
     Ok(Observed {
         load: report,
-        programs_ns,
-        program_runs,
+        programs: progstats::since(&programs_after, &programs_before),
         process_seconds: cpu_after - cpu_before,
         wall,
     })

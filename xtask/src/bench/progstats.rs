@@ -47,6 +47,24 @@ impl Runs {
     }
 }
 
+/// Each program's runs between two snapshots (programs in both).
+pub fn since(
+    later: &BTreeMap<String, Runs>,
+    earlier: &BTreeMap<String, Runs>,
+) -> BTreeMap<String, Runs> {
+    later
+        .iter()
+        .filter_map(|(name, after)| {
+            let before = earlier.get(name)?;
+            let runs = Runs {
+                ns: after.ns.saturating_sub(before.ns),
+                count: after.count_since(before),
+            };
+            Some((name.clone(), runs))
+        })
+        .collect()
+}
+
 /// The BPF program ids process `pid` holds open.
 pub fn program_ids(pid: u32) -> anyhow::Result<Vec<u32>> {
     let mut ids = Vec::new();

@@ -73,13 +73,11 @@ struct Floor {
 }
 
 impl Floor {
-    /// The floor of observer's program `name` (bpftool's name, cut at 15 bytes): the
-    /// tracepoint programs (`net_dev_queue`, its raw fallback, `kfree_skb`'s and the
-    /// revalidation program run by test runs) take the raw tracepoint's.
+    /// The floor of observer's program `name`.
     fn of(&self, name: &str) -> f64 {
-        match name {
-            "local_delivery" => self.ingress,
-            "dns_egress" => self.egress,
+        match progstats::floor_of(name) {
+            "floor_ingress" => self.ingress,
+            "floor_egress" => self.egress,
             _ => self.dev_queue,
         }
     }

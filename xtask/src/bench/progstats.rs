@@ -105,6 +105,18 @@ pub fn snapshot(ids: &[u32]) -> anyhow::Result<BTreeMap<String, Runs>> {
     Ok(programs)
 }
 
+/// The empty program (`FloorPrograms`) on the hook of observer's program `name`
+/// (bpftool's name, cut at 15 bytes). The tracepoint programs (`net_dev_queue`, its raw
+/// fallback, `kfree_skb`'s, and the revalidation program run by test runs) take the raw
+/// tracepoint's.
+pub fn floor_of(name: &str) -> &'static str {
+    match name {
+        "local_delivery" => "floor_ingress",
+        "dns_egress" => "floor_egress",
+        _ => "floor_dev_queue",
+    }
+}
+
 /// Empty programs on observer's hooks (`empty_programs.py`): their ns per run is the
 /// floor of `kernel.bpf_stats_enabled` on this machine, what running any program at all
 /// costs there (the accounting's own clock reads included). Detached on drop.

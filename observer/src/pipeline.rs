@@ -315,6 +315,11 @@ impl Session {
     }
 
     fn sweep(&mut self) -> anyhow::Result<()> {
+        // Every event first: the sweep asks conntrack about entries found at start, and
+        // one the kernel programs adopted and saw close since must be matched to that
+        // adoption (whose open event may still wait in the ring buffer while the drain
+        // timer is slow), not ended on its own as a second record.
+        self.drain(DNS_DRAIN_MAX)?;
         let entries = self.table();
         let now = monotonic_ns();
         self.expire_dns(now)?;

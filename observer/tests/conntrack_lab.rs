@@ -263,7 +263,17 @@ fn connections_older_than_observer(ends: Ends) {
         Client::start(&lab),
         Client::start(&lab),
     );
+    // Used once more, then closed, each a while after the one before: the kernel
+    // programs adopt each on its request and see it close at once, so conntrack's entry
+    // is in TIME_WAIT before observer may have read those events. A sweep in between
+    // must not end the entry found at start on its own (a second record).
+    let mut used_then_closed: Vec<Client> =
+        (0..USED_THEN_CLOSED).map(|_| Client::start(&lab)).collect();
     let before = chrono::Utc::now();
+    let used_ports: Vec<u16> = used_then_closed
+        .iter_mut()
+        .map(|c| c.send("req 5"))
+        .collect();
     let idle_port = idle.send("req 5");
     let closing_port = closing.send("req 5");
     let active_port = active.send("req 5");
@@ -275,6 +285,12 @@ fn connections_older_than_observer(ends: Ends) {
     );
     let started = chrono::Utc::now();
     std::thread::sleep(Duration::from_millis(500));
+    // While observer follows nothing else: it drains the kernel's events least often.
+    for client in &mut used_then_closed {
+        client.send("req 1");
+        client.send("close");
+        std::thread::sleep(Duration::from_millis(230));
+    }
     closing.send("close");
     active.send("req 2");
     // Followed by the kernel programs from here, then its entry deleted: an entry
@@ -333,7 +349,19 @@ fn connections_older_than_observer(ends: Ends) {
         (Close::Expired, false, 1),
         "{deleted:?}"
     );
+    for port in used_ports {
+        let used = one(port);
+        assert_eq!(
+            (used.close, used.start_seen, used.requests),
+            (Close::Fin, false, 1),
+            "{used:?}"
+        );
+        assert!(used.start < started, "{used:?}");
+    }
 }
+
+/// How many connections older than observer are used once and closed while it records.
+const USED_THEN_CLOSED: usize = 8;
 
 /// Runs `observer verify` on the lab's node while `load` drives traffic (stopping the
 /// verifier for a second meanwhile when `pause`); returns its exit code, stdout and

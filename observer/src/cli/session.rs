@@ -48,9 +48,8 @@ pub struct CaptureArgs {
     /// (flushed, deleted, timed out): `revalidate` checks the entries observer tracks
     /// from the kernel at most every 100 ms (Linux 5.17 and later); `events` subscribes to
     /// conntrack's destroy events, which costs every connection of the node a message;
-    /// `auto` revalidates where the kernel can. The default stays `events` until one
-    /// unexplained extra record seen with revalidation (docs/perf-log.md) is understood.
-    #[arg(long, value_enum, value_name = "HOW", default_value = "events")]
+    /// `auto` revalidates where the kernel can and subscribes elsewhere.
+    #[arg(long, value_enum, value_name = "HOW", default_value = "auto")]
     pub conntrack_ends: EndsChoice,
 }
 

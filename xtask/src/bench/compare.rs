@@ -172,7 +172,10 @@ fn kernel_round(setup: &cost::Setup<'_>, binary: &Path) -> anyhow::Result<Kernel
     );
     let programs = echo_runs
         .into_iter()
-        .filter_map(|(name, echo)| Some((name.clone(), [*dnat_runs.get(&name)?, echo])))
+        .filter_map(|(name, echo)| {
+            let dnat = *dnat_runs.get(&name)?;
+            Some((name, [dnat, echo]))
+        })
         .collect();
     Ok(KernelRound {
         programs,

@@ -301,7 +301,7 @@ fn program_costs(setup: &Setup<'_>) -> anyhow::Result<()> {
         "  observer's programs against empty programs making the same runs on the same hooks (the floor: what running anything there costs), ns:"
     );
     for (phase, runs, units) in phases {
-        let (own, floor) = observer_and_floor_ns(&runs);
+        let (own, floor) = progstats::against_floor(&runs, &runs);
         let units = units.max(1) as f64;
         println!(
             "    {phase}: observer {:.0}, floor {:.0}, observer's own work {:.0}",
@@ -311,21 +311,4 @@ fn program_costs(setup: &Setup<'_>) -> anyhow::Result<()> {
         );
     }
     Ok(())
-}
-
-/// observer's programs' ns in `runs`, and what the empty programs' ns per run, times
-/// observer's runs on each hook, come to.
-fn observer_and_floor_ns(runs: &std::collections::BTreeMap<String, progstats::Runs>) -> (f64, f64) {
-    let per_run = |name: &str| {
-        runs.get(name)
-            .map_or(0.0, |r| r.ns as f64 / r.count.max(1) as f64)
-    };
-    runs.iter()
-        .filter(|(name, _)| !name.starts_with("floor_"))
-        .fold((0.0, 0.0), |(own, floor), (name, r)| {
-            (
-                own + r.ns as f64,
-                floor + r.count as f64 * per_run(progstats::floor_of(name)),
-            )
-        })
 }

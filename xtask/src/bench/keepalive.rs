@@ -49,14 +49,10 @@ impl Observed {
     }
 
     /// The programs' CPU net of bpf_stats' own: each run less what an empty program
-    /// on the same hook measured (`floor`, ns per run).
+    /// on the same hook measured (`floor`).
     fn programs_net_percent(&self, floor: &Floor) -> f64 {
-        let net: f64 = self
-            .programs
-            .iter()
-            .map(|(name, runs)| runs.ns as f64 - runs.count as f64 * floor.of(name))
-            .sum();
-        net.max(0.0) / 1e9 / self.wall * 100.0
+        let (own, floor_ns) = progstats::against_floor(&self.programs, &floor.0);
+        (own - floor_ns).max(0.0) / 1e9 / self.wall * 100.0
     }
 
     fn process_percent(&self) -> f64 {
@@ -64,42 +60,29 @@ impl Observed {
     }
 }
 
-/// ns per run of the empty programs (`progstats::FloorPrograms`) under the same load:
+/// The empty programs' runs (`progstats::FloorPrograms`) in a round of the same load:
 /// what bpf_stats measures for a program that does nothing, per hook.
-struct Floor {
-    dev_queue: f64,
-    ingress: f64,
-    egress: f64,
-}
+struct Floor(BTreeMap<String, progstats::Runs>);
 
 impl Floor {
-    /// The floor of observer's program `name`.
-    fn of(&self, name: &str) -> f64 {
-        match progstats::floor_of(name) {
-            "floor_ingress" => self.ingress,
-            "floor_egress" => self.egress,
-            _ => self.dev_queue,
-        }
-    }
-
-    /// One round of the load with only the empty programs attached.
     fn measure(setup: &cost::Setup<'_>) -> anyhow::Result<Floor> {
         let programs = progstats::FloorPrograms::attach()?;
         let before = progstats::snapshot(&programs.ids)?;
         (setup.keepalive)()?;
         let after = progstats::snapshot(&programs.ids)?;
         drop(programs);
-        let per_run = |name: &str| -> anyhow::Result<f64> {
-            let (Some(after), Some(before)) = (after.get(name), before.get(name)) else {
-                anyhow::bail!("the empty program {name} is missing");
-            };
-            Ok(after.per_run_since(before))
-        };
-        Ok(Floor {
-            dev_queue: per_run("floor_dev_queue")?,
-            ingress: per_run("floor_ingress")?,
-            egress: per_run("floor_egress")?,
-        })
+        let runs = progstats::since(&after, &before);
+        for name in ["floor_dev_queue", "floor_ingress", "floor_egress"] {
+            anyhow::ensure!(
+                runs.contains_key(name),
+                "the empty program {name} is missing"
+            );
+        }
+        Ok(Floor(runs))
+    }
+
+    fn per_run(&self, name: &str) -> f64 {
+        progstats::floor_per_run(&self.0, name)
     }
 }
 
@@ -185,9 +168,9 @@ fn print_cpu(title: &str, rounds: &[Observed], floor: &Floor, per_exchange: bool
     );
     println!(
         "    net of bpf_stats (empty programs: {:.0} ns per run on net_dev_queue, {:.0} on cgroup ingress, {:.0} on egress): total {}; programs {}",
-        floor.dev_queue,
-        floor.ingress,
-        floor.egress,
+        floor.per_run("floor_dev_queue"),
+        floor.per_run("floor_ingress"),
+        floor.per_run("floor_egress"),
         figure(&|o| o.programs_net_percent(floor) + o.process_percent()),
         figure(&|o| o.programs_net_percent(floor)),
     );

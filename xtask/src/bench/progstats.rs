@@ -117,6 +117,27 @@ pub fn floor_of(name: &str) -> &'static str {
     }
 }
 
+/// observer's programs' ns in `runs` (the empty programs' own runs left out), and what
+/// the empty programs' ns per run in `floor` (`FloorPrograms`' runs, from the same
+/// phase or a round of the same load), times observer's runs on each hook, come to.
+pub fn against_floor(runs: &BTreeMap<String, Runs>, floor: &BTreeMap<String, Runs>) -> (f64, f64) {
+    runs.iter()
+        .filter(|(name, _)| !name.starts_with("floor_"))
+        .fold((0.0, 0.0), |(own, floor_ns), (name, r)| {
+            (
+                own + r.ns as f64,
+                floor_ns + r.count as f64 * floor_per_run(floor, floor_of(name)),
+            )
+        })
+}
+
+/// ns per run of the empty program `name` in `floor` (0 when it did not run).
+pub fn floor_per_run(floor: &BTreeMap<String, Runs>, name: &str) -> f64 {
+    floor
+        .get(name)
+        .map_or(0.0, |r| r.ns as f64 / r.count.max(1) as f64)
+}
+
 /// Empty programs on observer's hooks (`empty_programs.py`): their ns per run is the
 /// floor of `kernel.bpf_stats_enabled` on this machine, what running any program at all
 /// costs there (the accounting's own clock reads included). Detached on drop.

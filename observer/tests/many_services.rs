@@ -14,7 +14,8 @@ use std::{
 };
 
 use common::{Recorder, only_node, prefix, require_root};
-use observer_lab::{Lab, LabConfig, Proto, RuleMode, Service, Topology, http_fresh};
+use observer::model::record::ConnRecord;
+use observer_lab::{Answer, Lab, LabConfig, Proto, RuleMode, Service, Topology, http_fresh};
 
 const SERVICES: usize = 5000;
 const PER_TARGET: usize = 300;
@@ -79,7 +80,7 @@ fn five_thousand_services(rules: RuleMode, tag: &str) {
     let dir = tempfile::tempdir().unwrap();
     let recorder = Recorder::start(dir.path(), &[]);
     // Two clients at once from the first moment: the node's rules are new to observer.
-    let answers: Vec<(String, SocketAddr, u16)> = std::thread::scope(|scope| {
+    let answers: Vec<(String, SocketAddr, Answer)> = std::thread::scope(|scope| {
         let lab = &lab;
         let runs: Vec<_> = targets
             .chunks(2)
@@ -89,11 +90,7 @@ fn five_thousand_services(rules: RuleMode, tag: &str) {
                     for service in pair {
                         let addr = service.cluster_addr();
                         for answer in http_fresh(lab, addr, PER_TARGET).unwrap() {
-                            out.push((
-                                service.port_name_string(),
-                                SocketAddr::V4(addr),
-                                answer.client_port,
-                            ));
+                            out.push((service.port_name_string(), SocketAddr::V4(addr), answer));
                         }
                     }
                     out
@@ -110,27 +107,63 @@ fn five_thousand_services(rules: RuleMode, tag: &str) {
     let summary = recording.summary.clone().unwrap();
     assert_eq!((summary.lost_events, summary.read_errors), (0, 0));
     only_node(&mut recording, lab.node_ns());
+    assert_eq!(
+        recording.conns.len(),
+        answers.len(),
+        "one record per answer"
+    );
 
-    // Every connection recorded once, named after the Service it dialed, and current.
-    let mut by_port: HashMap<u16, Vec<_>> = HashMap::new();
-    for conn in &recording.conns {
-        by_port.entry(conn.client.port()).or_default().push(conn);
+    // Every connection recorded once, to the pod that answered it, named after the
+    // Service it dialed. The kernel may give a client port to the same ClusterIP again
+    // once its connection is closed (no TIME_WAIT is left on the client, which closes
+    // last), so the client's answers and the records are compared per client port and
+    // dialed address as lists of pods.
+    let pod_ip: HashMap<&str, Ipv4Addr> = checkout
+        .endpoints
+        .iter()
+        .map(|pod| (pod.name.as_str(), pod.ip))
+        .collect();
+    let mut answered: HashMap<(SocketAddr, u16), Vec<SocketAddr>> = HashMap::new();
+    for (_, dialed, answer) in &answers {
+        let backend = SocketAddr::from((pod_ip[answer.pod.as_str()], checkout.target_port));
+        answered
+            .entry((*dialed, answer.client_port))
+            .or_default()
+            .push(backend);
     }
+    eprintln!(
+        "client ports given again to the same ClusterIP: {}",
+        answered.values().filter(|pods| pods.len() > 1).count()
+    );
+    let mut recorded: HashMap<(SocketAddr, u16), Vec<&ConnRecord>> = HashMap::new();
+    for conn in &recording.conns {
+        recorded
+            .entry((conn.original_dst, conn.client.port()))
+            .or_default()
+            .push(conn);
+    }
+    let service_of: HashMap<SocketAddr, &str> = answers
+        .iter()
+        .map(|(service, dialed, _)| (*dialed, service.as_str()))
+        .collect();
     let mut unnamed = 0;
-    for (service, dialed, port) in &answers {
-        let conns: Vec<_> = by_port
-            .get(port)
-            .into_iter()
-            .flatten()
-            .filter(|c| c.original_dst == *dialed)
-            .collect();
-        assert_eq!(conns.len(), 1, "client port {port} to {dialed}: {conns:?}");
-        if conns[0].service.as_deref() == Some(service.as_str()) {
-            assert_eq!(conns[0].endpoint_in_rules, Some(true), "{:?}", conns[0]);
-        } else {
-            unnamed += 1;
-            if unnamed <= 3 {
-                eprintln!("not named: {:?}", conns[0]);
+    for ((dialed, port), mut backends) in answered {
+        let conns = recorded.remove(&(dialed, port)).unwrap_or_default();
+        let mut recorded_backends: Vec<SocketAddr> = conns.iter().map(|c| c.backend).collect();
+        backends.sort();
+        recorded_backends.sort();
+        assert_eq!(
+            recorded_backends, backends,
+            "client port {port} to {dialed}: {conns:?}"
+        );
+        for conn in conns {
+            if conn.service.as_deref() == Some(service_of[&dialed]) {
+                assert_eq!(conn.endpoint_in_rules, Some(true), "{conn:?}");
+            } else {
+                unnamed += 1;
+                if unnamed <= 3 {
+                    eprintln!("not named: {conn:?}");
+                }
             }
         }
     }

@@ -65,18 +65,6 @@ fn five_thousand_services(rules: RuleMode, tag: &str) {
         .collect();
     let checkout = lab.service("checkout").unwrap().clone();
     targets.push(&checkout);
-    // Every target's connections land on the same three pods' port 8080, so a client
-    // port the kernel gives out again for another ClusterIP can meet the pod's
-    // TIME_WAIT socket of its earlier connection. The pod answers the SYN with an ACK,
-    // the client resets and resends its SYN about 10 ms later (tcp_input.c, "Previous
-    // FIN/ACK or RST/ACK might be ignored"), and conntrack makes a second DNAT decision
-    // for that one client connection: two records, both right, against one answer.
-    // The pods keep no TIME_WAIT sockets here, so each answer is one decision.
-    for pod in &checkout.endpoints {
-        lab.run_in(&pod.ns, "sysctl", &["-qw", "net.ipv4.tcp_max_tw_buckets=0"])
-            .expect("sysctl in the pod");
-    }
-
     let dir = tempfile::tempdir().unwrap();
     let recorder = Recorder::start(dir.path(), &[]);
     // Two clients at once from the first moment: the node's rules are new to observer.
@@ -114,10 +102,8 @@ fn five_thousand_services(rules: RuleMode, tag: &str) {
     );
 
     // Every connection recorded once, to the pod that answered it, named after the
-    // Service it dialed. The kernel may give a client port to the same ClusterIP again
-    // once its connection is closed (no TIME_WAIT is left on the client, which closes
-    // last), so the client's answers and the records are compared per client port and
-    // dialed address as lists of pods.
+    // Service it dialed: per dialed address and client port, the backends of the records
+    // are those the client says answered.
     let pod_ip: HashMap<&str, Ipv4Addr> = checkout
         .endpoints
         .iter()
@@ -131,10 +117,6 @@ fn five_thousand_services(rules: RuleMode, tag: &str) {
             .or_default()
             .push(backend);
     }
-    eprintln!(
-        "client ports given again to the same ClusterIP: {}",
-        answered.values().filter(|pods| pods.len() > 1).count()
-    );
     let mut recorded: HashMap<(SocketAddr, u16), Vec<&ConnRecord>> = HashMap::new();
     for conn in &recording.conns {
         recorded

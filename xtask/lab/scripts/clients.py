@@ -1,7 +1,8 @@
 """Lab clients. Each runs in the client namespace and prints its own record as JSON:
 which local port each request or query used and which pod answered.
 
-  http-fresh HOST PORT COUNT      a new TCP connection per request
+  http-fresh HOST PORT COUNT      a new TCP connection per request, each from a client
+                                  port not used before
   http-keepalive HOST PORT COUNT [PAUSE]  one connection (http.client), COUNT sequential
                                   requests, PAUSE seconds apart (default 0)
   udp HOST PORT COUNT             each query from a new socket and a client port not used before
@@ -33,8 +34,14 @@ def http_fresh(host: str, port: int, count: int) -> list:
     out = []
     for _ in range(count):
         conn = http.client.HTTPConnection(host, port, timeout=TIMEOUT)
-        conn.connect()
-        local_port = conn.sock.getsockname()[1]
+        # A client port not used before (see `fresh_socket`): the kernel may give a
+        # closed connection's port to the same address again, and then one port would
+        # stand for two connections in the client's record.
+        sock = fresh_socket(socket.SOCK_STREAM)
+        sock.settimeout(TIMEOUT)
+        sock.connect((host, port))
+        conn.sock = sock
+        local_port = sock.getsockname()[1]
         conn.request("GET", "/", headers={"Connection": "close"})
         body = conn.getresponse().read().decode()
         conn.close()
@@ -57,11 +64,11 @@ def http_keepalive(host: str, port: int, count: int, pause: float = 0.0) -> list
     return out
 
 
-# UDP client ports come from a counter kept beside this script (the lab's state
-# directory), below the kernel's ephemeral range: a port the kernel picked at random could
-# repeat one whose conntrack entry is still alive, and its query would then be no new
-# DNAT decision.
-UDP_PORTS = (20000, 30000)
+# Client ports not used before come from a counter kept beside this script (the lab's
+# state directory), below the kernel's ephemeral range: a port the kernel picked could
+# repeat one whose conntrack entry is still alive (a UDP query would then be no new DNAT
+# decision), or one an earlier connection to the same address used.
+CLIENT_PORTS = (20000, 30000)
 
 
 def udp_socket() -> socket.socket:
@@ -72,13 +79,13 @@ def fresh_socket(kind: int) -> socket.socket:
     import fcntl
     import os
 
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "udp_ports")
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "client_ports")
     with open(path, "a+") as counter:
         fcntl.flock(counter, fcntl.LOCK_EX)
         counter.seek(0)
-        last = int(counter.read() or UDP_PORTS[0] - 1)
-        for _ in range(UDP_PORTS[1] - UDP_PORTS[0]):
-            last = last + 1 if last + 1 < UDP_PORTS[1] else UDP_PORTS[0]
+        last = int(counter.read() or CLIENT_PORTS[0] - 1)
+        for _ in range(CLIENT_PORTS[1] - CLIENT_PORTS[0]):
+            last = last + 1 if last + 1 < CLIENT_PORTS[1] else CLIENT_PORTS[0]
             sock = socket.socket(socket.AF_INET, kind)
             try:
                 sock.bind(("0.0.0.0", last))

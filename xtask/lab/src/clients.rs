@@ -135,7 +135,8 @@ pub fn resolve(lab: &Lab, names: &[&str]) -> anyhow::Result<Vec<(String, Vec<Str
     run_json(lab, &lab.tools.python3, &args)
 }
 
-/// Python: `count` HTTP requests, each on a new TCP connection.
+/// Python: `count` HTTP requests, each on a new TCP connection from a client port never
+/// used before in the lab (so a client port names one connection).
 pub fn http_fresh(lab: &Lab, target: SocketAddrV4, count: usize) -> anyhow::Result<Vec<Answer>> {
     python_client(lab, "http-fresh", target, count, &[])
 }

@@ -42,6 +42,16 @@ impl Lab {
         }
     }
 
+    /// First packets of a new flow that conntrack merged into an entry another CPU made
+    /// for the same flow a moment before (`conntrack -S`'s `clash_resolve`, summed over
+    /// CPUs; compare two readings). Each also traversed the nat rules as NEW, so the
+    /// rules' counters count one decision more for one connection: a UDP flow whose
+    /// first datagrams the sender's migration put on two CPUs' backlogs at once.
+    pub fn clashes_resolved(&self) -> anyhow::Result<u64> {
+        let out = run(in_netns(&self.tools.ip, &self.node_ns, &self.tools.conntrack).arg("-S"))?;
+        Ok(clash_resolve_sum(&String::from_utf8_lossy(&out.stdout)))
+    }
+
     fn nft_listing(&self) -> anyhow::Result<String> {
         let out = run(
             in_netns(&self.tools.ip, &self.node_ns, &self.tools.nft).args([
@@ -85,6 +95,15 @@ fn nft_counter_packets(listing: &str) -> u64 {
         .sum()
 }
 
+/// The sum of `clash_resolve=N` over the per-CPU lines of `conntrack -S` (0 where the
+/// kernel does not count them).
+fn clash_resolve_sum(stats: &str) -> u64 {
+    stats
+        .split_whitespace()
+        .filter_map(|field| field.strip_prefix("clash_resolve=")?.parse::<u64>().ok())
+        .sum()
+}
+
 /// The sum of the packet counters of `-j DNAT` rules in `iptables-save -c` output.
 fn iptables_dnat_packets(save: &str) -> u64 {
     save.lines()
@@ -113,5 +132,8 @@ mod tests {
             ]
         );
         assert_eq!(nft_counter_packets(listing), 4);
+        let stats = "cpu=0   \tfound=0 invalid=2 insert=0 insert_failed=0 drop=0 early_drop=0 error=0 search_restart=0 clash_resolve=1 chaintoolong=0 \ncpu=1   \tfound=0 invalid=0 insert=0 insert_failed=0 drop=0 early_drop=0 error=0 search_restart=0 clash_resolve=2 chaintoolong=0 \n";
+        assert_eq!(clash_resolve_sum(stats), 3);
+        assert_eq!(clash_resolve_sum("cpu=0 found=0 insert_failed=0\n"), 0);
     }
 }

@@ -133,7 +133,7 @@ fn kernel_costs(setup: &cost::Setup<'_>, builds: &[(&str, &Path)]) -> anyhow::Re
                     .filter_map(|r| {
                         let runs = r.programs.get(name)?[phase];
                         Some(if per_run {
-                            runs.ns as f64 / runs.count.max(1) as f64
+                            runs.per_run()
                         } else {
                             runs.count as f64 / r.units(phase).max(1) as f64
                         })

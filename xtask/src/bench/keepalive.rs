@@ -198,7 +198,7 @@ fn print_cpu(title: &str, rounds: &[Observed], floor: &Floor, per_exchange: bool
             let mut runs: Vec<f64> = Vec::new();
             for round in rounds {
                 if let Some(program) = round.programs.get(name) {
-                    ns.push(program.ns as f64 / program.count.max(1) as f64);
+                    ns.push(program.per_run());
                     runs.push(program.count as f64 / round.load.exchanges.max(1) as f64);
                 }
             }

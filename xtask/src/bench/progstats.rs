@@ -36,10 +36,18 @@ pub struct Runs {
 }
 
 impl Runs {
+    /// Nanoseconds per run (0 when it did not run).
+    pub fn per_run(&self) -> f64 {
+        self.ns as f64 / self.count.max(1) as f64
+    }
+
     /// Nanoseconds per run between two snapshots.
     pub fn per_run_since(&self, earlier: &Runs) -> f64 {
-        let count = self.count.saturating_sub(earlier.count);
-        self.ns.saturating_sub(earlier.ns) as f64 / count.max(1) as f64
+        Runs {
+            ns: self.ns.saturating_sub(earlier.ns),
+            count: self.count_since(earlier),
+        }
+        .per_run()
     }
 
     pub fn count_since(&self, earlier: &Runs) -> u64 {
@@ -133,9 +141,7 @@ pub fn against_floor(runs: &BTreeMap<String, Runs>, floor: &BTreeMap<String, Run
 
 /// ns per run of the empty program `name` in `floor` (0 when it did not run).
 pub fn floor_per_run(floor: &BTreeMap<String, Runs>, name: &str) -> f64 {
-    floor
-        .get(name)
-        .map_or(0.0, |r| r.ns as f64 / r.count.max(1) as f64)
+    floor.get(name).map_or(0.0, Runs::per_run)
 }
 
 /// Empty programs on observer's hooks (`empty_programs.py`): their ns per run is the

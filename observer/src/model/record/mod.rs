@@ -26,7 +26,7 @@ mod reject;
 
 pub use conntrack::ConntrackSummary;
 pub use dns::DnsRecord;
-pub use reject::RejectRecord;
+pub use reject::{RejectReason, RejectRecord};
 
 /// Transport protocol of a connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -343,9 +343,26 @@ pub struct ServiceRecord {
     /// Network namespace (inode) whose rules define it.
     pub netns: u32,
     pub frontends: Vec<Frontend>,
+    /// The endpoints connections to any frontend can be sent to (cluster-wide; with
+    /// `internalTrafficPolicy: Local`, this node's), with each one's share.
     pub endpoints: Vec<EndpointShare>,
+    /// With `externalTrafficPolicy: Local`: the endpoints external clients of the
+    /// NodePort, load-balancer and external IPs are sent to (this node's), with shares.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local_endpoints: Option<Vec<EndpointShare>>,
+    /// ClientIP session affinity: each client stays on one endpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<Affinity>,
     #[serde(with = "micros")]
     pub time: DateTime<Utc>,
+}
+
+/// A Service port's ClientIP session affinity, as its rules keep it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Affinity {
+    /// How long a client stays on its endpoint after its last new connection
+    /// (`sessionAffinityConfig.clientIP.timeoutSeconds`), when the rules say.
+    pub timeout_s: Option<u64>,
 }
 
 /// Endpoints that joined or left a Service port in a namespace's rules (a readiness

@@ -8,6 +8,40 @@ use serde::{Deserialize, Serialize};
 
 use super::{FrontendKind, Name, Proto};
 
+/// Why the rules turned a connection away, as kube-proxy's rules tell it (their chain
+/// and map names and comments).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RejectReason {
+    /// The Service port has no endpoints (REJECT).
+    NoEndpoints,
+    /// `externalTrafficPolicy`/`internalTrafficPolicy: Local` and no endpoint on this
+    /// node (DROP).
+    NoLocalEndpoints,
+    /// A LoadBalancer's `loadBalancerSourceRanges` left the client out.
+    SourceRange,
+    /// A ClusterIP dialed on a port the Service does not have (nftables'
+    /// `cluster-ips-check` REJECT).
+    InvalidPort,
+    /// An address of the Service range that no Service has (`cluster-ips-check` DROP).
+    UnallocatedIp,
+    /// A drop or reject the rules do not explain.
+    Other,
+}
+
+impl RejectReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RejectReason::NoEndpoints => "no_endpoints",
+            RejectReason::NoLocalEndpoints => "no_local_endpoints",
+            RejectReason::SourceRange => "source_range",
+            RejectReason::InvalidPort => "invalid_port",
+            RejectReason::UnallocatedIp => "unallocated_ip",
+            RejectReason::Other => "other",
+        }
+    }
+}
+
 /// One rejected TCP connection attempt, or one UDP client socket whose datagrams were
 /// rejected (with how many).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -103,9 +103,6 @@ pub enum RulesPatchError {
     /// A rule uses an anonymous map whose elements were not announced.
     #[error("the elements of {set} were not announced")]
     ElementsNotAnnounced { set: String },
-    /// A rule's expression could not be rebuilt as nft's JSON.
-    #[error("{0}")]
-    Json(String),
 }
 
 /// Why a namespace's rule changes cannot be watched (announced or polled): its rules are

@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 
 use crate::netlink::{self, Messages, NFGENMSG_LEN};
 
+mod bytecode;
 mod nftables;
 
 /// `NFNL_SUBSYS_NFTABLES`: the high byte of an nf_tables message type.
@@ -43,12 +44,8 @@ const NFTA_CHAIN_NAME: u16 = 3;
 const NFTA_RULE_CHAIN: u16 = 2;
 const NFTA_SET_NAME: u16 = 2;
 
-/// The address family of an iptables-nft table.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Family {
-    V4,
-    V6,
-}
+/// The address family of a table.
+pub use crate::naming::services::rules::program::Family;
 
 /// An iptables-nft table observer patches chain by chain.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -74,10 +71,10 @@ pub struct ChainRef {
     pub chain: String,
 }
 
-pub use nftables::{NftEvent, NftExpr, NftVerdict};
+pub use nftables::{NftEvent, RawElement};
 
 /// What a burst of announcements changed in one namespace.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Changes {
     /// Something that cannot be patched chain by chain changed (or announcements were
     /// lost): the namespace needs a full read.
@@ -195,7 +192,7 @@ impl Changes {
 impl Changes {
     /// A message about kube-proxy's nftables table.
     fn read_kube_proxy(&mut self, family: Family, message: u16, attributes: &[u8]) {
-        match nftables::event(message, attributes) {
+        match nftables::event(message, family, attributes) {
             Ok(Some(event)) => self.nft.push((family, event)),
             Ok(None) => {}
             Err(()) => self.everything = true,
@@ -392,14 +389,17 @@ mod tests {
         )
     }
 
-    /// `meta l4proto tcp dnat to 10.244.1.12:8080`: the match is ignored.
+    /// `meta l4proto tcp dnat to 10.244.1.12:8080`.
     fn dnat(addr_register: u32) -> Vec<u8> {
         new_rule(
             ENDPOINT,
             91,
             &[
                 expr("meta", &[be32(2, 16), be32(1, 1)]),
-                expr("cmp", &[be32(1, 1), be32(2, 0)]),
+                expr(
+                    "cmp",
+                    &[be32(1, 1), be32(2, 0), nested(3, &[attr(1, &[6])])],
+                ),
                 immediate(1, &[10, 244, 1, 12]),
                 immediate(2, &8080u16.to_be_bytes()),
                 expr(
@@ -418,7 +418,10 @@ mod tests {
 
     #[test]
     fn kube_proxys_nftables_changes_carry_their_rules() {
-        use nftables::{NftEvent::*, NftExpr};
+        use crate::naming::services::rules::program::{
+            CmpOp, Cond, Data, Expr, Field, Rule as Program, SetRef, Stmt, Verdict,
+        };
+        use nftables::{NftEvent::*, RawElement};
         // One `nft -f` transaction, as the kernel announces it: a Service chain's vmap
         // rule replaced (its anonymous map first), an endpoint chain's dnat rule, a
         // ClusterIP's map element, a stale endpoint chain flushed and deleted.
@@ -441,11 +444,16 @@ mod tests {
         ]
         .concat()]);
         assert!(!changes.everything && changes.chains.is_empty());
-        let goto = |chain: &str| {
-            Some(NftVerdict {
-                goto: true,
-                chain: chain.to_owned(),
-            })
+        let goto = |n: u32, chain: &str| RawElement {
+            key: n.to_ne_bytes().to_vec(),
+            data: Some(Data::Verdict(Verdict::Goto(chain.to_owned()))),
+            interval_end: false,
+        };
+        let announced = |stmts| Program {
+            stmts,
+            comment: None,
+            handle: None,
+            origin: "an announced rule".to_owned(),
         };
         let expected = [
             RuleGone {
@@ -457,24 +465,33 @@ mod tests {
             },
             AnonElements {
                 set: "__map12".to_owned(),
-                elements: vec![(0, goto(ENDPOINT)), (1, goto("endpoint-B"))],
+                elements: vec![goto(0, ENDPOINT), goto(1, "endpoint-B")],
             },
             Rule {
                 chain: SERVICE.to_owned(),
                 handle: 90,
-                exprs: vec![NftExpr::NumgenVmap {
-                    modulus: 2,
-                    offset: 0,
-                    set: "__map12".to_owned(),
-                }],
+                rule: announced(vec![Stmt::Vmap {
+                    key: Expr::Numgen {
+                        modulus: 2,
+                        offset: 0,
+                    },
+                    map: SetRef::Named("__map12".to_owned()),
+                }]),
             },
             Rule {
                 chain: ENDPOINT.to_owned(),
                 handle: 91,
-                exprs: vec![NftExpr::Dnat {
-                    addr: "10.244.1.12".parse().unwrap(),
-                    port: 8080,
-                }],
+                rule: announced(vec![
+                    Stmt::Match(Cond::Cmp {
+                        left: Expr::Field(Field::L4Proto),
+                        op: CmpOp::Eq,
+                        right: vec![6],
+                    }),
+                    Stmt::Dnat {
+                        addr: Expr::Const(vec![10, 244, 1, 12]),
+                        port: Some(Expr::Const(8080u16.to_be_bytes().to_vec())),
+                    },
+                ]),
             },
             Set {
                 name: "service-ips".to_owned(),
@@ -495,7 +512,10 @@ mod tests {
 
     #[test]
     fn nftables_rules_that_cannot_be_read_ask_for_a_full_read() {
-        assert!(read(&[numgen_vmap(0)]).everything, "numgen inc");
+        assert!(
+            !read(&[numgen_vmap(0)]).everything,
+            "numgen inc spreads as random does"
+        );
         assert!(read(&[dnat(3)]).everything, "an address from no immediate");
         let mut cut = dnat(1);
         let length = cut.len();
@@ -511,7 +531,7 @@ mod tests {
                 &[nested(1, &[attr(1, &0u32.to_ne_bytes())]), be32(3, 1)],
             )],
         );
-        assert!(read(&[ranges]).everything, "an interval map");
+        assert!(!read(&[ranges]).everything, "an interval set's elements");
     }
 
     #[test]

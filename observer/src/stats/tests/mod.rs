@@ -49,6 +49,8 @@ pub(crate) fn rules(service: &str, endpoints: &[(&str, f64)]) -> ServiceRecord {
                 pod: None,
             })
             .collect(),
+        local_endpoints: None,
+        affinity: None,
         time: Utc.with_ymd_and_hms(2026, 8, 6, 13, 46, 30).unwrap(),
     }
 }

@@ -60,6 +60,8 @@ fn service(name: &str, cluster_ip: &str, pods: &[&str]) -> ServiceRecord {
                 pod: None,
             })
             .collect(),
+        local_endpoints: None,
+        affinity: None,
         time: t0(),
     }
 }

@@ -1,7 +1,10 @@
 //! Patching parsed iptables-nft dumps chain by chain gives what a full read gives.
 
 use super::*;
-use crate::naming::services::nft_changes::{ChainRef, Table};
+use crate::naming::services::nft_changes::{ChainRef, RawElement, Table};
+use crate::naming::services::rules::program::{
+    CmpOp, Cond, Data, Expr, Field, Rule, SetRef, Stmt, Verdict,
+};
 use crate::naming::services::test_support::{
     FULL_V4, chain_changes as changes, listing, nat, without_third_checkout_endpoint,
 };
@@ -244,7 +247,6 @@ fn nft_changes(events: Vec<NftEvent>) -> Changes {
 
 #[test]
 fn announced_nftables_rules_give_what_a_full_read_of_the_new_table_gives() {
-    use crate::naming::services::nft_changes::{NftExpr, NftVerdict};
     // kube-proxy's partial sync for 10.244.2.7 leaving shop/checkout:http: the vmap rule
     // replaced by one over two endpoints, the endpoint chain deleted.
     let after = edited(|objects| {
@@ -261,12 +263,6 @@ fn announced_nftables_rules_give_what_a_full_read_of_the_new_table_gives() {
     let (mut parsed, errors) = ParsedRules::parse(&nft_dumps(NFT_V4));
     assert!(errors.is_empty(), "{errors:?}");
     assert_ne!(parsed.map(), expected);
-    let goto = |chain: &str| {
-        Some(NftVerdict {
-            goto: true,
-            chain: chain.to_owned(),
-        })
-    };
     let events = vec![
         NftEvent::RuleGone {
             chain: CHECKOUT.to_owned(),
@@ -276,25 +272,17 @@ fn announced_nftables_rules_give_what_a_full_read_of_the_new_table_gives() {
         NftEvent::AnonElements {
             set: "__map9".to_owned(),
             elements: vec![
-                (
+                goto(
                     1,
-                    goto("endpoint-E0000002-shop/checkout/tcp/http__10.244.1.14/3000"),
+                    "endpoint-E0000002-shop/checkout/tcp/http__10.244.1.14/3000",
                 ),
-                (
+                goto(
                     0,
-                    goto("endpoint-E0000001-shop/checkout/tcp/http__10.244.1.13/3000"),
+                    "endpoint-E0000001-shop/checkout/tcp/http__10.244.1.13/3000",
                 ),
             ],
         },
-        NftEvent::Rule {
-            chain: CHECKOUT.to_owned(),
-            handle: 200,
-            exprs: vec![NftExpr::NumgenVmap {
-                modulus: 2,
-                offset: 0,
-                set: "__map9".to_owned(),
-            }],
-        },
+        vmap_rule(CHECKOUT, 200, 2, "__map9"),
         NftEvent::ChainGone {
             chain: THIRD.to_owned(),
         },
@@ -318,26 +306,19 @@ fn announced_nftables_rules_give_what_a_full_read_of_the_new_table_gives() {
     // A new dnat rule for the third endpoint, and its return to the vmap.
     let (mut parsed, _) = ParsedRules::parse(&nft_dumps(&after));
     let back = vec![
-        NftEvent::Rule {
-            chain: THIRD.to_owned(),
-            handle: 300,
-            exprs: vec![NftExpr::Dnat {
-                addr: "10.244.2.7".parse().unwrap(),
-                port: 3000,
-            }],
-        },
+        dnat_rule(THIRD, 300, [10, 244, 2, 7], 3000),
         NftEvent::AnonElements {
             set: "__map10".to_owned(),
             elements: vec![
-                (
+                goto(
                     0,
-                    goto("endpoint-E0000001-shop/checkout/tcp/http__10.244.1.13/3000"),
+                    "endpoint-E0000001-shop/checkout/tcp/http__10.244.1.13/3000",
                 ),
-                (
+                goto(
                     1,
-                    goto("endpoint-E0000002-shop/checkout/tcp/http__10.244.1.14/3000"),
+                    "endpoint-E0000002-shop/checkout/tcp/http__10.244.1.14/3000",
                 ),
-                (2, goto(THIRD)),
+                goto(2, THIRD),
             ],
         },
         NftEvent::RuleGone {
@@ -348,15 +329,7 @@ fn announced_nftables_rules_give_what_a_full_read_of_the_new_table_gives() {
             chain: CHECKOUT.to_owned(),
             handle: 58,
         },
-        NftEvent::Rule {
-            chain: CHECKOUT.to_owned(),
-            handle: 201,
-            exprs: vec![NftExpr::NumgenVmap {
-                modulus: 3,
-                offset: 0,
-                set: "__map10".to_owned(),
-            }],
-        },
+        vmap_rule(CHECKOUT, 201, 3, "__map10"),
     ];
     parsed.patch(&nft_changes(back), &mut source, 1).unwrap();
     assert_eq!(
@@ -406,15 +379,7 @@ fn nftables_changes_that_cannot_be_applied_say_why() {
         text: NFT_V4.to_owned(),
         listed: Vec::new(),
     };
-    let unknown_map = nft_changes(vec![NftEvent::Rule {
-        chain: CHECKOUT.to_owned(),
-        handle: 9,
-        exprs: vec![crate::naming::services::nft_changes::NftExpr::NumgenVmap {
-            modulus: 2,
-            offset: 0,
-            set: "__map77".to_owned(),
-        }],
-    }]);
+    let unknown_map = nft_changes(vec![vmap_rule(CHECKOUT, 9, 2, "__map77")]);
     assert_eq!(
         parsed
             .patch(&unknown_map, &mut source, 1)
@@ -448,4 +413,50 @@ fn nftables_changes_that_cannot_be_applied_say_why() {
         parsed.patch(&v6, &mut source, 1).map_err(|e| e.to_string()),
         Err("no V6 nftables table kube-proxy was read".to_owned())
     );
+}
+
+/// One anonymous map element: numgen number `n` -> goto `chain`.
+fn goto(n: u32, chain: &str) -> RawElement {
+    RawElement {
+        key: n.to_ne_bytes().to_vec(),
+        data: Some(Data::Verdict(Verdict::Goto(chain.to_owned()))),
+        interval_end: false,
+    }
+}
+
+/// `numgen random mod MODULUS vmap @SET`, as announced.
+fn vmap_rule(chain: &str, handle: u64, modulus: u32, set: &str) -> NftEvent {
+    NftEvent::Rule {
+        chain: chain.to_owned(),
+        handle,
+        rule: Rule {
+            stmts: vec![Stmt::Vmap {
+                key: Expr::Numgen { modulus, offset: 0 },
+                map: SetRef::Named(set.to_owned()),
+            }],
+            ..Rule::default()
+        },
+    }
+}
+
+/// `meta l4proto tcp dnat to ADDR:PORT`, as announced.
+fn dnat_rule(chain: &str, handle: u64, addr: [u8; 4], port: u16) -> NftEvent {
+    NftEvent::Rule {
+        chain: chain.to_owned(),
+        handle,
+        rule: Rule {
+            stmts: vec![
+                Stmt::Match(Cond::Cmp {
+                    left: Expr::Field(Field::L4Proto),
+                    op: CmpOp::Eq,
+                    right: vec![6],
+                }),
+                Stmt::Dnat {
+                    addr: Expr::Const(addr.to_vec()),
+                    port: Some(Expr::Const(port.to_be_bytes().to_vec())),
+                },
+            ],
+            ..Rule::default()
+        },
+    }
 }

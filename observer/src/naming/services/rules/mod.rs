@@ -1,21 +1,30 @@
-//! kube-proxy's own rules, parsed into one [`ServiceMap`] per network namespace: which
-//! Service port a DNATed connection belongs to, and whether its backend is still an
-//! endpoint. Pure parsers: the text comes from `iptables-save -t nat` or
-//! `nft -j list table ip kube-proxy`, read elsewhere (`crate::naming`).
+//! kube-proxy's own rules, followed as the kernel runs them: `iptables-save` text
+//! (`iptables`) and `nft -j` JSON (`nft`) are decoded into one [`program::Program`]
+//! each, and the evaluator ([`program::eval`]) runs every candidate Service frontend
+//! through the hooks, so that each frontend gets the endpoints the rules pick and each
+//! one's share, per kind of client (traffic policies), whichever layout kube-proxy
+//! wrote. [`ServiceMap`] indexes the result per network namespace.
 
 mod iptables;
 mod nft;
+pub mod program;
 
 pub use iptables::Tables as IptablesTables;
 pub use nft::Table as NftTable;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 
-use crate::model::record::{EndpointShare, Frontend, FrontendKind, Proto, ServiceRecord};
+use crate::model::record::{
+    Affinity, EndpointShare, Frontend, FrontendKind, Proto, RejectReason, ServiceRecord,
+};
 use crate::naming::printable::{MESSAGE_BYTES, NAME_BYTES, printable};
+use program::eval::{Client, Daddr, Packet};
+use program::ports::{Case, FrontendRules, frontends};
+use program::{Program, frontends::TCP, frontends::UDP};
 
 /// A dump that is not what the parsers expect. Messages name the line (iptables) or the
 /// JSON position or path (nft).
@@ -36,30 +45,31 @@ pub enum RulesError {
 /// One Service port as the rules define it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ServicePort {
-    /// `ns/name:port` (just `ns/name` for an unnamed port), as kube-proxy names it.
+    /// `ns/name:port` (just `ns/name` for an unnamed port), as kube-proxy names it; the
+    /// first frontend's address when no chain name or comment on its way names it.
     pub name: String,
     pub proto: Proto,
     /// Sorted, without duplicates.
     pub frontends: Vec<Frontend>,
-    /// The cluster-wide endpoints (KUBE-SVC-* / `service-*` chain) in rule order, with
-    /// the share of new connections the rules give each. When a Service has only a
-    /// node-local chain (internalTrafficPolicy: Local), that chain's endpoints. Shares add
-    /// up to 1 per address family.
+    /// The endpoints the rules send most clients to (cluster-wide; with
+    /// internalTrafficPolicy: Local, this node's), sorted, with the share of new
+    /// connections each gets. Shares add up to 1 per address family.
     pub endpoints: Vec<EndpointShare>,
-    /// Endpoints of the node-local chain (KUBE-SVL-* / `local-*`) that external traffic
-    /// uses with externalTrafficPolicy: Local; `None` when there is no such chain.
+    /// Where the rules send external clients of the NodePort, load-balancer and
+    /// external IPs when they are fewer (externalTrafficPolicy: Local): this node's
+    /// endpoints; empty when the rules drop them for want of any. `None` without such
+    /// a policy.
     pub local_endpoints: Option<Vec<EndpointShare>>,
+    /// ClientIP session affinity, where the rules keep it.
+    pub affinity: Option<Affinity>,
+    /// Every address any case of any frontend DNATs to.
+    reachable: BTreeSet<SocketAddr>,
 }
 
 impl ServicePort {
-    /// Whether `backend` is an endpoint of either chain.
+    /// Whether `backend` is an endpoint of any of the port's cases.
     pub fn has_endpoint(&self, backend: SocketAddr) -> bool {
-        self.endpoints.iter().any(|e| e.addr == backend)
-            || self
-                .local_endpoints
-                .iter()
-                .flatten()
-                .any(|e| e.addr == backend)
+        self.reachable.contains(&backend)
     }
 
     fn absorb(&mut self, other: ServicePort) {
@@ -72,6 +82,8 @@ impl ServicePort {
             (mine @ None, theirs) => *mine = theirs,
             (Some(_), None) => {}
         }
+        self.affinity = self.affinity.or(other.affinity);
+        self.reachable.extend(other.reachable);
     }
 }
 
@@ -83,46 +95,126 @@ fn append_new(into: &mut Vec<EndpointShare>, from: Vec<EndpointShare>) {
     }
 }
 
+/// Which of a Service port's endpoint sets a connection's case picks from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Policy {
+    /// The port's `endpoints`.
+    Cluster,
+    /// The port's `local_endpoints` (externalTrafficPolicy: Local).
+    Local,
+}
+
+/// What the rules expected of one connection: the case its client falls in.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Expectation {
+    /// The endpoints this client's connections are spread over, with shares.
+    pub endpoints: Vec<EndpointShare>,
+    pub policy: Policy,
+    /// Why connections of this case are turned away, when some are.
+    pub turned_away: Option<RejectReason>,
+}
+
+/// One frontend's place in the map.
+#[derive(Clone, Debug, PartialEq)]
+struct Entry {
+    key: (Proto, String),
+    kind: FrontendKind,
+    packet: Packet,
+    cases: Arc<Vec<Case>>,
+}
+
 /// All Service ports of one network namespace, indexed by what clients dial.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ServiceMap {
     services: BTreeMap<(Proto, String), ServicePort>,
-    by_addr: HashMap<(Proto, SocketAddr), ((Proto, String), FrontendKind)>,
-    by_node_port: HashMap<(Proto, u16), (Proto, String)>,
+    by_addr: HashMap<(Proto, SocketAddr), Entry>,
+    by_node_port: HashMap<(Proto, u16), Entry>,
+    /// Rules observer could not follow, one sentence each.
+    warnings: Vec<String>,
 }
 
 impl ServiceMap {
     /// Parses `iptables-save` (or `ip6tables-save`) text; the nat table is enough, the
     /// filter table adds Services that have no endpoints.
     pub fn from_iptables_save(text: &str) -> Result<ServiceMap, RulesError> {
-        Ok(ServiceMap::from_ports(iptables::parse(text)?))
+        ServiceMap::from_iptables_tables(&IptablesTables::parse(text)?)
     }
 
     /// The Service ports of parsed `iptables-save` tables.
     pub fn from_iptables_tables(tables: &IptablesTables) -> Result<ServiceMap, RulesError> {
-        Ok(ServiceMap::from_ports(tables.ports()?))
+        Ok(ServiceMap::from_programs(&tables.programs()))
     }
 
     /// The Service ports of a parsed nftables table.
     pub fn from_nft_table(table: &NftTable) -> Result<ServiceMap, RulesError> {
-        Ok(ServiceMap::from_ports(table.ports()?))
+        Ok(ServiceMap::from_programs(&[table.program()]))
     }
 
     /// Parses `nft -j list table ip kube-proxy` (or `ip6`) output.
     pub fn from_nft_json(text: &str) -> Result<ServiceMap, RulesError> {
-        Ok(ServiceMap::from_ports(nft::parse(text)?))
+        ServiceMap::from_nft_table(&NftTable::parse(text)?)
     }
 
-    /// Where Service names (from rule comments and chain names) enter observer: as
-    /// printable text.
-    fn from_ports(ports: Vec<ServicePort>) -> ServiceMap {
+    /// Runs every candidate frontend through `programs` (in the order a packet meets
+    /// them). Where Service names (from rule comments and chain names) enter observer:
+    /// as printable text.
+    pub fn from_programs(programs: &[&Program]) -> ServiceMap {
+        let (found, mut warnings) = frontends(programs);
         let mut map = ServiceMap::default();
-        for mut port in ports {
-            port.name = printable(std::mem::take(&mut port.name), NAME_BYTES);
+        let mut unnamed = 0;
+        let mut by_port: BTreeMap<(Proto, String), Vec<FrontendRules>> = BTreeMap::new();
+        for mut frontend in found {
+            let name = match frontend.name.take() {
+                Some(name) => printable(name, NAME_BYTES),
+                None => {
+                    unnamed += 1;
+                    unnamed_name(&frontend.frontend)
+                }
+            };
+            by_port
+                .entry((frontend.proto, name))
+                .or_default()
+                .push(frontend);
+        }
+        if unnamed > 0 {
+            warnings.push(format!(
+                "{unnamed} Service frontend{} named by no kube-proxy chain or comment: named by address",
+                if unnamed == 1 { " is" } else { "s are" }
+            ));
+        }
+        for ((proto, name), frontends) in by_port {
+            let port = service_port(&name, proto, &frontends);
+            for frontend in frontends {
+                map.index((proto, name.clone()), frontend);
+            }
             map.insert(port);
         }
-        map.reindex();
+        map.warnings = warnings.into_iter().map(error_text).collect();
         map
+    }
+
+    fn index(&mut self, key: (Proto, String), frontend: FrontendRules) {
+        let Some(packet) = packet_of(&frontend) else {
+            return;
+        };
+        let entry = Entry {
+            key,
+            kind: frontend.frontend.kind,
+            packet,
+            cases: Arc::new(frontend.cases),
+        };
+        match frontend.frontend.ip {
+            Some(ip) => {
+                self.by_addr.insert(
+                    (frontend.proto, SocketAddr::new(ip, frontend.frontend.port)),
+                    entry,
+                );
+            }
+            None => {
+                self.by_node_port
+                    .insert((frontend.proto, frontend.frontend.port), entry);
+            }
+        }
     }
 
     fn insert(&mut self, port: ServicePort) {
@@ -135,37 +227,24 @@ impl ServiceMap {
         }
     }
 
-    fn reindex(&mut self) {
-        self.by_addr.clear();
-        self.by_node_port.clear();
-        for (key, port) in &self.services {
-            for frontend in &port.frontends {
-                match frontend.ip {
-                    Some(ip) => {
-                        let addr = SocketAddr::new(ip, frontend.port);
-                        self.by_addr
-                            .insert((port.proto, addr), (key.clone(), frontend.kind));
-                    }
-                    None => {
-                        self.by_node_port
-                            .insert((port.proto, frontend.port), key.clone());
-                    }
-                }
-            }
-        }
-    }
-
     /// Adds another dump's Services (e.g. the IPv6 table, or legacy iptables next to
     /// nft); the same Service port gets the union of frontends and endpoints.
     pub fn merge(&mut self, other: ServiceMap) {
         for (_, port) in other.services {
             self.insert(port);
         }
-        self.reindex();
+        self.by_addr.extend(other.by_addr);
+        self.by_node_port.extend(other.by_node_port);
+        self.warnings.extend(other.warnings);
     }
 
     pub fn is_empty(&self) -> bool {
         self.services.is_empty()
+    }
+
+    /// Rules observer could not follow, one sentence each.
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
     }
 
     /// Service ports sorted by protocol, then name.
@@ -182,29 +261,53 @@ impl ServiceMap {
         original_dst: SocketAddr,
         backend: SocketAddr,
     ) -> Option<(&ServicePort, bool)> {
-        let (key, _) = self.frontend(proto, original_dst)?;
-        let port = self.services.get(key)?;
+        let entry = self.entry(proto, original_dst)?;
+        let port = self.services.get(&entry.key)?;
         Some((port, port.has_endpoint(backend)))
     }
 
     /// Which kind of frontend a connection entered through, by the same match as
     /// [`ServiceMap::lookup`]: an exact address first, then a NodePort by port.
     pub fn frontend_kind(&self, proto: Proto, original_dst: SocketAddr) -> Option<FrontendKind> {
-        self.frontend(proto, original_dst).map(|(_, kind)| kind)
+        self.entry(proto, original_dst).map(|entry| entry.kind)
     }
 
-    fn frontend(
+    /// What the rules expected of a connection from `client` (whether it is the node
+    /// itself, when known) to `original_dst`: the case its client falls in.
+    pub fn expect(
         &self,
         proto: Proto,
         original_dst: SocketAddr,
-    ) -> Option<(&(Proto, String), FrontendKind)> {
-        match self.by_addr.get(&(proto, original_dst)) {
-            Some((key, kind)) => Some((key, *kind)),
-            None => self
-                .by_node_port
-                .get(&(proto, original_dst.port()))
-                .map(|key| (key, FrontendKind::NodePort)),
-        }
+        client: SocketAddr,
+        client_is_node: Option<bool>,
+    ) -> Option<Expectation> {
+        let entry = self.entry(proto, original_dst)?;
+        let port = self.services.get(&entry.key)?;
+        let who = Client {
+            saddr: client.ip(),
+            daddr: original_dst.ip(),
+            local: client_is_node,
+        };
+        let case = entry
+            .cases
+            .iter()
+            .find(|case| case.admits(&who, &entry.packet))?;
+        let policy = match &port.local_endpoints {
+            Some(local) if !local.is_empty() && same_addrs(local, &case.endpoints) => Policy::Local,
+            Some(local) if local.is_empty() && case.endpoints.is_empty() => Policy::Local,
+            _ => Policy::Cluster,
+        };
+        Some(Expectation {
+            endpoints: case.endpoints.clone(),
+            policy,
+            turned_away: case.turned_away,
+        })
+    }
+
+    fn entry(&self, proto: Proto, original_dst: SocketAddr) -> Option<&Entry> {
+        self.by_addr
+            .get(&(proto, original_dst))
+            .or_else(|| self.by_node_port.get(&(proto, original_dst.port())))
     }
 
     /// One record per Service port, for the connection log.
@@ -217,37 +320,106 @@ impl ServiceMap {
                 netns,
                 frontends: port.frontends.clone(),
                 endpoints: port.endpoints.clone(),
+                local_endpoints: port.local_endpoints.clone(),
+                affinity: port.affinity,
                 time,
             })
             .collect()
     }
 }
 
+fn same_addrs(a: &[EndpointShare], b: &[EndpointShare]) -> bool {
+    a.len() == b.len() && a.iter().all(|e| b.iter().any(|f| f.addr == e.addr))
+}
+
+/// The name of a frontend no rule names: its address (`10.96.0.11:80`), or
+/// `nodeport:30080`.
+fn unnamed_name(frontend: &Frontend) -> String {
+    match frontend.ip {
+        Some(ip) => SocketAddr::new(ip, frontend.port).to_string(),
+        None => format!("nodeport:{}", frontend.port),
+    }
+}
+
+fn packet_of(frontend: &FrontendRules) -> Option<Packet> {
+    Some(Packet {
+        daddr: frontend.frontend.ip.map_or(Daddr::NodeLocal, Daddr::Addr),
+        proto: match frontend.proto {
+            Proto::Tcp => TCP,
+            Proto::Udp => UDP,
+        },
+        dport: frontend.frontend.port,
+    })
+}
+
+/// One Service port from its frontends' cases: the largest endpoint set is the
+/// cluster's, a smaller one (or a case dropped for want of local endpoints) the local
+/// policy's.
+fn service_port(name: &str, proto: Proto, frontends: &[FrontendRules]) -> ServicePort {
+    let mut sets: Vec<Vec<EndpointShare>> = Vec::new();
+    let mut reachable = BTreeSet::new();
+    let mut no_local = false;
+    for case in frontends.iter().flat_map(|f| &f.cases) {
+        reachable.extend(case.endpoints.iter().map(|e| e.addr));
+        no_local |= case.turned_away == Some(RejectReason::NoLocalEndpoints);
+        if case.endpoints.is_empty() {
+            continue;
+        }
+        let normalized = normalized(&case.endpoints);
+        if !sets.iter().any(|s| same_shares(s, &normalized)) {
+            sets.push(normalized);
+        }
+    }
+    sets.sort_by_key(|set| std::cmp::Reverse(set.len()));
+    let mut sets = sets.into_iter();
+    let endpoints = sets.next().unwrap_or_default();
+    let local_endpoints = match sets.next() {
+        Some(local) => Some(local),
+        None if no_local => Some(Vec::new()),
+        None => None,
+    };
+    let frontends_sorted: BTreeSet<Frontend> =
+        frontends.iter().map(|f| f.frontend.clone()).collect();
+    ServicePort {
+        name: name.to_owned(),
+        proto,
+        frontends: frontends_sorted.into_iter().collect(),
+        endpoints,
+        local_endpoints,
+        affinity: frontends.iter().find_map(|f| f.affinity),
+        reachable,
+    }
+}
+
+/// A case's endpoints as shares of its DNATed connections, sorted by address.
+fn normalized(endpoints: &[EndpointShare]) -> Vec<EndpointShare> {
+    let total: f64 = endpoints.iter().map(|e| e.expected_share).sum();
+    let mut out: Vec<EndpointShare> = endpoints
+        .iter()
+        .map(|e| EndpointShare {
+            expected_share: if total > 0.0 {
+                e.expected_share / total
+            } else {
+                0.0
+            },
+            ..e.clone()
+        })
+        .collect();
+    out.sort_by_key(|e| e.addr);
+    out
+}
+
+fn same_shares(a: &[EndpointShare], b: &[EndpointShare]) -> bool {
+    a.len() == b.len()
+        && a.iter()
+            .zip(b)
+            .all(|(x, y)| x.addr == y.addr && (x.expected_share - y.expected_share).abs() < 1e-9)
+}
+
 /// The message of an error that may quote the rules' text (a line, a word, a map's
 /// name), as printable text.
 fn error_text(message: String) -> String {
     printable(message, MESSAGE_BYTES)
-}
-
-/// `ns/name:port` from kube-proxy's parts; an unnamed port has no `:`.
-fn service_port_name(namespace: &str, name: &str, port: &str) -> String {
-    if port.is_empty() {
-        format!("{namespace}/{name}")
-    } else {
-        format!("{namespace}/{name}:{port}")
-    }
-}
-
-fn parse_proto(text: &str) -> Option<Proto> {
-    match text {
-        "tcp" | "6" => Some(Proto::Tcp),
-        "udp" | "17" => Some(Proto::Udp),
-        _ => None,
-    }
-}
-
-fn frontend(kind: FrontendKind, ip: Option<std::net::IpAddr>, port: u16) -> Frontend {
-    Frontend { kind, ip, port }
 }
 
 #[cfg(test)]

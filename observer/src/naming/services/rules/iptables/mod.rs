@@ -5,63 +5,40 @@
 //! legacy print the same text; option order differs between kube-proxy's input and
 //! iptables-save's output, so rules are read as option sets, not by position.
 
-mod services;
+mod options;
 mod tokenize;
-mod waterfall;
 
-use std::collections::{BTreeMap, HashMap};
-use std::net::IpAddr;
+use std::collections::HashMap;
 
-use super::{RulesError, ServicePort};
+use super::RulesError;
+use super::program::{Base, Chain, ChainType, Family, Hook, Program};
 
-/// One `-A` line, reduced to the options kube-proxy's chains use.
-#[derive(Debug, Default)]
-struct Rule {
-    line: usize,
-    /// `-d` when not negated: (address, prefix length).
-    dst: Option<(IpAddr, u8)>,
-    proto: Option<String>,
-    dport: Option<String>,
-    jump: Option<String>,
-    comment: Option<String>,
-    probability: Option<String>,
-    to_destination: Option<String>,
-    /// `-m recent --rcheck`: a session-affinity shortcut, not part of the waterfall.
-    rcheck: bool,
-    /// `--dst-type LOCAL`: a NodePort-style match on any local address.
-    dst_local: bool,
+/// The tables whose rules decide and refuse Service connections.
+const READ_TABLES: [&str; 2] = ["nat", "filter"];
+
+/// Every table of one `iptables-save` dump that observer reads (`nat`, `filter`),
+/// decoded, so that chains can be replaced one by one as they change (`iptables -t
+/// TABLE -S CHAIN`) without parsing the rest again.
+#[derive(Debug)]
+pub struct Tables {
+    family: Family,
+    tables: HashMap<String, Program>,
 }
-
-#[derive(Debug, Default)]
-struct Table {
-    chains: BTreeMap<String, Vec<Rule>>,
-}
-
-/// Every table of one `iptables-save` dump, parsed, so that chains can be replaced one
-/// by one as they change (`iptables -t TABLE -S CHAIN`) without parsing the rest again.
-#[derive(Debug, Default)]
-pub struct Tables(HashMap<String, Table>);
 
 impl Tables {
     pub fn parse(text: &str) -> Result<Tables, RulesError> {
-        let mut tables = read_tables(text)?;
-        // Kept for long: no room for rules that will not come (a chain has one to three).
-        for table in tables.values_mut() {
-            table.chains.values_mut().for_each(Vec::shrink_to_fit);
-        }
-        Ok(Tables(tables))
+        let family = family(text);
+        let tables = read_tables(family, text)?;
+        Ok(Tables { family, tables })
     }
 
-    /// The Service ports the tables define.
-    pub fn ports(&self) -> Result<Vec<ServicePort>, RulesError> {
-        let mut ports = match self.0.get("nat") {
-            Some(nat) => services::from_nat(nat)?,
-            None => Vec::new(),
-        };
-        if let Some(filter) = self.0.get("filter") {
-            services::add_no_endpoint_services(filter, &mut ports)?;
-        }
-        Ok(ports)
+    /// The tables in the order a packet meets them: nat (DNAT at PREROUTING), then
+    /// filter (FORWARD and INPUT, where kube-proxy rejects).
+    pub fn programs(&self) -> Vec<&Program> {
+        READ_TABLES
+            .iter()
+            .filter_map(|name| self.tables.get(*name))
+            .collect()
     }
 
     /// Replaces one chain with what `iptables -t table -S chain` printed: `-N chain` or
@@ -83,10 +60,7 @@ impl Tables {
                 (Some("-N" | "-P"), Some(name)) if name == chain => declared = true,
                 (Some("-A"), Some(name)) if name == chain => {
                     let words = tokenize::tokenize(trimmed, line)?;
-                    let rule = tokenize::parse_rule(&words, line)?.1;
-                    if services::is_read(table, chain, &rule) {
-                        rules.push(rule);
-                    }
+                    rules.push(options::parse_rule(self.family, &words, line)?.1);
                 }
                 _ => {
                     return Err(err(
@@ -99,21 +73,74 @@ impl Tables {
         if !declared {
             return Err(err(1, format!("chain {chain} is not declared")));
         }
-        rules.shrink_to_fit();
-        self.0
+        let program = self
+            .tables
             .entry(table.to_owned())
-            .or_default()
+            .or_insert_with(|| Program::new(self.family));
+        let entry = program
             .chains
-            .insert(chain.to_owned(), rules);
+            .entry(chain.to_owned())
+            .or_insert_with(|| Chain {
+                rules: Vec::new(),
+                base: base(table, chain),
+            });
+        entry.rules = rules;
         Ok(())
     }
 
     /// Forgets a chain that was deleted.
     pub fn remove_chain(&mut self, table: &str, chain: &str) {
-        if let Some(table) = self.0.get_mut(table) {
-            table.chains.remove(chain);
+        if let Some(program) = self.tables.get_mut(table) {
+            program.chains.remove(chain);
         }
     }
+}
+
+/// The family of a dump: IPv6 when its first address is.
+fn family(text: &str) -> Family {
+    let mut words = text.split_whitespace();
+    while let Some(word) = words.next() {
+        if matches!(word, "-s" | "-d" | "--to-destination")
+            && let Some(value) = words.next()
+        {
+            let ip = value
+                .split('/')
+                .next()
+                .unwrap_or_default()
+                .trim_matches(['[', ']']);
+            if let Ok(ip) = ip.parse::<std::net::IpAddr>() {
+                return Family::of(ip);
+            }
+            if value.starts_with('[') {
+                return Family::V6;
+            }
+        }
+    }
+    Family::V4
+}
+
+/// The hook of a built-in chain.
+fn base(table: &str, chain: &str) -> Option<Base> {
+    let hook = match chain {
+        "PREROUTING" => Hook::Prerouting,
+        "INPUT" => Hook::Input,
+        "FORWARD" => Hook::Forward,
+        "OUTPUT" => Hook::Output,
+        "POSTROUTING" => Hook::Postrouting,
+        _ => return None,
+    };
+    let (kind, priority) = match table {
+        "nat" => (
+            ChainType::Nat,
+            if hook == Hook::Postrouting { 100 } else { -100 },
+        ),
+        _ => (ChainType::Filter, 0),
+    };
+    Some(Base {
+        kind,
+        hook,
+        priority,
+    })
 }
 
 fn err(line: usize, message: impl Into<String>) -> RulesError {
@@ -123,13 +150,9 @@ fn err(line: usize, message: impl Into<String>) -> RulesError {
     }
 }
 
-pub(super) fn parse(text: &str) -> Result<Vec<ServicePort>, RulesError> {
-    Tables::parse(text)?.ports()
-}
-
 /// Every `*table` ... `COMMIT` block, by table name.
-fn read_tables(text: &str) -> Result<HashMap<String, Table>, RulesError> {
-    let mut tables: HashMap<String, Table> = HashMap::new();
+fn read_tables(family: Family, text: &str) -> Result<HashMap<String, Program>, RulesError> {
+    let mut tables: HashMap<String, Program> = HashMap::new();
     let mut current: Option<String> = None;
     let mut last_line = 0;
     for (index, raw) in text.lines().enumerate() {
@@ -147,7 +170,6 @@ fn read_tables(text: &str) -> Result<HashMap<String, Table>, RulesError> {
                 ));
             }
             current = Some(name.to_owned());
-            tables.entry(name.to_owned()).or_default();
             continue;
         }
         let Some(table_name) = &current else {
@@ -161,9 +183,13 @@ fn read_tables(text: &str) -> Result<HashMap<String, Table>, RulesError> {
         };
         if trimmed == "COMMIT" {
             current = None;
-        } else {
-            let table = tables.entry(table_name.clone()).or_default();
+        } else if READ_TABLES.contains(&table_name.as_str()) {
+            let table = tables
+                .entry(table_name.clone())
+                .or_insert_with(|| Program::new(family));
             read_line(table_name, table, trimmed, line)?;
+        } else {
+            check_line(trimmed, line)?;
         }
     }
     if let Some(name) = current {
@@ -178,32 +204,51 @@ fn read_tables(text: &str) -> Result<HashMap<String, Table>, RulesError> {
 /// A chain declaration or an `-A` rule inside a table.
 fn read_line(
     table_name: &str,
-    table: &mut Table,
+    table: &mut Program,
     trimmed: &str,
     line: usize,
 ) -> Result<(), RulesError> {
+    check_line(trimmed, line)?;
     if let Some(declaration) = trimmed.strip_prefix(':') {
         let chain = declaration.split_whitespace().next().unwrap_or_default();
-        if chain.is_empty() {
-            return Err(err(line, "chain declaration without a name"));
-        }
-        table.chains.entry(chain.to_owned()).or_default();
-    } else if trimmed.starts_with("-A ") {
-        let words = tokenize::tokenize(trimmed, line)?;
-        let (chain, rule) = tokenize::parse_rule(&words, line)?;
-        // Only what the parsers read is kept (the chain's name always is).
-        let keep = services::is_read(table_name, &chain, &rule);
-        let rules = table.chains.entry(chain).or_default();
-        if keep {
-            rules.push(rule);
-        }
+        table
+            .chains
+            .entry(chain.to_owned())
+            .or_insert_with(|| Chain {
+                rules: Vec::new(),
+                base: base(table_name, chain),
+            });
     } else {
-        return Err(err(
-            line,
-            format!("not an iptables-save line: {}", clip(trimmed)),
-        ));
+        let words = tokenize::tokenize(trimmed, line)?;
+        let (chain, rule) = options::parse_rule(table.family, &words, line)?;
+        table
+            .chains
+            .entry(chain.clone())
+            .or_insert_with(|| Chain {
+                rules: Vec::new(),
+                base: base(table_name, &chain),
+            })
+            .rules
+            .push(rule);
     }
     Ok(())
+}
+
+/// A line inside a table must declare a chain or append a rule.
+fn check_line(trimmed: &str, line: usize) -> Result<(), RulesError> {
+    if let Some(declaration) = trimmed.strip_prefix(':') {
+        if declaration.split_whitespace().next().is_none() {
+            return Err(err(line, "chain declaration without a name"));
+        }
+        return Ok(());
+    }
+    if trimmed.starts_with("-A ") {
+        return Ok(());
+    }
+    Err(err(
+        line,
+        format!("not an iptables-save line: {}", clip(trimmed)),
+    ))
 }
 
 fn clip(text: &str) -> String {

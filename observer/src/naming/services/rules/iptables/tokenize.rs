@@ -1,9 +1,7 @@
-//! One `iptables-save` rule line into a [`Rule`]: shell-like words, then the options
-//! kube-proxy's chains use.
+//! One `iptables-save` rule line into shell-like words, honouring iptables-save's
+//! quoting.
 
-use std::net::IpAddr;
-
-use super::{Rule, err};
+use super::err;
 use crate::naming::services::rules::RulesError;
 
 const UNTERMINATED: &str = "unterminated quoted string (truncated dump?)";
@@ -53,104 +51,4 @@ fn read_quoted(
             Some(other) => word.push(other),
         }
     }
-}
-
-/// Options that take one value; every other option's value, if any, is skipped as an
-/// ordinary word.
-fn takes_value(word: &str) -> bool {
-    matches!(
-        word,
-        "-d" | "--destination"
-            | "-p"
-            | "--protocol"
-            | "--dport"
-            | "--destination-port"
-            | "-j"
-            | "--jump"
-            | "-g"
-            | "--goto"
-            | "--comment"
-            | "--probability"
-            | "--to-destination"
-            | "--dst-type"
-    )
-}
-
-pub(super) fn parse_rule(words: &[String], line: usize) -> Result<(String, Rule), RulesError> {
-    let chain = words
-        .get(1)
-        .ok_or_else(|| err(line, "-A without a chain name"))?
-        .clone();
-    let mut rule = Rule {
-        line,
-        ..Rule::default()
-    };
-    let mut negate = false;
-    let mut index = 2;
-    while index < words.len() {
-        let word = words[index].as_str();
-        if word == "!" {
-            negate = true;
-            index += 1;
-            continue;
-        }
-        if takes_value(word) {
-            let value = words.get(index + 1).ok_or_else(|| {
-                err(
-                    line,
-                    format!("option {word} has no value (truncated dump?)"),
-                )
-            })?;
-            apply_option(&mut rule, word, value.clone(), negate)?;
-            index += 2;
-        } else {
-            if word == "--rcheck" {
-                rule.rcheck = true;
-            }
-            index += 1;
-        }
-        negate = false;
-    }
-    Ok((chain, rule))
-}
-
-/// Records one option's value; a negated match (`! -d ...`) selects nothing we model.
-fn apply_option(
-    rule: &mut Rule,
-    word: &str,
-    value: String,
-    negate: bool,
-) -> Result<(), RulesError> {
-    match word {
-        "-d" | "--destination" if !negate => rule.dst = Some(parse_cidr(&value, rule.line)?),
-        "-p" | "--protocol" if !negate => rule.proto = Some(value),
-        "--dport" | "--destination-port" if !negate => rule.dport = Some(value),
-        "-j" | "--jump" | "-g" | "--goto" => rule.jump = Some(value),
-        "--comment" => rule.comment = Some(value),
-        "--probability" => rule.probability = Some(value),
-        "--to-destination" => rule.to_destination = Some(value),
-        "--dst-type" if !negate => rule.dst_local = value == "LOCAL",
-        _ => {}
-    }
-    Ok(())
-}
-
-fn parse_cidr(text: &str, line: usize) -> Result<(IpAddr, u8), RulesError> {
-    let (ip, prefix) = match text.split_once('/') {
-        Some((ip, prefix)) => (ip, Some(prefix)),
-        None => (text, None),
-    };
-    let ip: IpAddr = ip
-        .parse()
-        .map_err(|_| err(line, format!("-d {text}: not an IP address")))?;
-    let full = if ip.is_ipv4() { 32 } else { 128 };
-    let prefix = match prefix {
-        Some(prefix) => prefix
-            .parse::<u8>()
-            .ok()
-            .filter(|p| *p <= full)
-            .ok_or_else(|| err(line, format!("-d {text}: bad prefix length")))?,
-        None => full,
-    };
-    Ok((ip, prefix))
 }

@@ -1,217 +1,300 @@
-//! The parts of nft's JSON that kube-proxy's dispatch uses, typed; and the readers of
-//! map elements and chain names.
+//! `nft -j list table` into a [`Program`]: chains (with their hooks), rules, sets and
+//! maps. Expressions observer does not model become opaque (the evaluator then says
+//! which rule it could not follow); malformed values in maps and sets are errors that
+//! name their position (`nftables[3].map(service-ips).elem[0]`).
 
-use std::net::IpAddr;
+use std::collections::HashMap;
+use std::sync::Arc;
 
-use serde::Deserialize;
 use serde_json::Value;
-use serde_json::value::RawValue;
 
-use crate::model::record::Proto;
-use crate::naming::services::rules::{RulesError, parse_proto, service_port_name};
-
-#[derive(Deserialize)]
-pub(super) struct Dump {
-    pub(super) nftables: Vec<Object>,
-}
-
-/// One entry of the `nftables` array: an object with one key naming its kind.
-#[derive(Deserialize)]
-pub(super) struct Object {
-    // Boxed: a table keeps tens of thousands of these, each one of the three.
-    pub(super) map: Option<Box<NftMap>>,
-    pub(super) set: Option<Box<NftMap>>,
-    pub(super) rule: Option<Box<NftRule>>,
-}
-
-#[derive(Deserialize)]
-pub(super) struct NftMap {
-    pub(super) name: String,
-    /// The elements' JSON text, parsed when read ([`NftMap::values`]): a table keeps its
-    /// maps, and 5,000 elements as a tree of JSON maps take megabytes.
-    #[serde(default)]
-    pub(super) elem: Option<Box<RawValue>>,
-}
-
-impl NftMap {
-    /// The elements; `object_index` is the map's position, for error paths.
-    pub(super) fn values(&self, object_index: usize) -> Result<Vec<Value>, RulesError> {
-        match &self.elem {
-            Some(elem) => serde_json::from_str(elem.get()).map_err(|e| {
-                path_err(
-                    format!("nftables[{object_index}].map({}).elem", self.name),
-                    e.to_string(),
-                )
-            }),
-            None => Ok(Vec::new()),
-        }
-    }
-}
-
-#[derive(Deserialize)]
-pub(super) struct NftRule {
-    pub(super) chain: String,
-    /// The kernel's handle, by which an announcement removes the rule.
-    #[serde(default)]
-    pub(super) handle: Option<u64>,
-    #[serde(default)]
-    pub(super) expr: Vec<Expr>,
-}
-
-/// A rule statement; only the kinds kube-proxy's dispatch uses are typed.
-#[derive(Deserialize)]
-pub(super) struct Expr {
-    pub(super) vmap: Option<Vmap>,
-    pub(super) dnat: Option<Dnat>,
-}
-
-/// A vmap's key and data as JSON text (see [`NftMap::elem`]), parsed when read.
-#[derive(Deserialize)]
-pub(super) struct Vmap {
-    pub(super) key: Box<RawValue>,
-    pub(super) data: Box<RawValue>,
-}
-
-#[derive(Deserialize)]
-pub(super) struct Dnat {
-    pub(super) addr: Option<Value>,
-    pub(super) port: Option<Value>,
-}
-
-#[derive(Deserialize)]
-pub(super) struct Target {
-    pub(super) target: String,
-}
-
-#[derive(Deserialize)]
-pub(super) struct Verdict {
-    pub(super) goto: Option<Target>,
-    pub(super) jump: Option<Target>,
-}
-
-impl Verdict {
-    pub(super) fn chain(&self) -> Option<&str> {
-        self.goto
-            .as_ref()
-            .or(self.jump.as_ref())
-            .map(|t| t.target.as_str())
-    }
-}
+use super::statements::{Declared, RuleDecoder, Usage};
+use super::types::{Ty, encode_parts};
+use crate::naming::services::rules::RulesError;
+use crate::naming::services::rules::program::{
+    Base, Bytes, ChainType, Data, Element, Family, Hook, Program, Set, Verdict,
+};
 
 pub(super) fn path_err(path: String, message: impl Into<String>) -> RulesError {
     RulesError::Nft {
-        path: super::super::error_text(path),
-        message: super::super::error_text(message.into()),
+        path: crate::naming::services::rules::error_text(path),
+        message: crate::naming::services::rules::error_text(message.into()),
     }
 }
 
-/// What a kube-proxy chain name says: `service-HASH-ns/name/proto/port`.
-pub(super) struct ChainName<'a> {
-    pub(super) prefix: &'a str,
-    /// `HASH-ns/name/proto/port`: identifies the Service port across its chains.
-    pub(super) base: &'a str,
-    pub(super) name: String,
-    pub(super) proto: Option<Proto>,
+/// The `nftables` array of a dump.
+pub(super) fn objects(text: &str) -> Result<Vec<Value>, RulesError> {
+    #[derive(serde::Deserialize)]
+    struct Dump {
+        nftables: Vec<Value>,
+    }
+    let dump: Dump = serde_json::from_str(text).map_err(|e| RulesError::NftSyntax {
+        line: e.line(),
+        column: e.column(),
+        message: e.to_string(),
+    })?;
+    Ok(dump.nftables)
 }
 
-pub(super) fn chain_name(chain: &str) -> Option<ChainName<'_>> {
-    let (prefix, base) = ["service-", "local-", "external-"]
-        .into_iter()
-        .find_map(|prefix| chain.strip_prefix(prefix).map(|rest| (prefix, rest)))?;
-    let (_hash, rest) = base.split_once('-')?;
-    let mut parts = rest.splitn(4, '/');
-    let (namespace, name, proto, port) =
-        (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
-    Some(ChainName {
-        prefix,
-        base,
-        name: service_port_name(namespace, name, port),
-        proto: parse_proto(proto),
+/// The family of the first object that names one (`ip` unless `ip6`).
+pub(super) fn family(objects: &[Value]) -> Family {
+    objects
+        .iter()
+        .filter_map(|o| o.as_object()?.values().next()?.get("family")?.as_str())
+        .map(|family| match family {
+            "ip6" => Family::V6,
+            _ => Family::V4,
+        })
+        .next()
+        .unwrap_or(Family::V4)
+}
+
+/// A whole dump as a program; the names of the plain sets (not maps).
+pub(super) fn program(objects: &[Value]) -> Result<(Program, Vec<String>), RulesError> {
+    let family = family(objects);
+    let mut program = Program::new(family);
+    let mut decoder = RuleDecoder::new(family, declared_types(objects));
+    for (position, object) in objects.iter().enumerate() {
+        if let Some(chain) = object.get("chain") {
+            let Some(name) = chain.get("name").and_then(Value::as_str) else {
+                continue;
+            };
+            program.chains.entry(name.to_owned()).or_default().base = base(chain);
+        }
+        if let Some(rule) = object.get("rule") {
+            let (chain, rule) = decoder.rule(position, rule)?;
+            program.chains.entry(chain).or_default().rules.push(rule);
+        }
+    }
+    let mut plain = Vec::new();
+    for (position, object) in objects.iter().enumerate() {
+        for kind in ["set", "map"] {
+            if let Some(set) = object.get(kind) {
+                let (name, set) = named_set(position, kind, set, decoder.usage())?;
+                if kind == "set" {
+                    plain.push(name.clone());
+                }
+                program.sets.insert(name, Arc::new(set));
+            }
+        }
+    }
+    Ok((program, plain))
+}
+
+/// The declared key and data types of every named set and map.
+fn declared_types(objects: &[Value]) -> Declared {
+    let mut out = HashMap::new();
+    for object in objects {
+        for kind in ["set", "map"] {
+            let Some(set) = object.get(kind) else {
+                continue;
+            };
+            let Some(name) = set.get("name").and_then(Value::as_str) else {
+                continue;
+            };
+            let key = set.get("type").and_then(Ty::declared);
+            let data = set
+                .get("map")
+                .filter(|m| m.as_str() != Some("verdict"))
+                .and_then(Ty::declared);
+            out.insert(name.to_owned(), (key, data));
+        }
+    }
+    out
+}
+
+/// A base chain's hook: `{"type": "nat", "hook": "prerouting", "prio": -100}`.
+fn base(chain: &Value) -> Option<Base> {
+    let hook = match chain.get("hook")?.as_str()? {
+        "prerouting" => Hook::Prerouting,
+        "input" => Hook::Input,
+        "forward" => Hook::Forward,
+        "output" => Hook::Output,
+        "postrouting" => Hook::Postrouting,
+        _ => return None,
+    };
+    let kind = match chain.get("type")?.as_str()? {
+        "nat" => ChainType::Nat,
+        _ => ChainType::Filter,
+    };
+    let priority = chain
+        .get("prio")
+        .and_then(Value::as_i64)
+        .and_then(|p| i32::try_from(p).ok())
+        .unwrap_or(0);
+    Some(Base {
+        kind,
+        hook,
+        priority,
     })
 }
 
-/// Map element keys: `{"concat": [...]}`, a bare value, or either wrapped in
-/// `{"elem": {"val": ..., "comment": ...}}`. Returns the parts and the comment.
-fn element_key(key: &Value) -> (Vec<&Value>, Option<&str>) {
-    let (value, comment) = match key.get("elem") {
+/// A named set or map, its elements typed by its declaration or by how rules use it.
+fn named_set(
+    position: usize,
+    kind: &str,
+    set: &Value,
+    usage: &HashMap<String, Usage>,
+) -> Result<(String, Set), RulesError> {
+    let name = set
+        .get("name")
+        .and_then(Value::as_str)
+        .ok_or_else(|| path_err(format!("nftables[{position}].{kind}"), "no name"))?;
+    let path = format!("nftables[{position}].{kind}({name})");
+    let used = usage.get(name);
+    let key_types = set
+        .get("type")
+        .and_then(Ty::declared)
+        .or_else(|| used.and_then(|u| u.key.clone()));
+    let data_types = set
+        .get("map")
+        .filter(|m| m.as_str() != Some("verdict"))
+        .and_then(Ty::declared)
+        .or_else(|| used.and_then(|u| u.data.clone()));
+    let flags: Vec<&str> = set
+        .get("flags")
+        .and_then(Value::as_array)
+        .map(|f| f.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    let mut out = Set::default();
+    // kube-proxy's affinity sets: `flags dynamic,timeout` (nft 1.0.6 prints only
+    // `timeout` back); filled by `update @set` from the packets.
+    out.dynamic = flags.contains(&"dynamic") || flags.contains(&"timeout");
+    out.timeout = set.get("timeout").and_then(Value::as_u64);
+    out.comment = set
+        .get("comment")
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    let elements = set.get("elem").and_then(Value::as_array);
+    if let (Some(elements), Some(key_types)) = (elements, key_types) {
+        for (index, element) in elements.iter().enumerate() {
+            let at = format!("{path}.elem[{index}]");
+            out.push(
+                self::element(&key_types, data_types.as_deref(), element)
+                    .map_err(|message| path_err(at, message))?,
+            );
+        }
+    }
+    Ok((name.to_owned(), out))
+}
+
+/// One element: `KEY`, `[KEY, DATA]`; a key may be `{"elem": {"val": ..., "comment":
+/// ...}}`, a `{"prefix": ...}` or a `{"range": [...]}`. Data is a verdict or a value of
+/// `data_types`.
+pub(super) fn element(
+    key_types: &[Ty],
+    data_types: Option<&[Ty]>,
+    element: &Value,
+) -> Result<Element, String> {
+    let (key, data) = match element.as_array() {
+        Some(pair) if pair.len() == 2 => (&pair[0], Some(&pair[1])),
+        Some(_) => return Err("expected a [key, data] pair".to_owned()),
+        None => (element, None),
+    };
+    let (key_value, comment) = match key.get("elem") {
         Some(elem) => (
             elem.get("val").unwrap_or(&Value::Null),
             elem.get("comment").and_then(Value::as_str),
         ),
         None => (key, None),
     };
-    match value.get("concat").and_then(Value::as_array) {
-        Some(parts) => (parts.iter().collect(), comment),
-        None => (vec![value], comment),
-    }
-}
-
-pub(super) fn as_port(value: &Value) -> Option<u16> {
-    match value {
-        Value::Number(n) => n.as_u64().and_then(|n| u16::try_from(n).ok()),
-        Value::String(s) => s.parse().ok(),
-        _ => None,
-    }
-}
-
-/// A map's elements as (key parts, comment, verdict chain); `path` names the map.
-pub(super) struct Element<'a> {
-    pub(super) path: String,
-    pub(super) parts: Vec<&'a Value>,
-    pub(super) comment: Option<&'a str>,
-    pub(super) chain: Option<String>,
-}
-
-pub(super) fn elements<'a>(
-    map: &NftMap,
-    values: &'a [Value],
-    object_index: usize,
-) -> Result<Vec<Element<'a>>, RulesError> {
-    let mut out = Vec::new();
-    for (index, elem) in values.iter().enumerate() {
-        let path = format!("nftables[{object_index}].map({}).elem[{index}]", map.name);
-        let pair = elem
-            .as_array()
-            .filter(|pair| pair.len() == 2)
-            .ok_or_else(|| path_err(path.clone(), "expected a [key, verdict] pair"))?;
-        let verdict: Verdict = serde_json::from_value(pair[1].clone())
-            .map_err(|e| path_err(format!("{path}[1]"), e.to_string()))?;
-        let (parts, comment) = element_key(&pair[0]);
-        out.push(Element {
-            path,
-            parts,
-            comment,
-            chain: verdict.chain().map(str::to_owned),
-        });
-    }
-    Ok(out)
-}
-
-/// (ip, proto, port) of a `service-ips`-style key.
-pub(super) fn ip_proto_port(
-    element: &Element<'_>,
-) -> Result<(IpAddr, Option<Proto>, u16), RulesError> {
-    let [ip, proto, port] = element.parts[..] else {
-        return Err(path_err(
-            element.path.clone(),
-            "expected key ip . proto . port",
-        ));
+    let (key, key_end) = key_bytes(key_types, key_value)?;
+    let data = match data {
+        None => None,
+        Some(data) => Some(match verdict(data) {
+            Some(verdict) => Data::Verdict(verdict),
+            None => match data_types {
+                Some(types) => Data::Value(encode_parts(types, data)?),
+                None => return Err(format!("{data}: not a verdict")),
+            },
+        }),
     };
-    let ip = ip
-        .as_str()
-        .and_then(|s| s.parse::<IpAddr>().ok())
-        .ok_or_else(|| path_err(element.path.clone(), format!("{ip}: not an IP address")))?;
-    let port = as_port(port)
-        .ok_or_else(|| path_err(element.path.clone(), format!("{port}: not a port")))?;
-    Ok((ip, proto.as_str().and_then(parse_proto), port))
+    Ok(Element {
+        key,
+        key_end,
+        data,
+        comment: comment.map(str::to_owned),
+    })
 }
 
-/// (proto, port) of a `service-nodeports`-style key.
-pub(super) fn proto_port(element: &Element<'_>) -> Result<(Option<Proto>, u16), RulesError> {
-    let [proto, port] = element.parts[..] else {
-        return Err(path_err(element.path.clone(), "expected key proto . port"));
+/// A key, or the first and last key of a range or prefix.
+fn key_bytes(types: &[Ty], value: &Value) -> Result<(Bytes, Option<Bytes>), String> {
+    if let Some(prefix) = value.get("prefix") {
+        let [ty] = types else {
+            return Err(format!("{value}: a prefix of a concatenation"));
+        };
+        let low = ty.encode(prefix.get("addr").unwrap_or(&Value::Null))?;
+        let len = prefix.get("len").and_then(Value::as_u64).unwrap_or(0) as usize;
+        let high = host_ones(&low, len);
+        let low = host_zeros(&low, len);
+        return Ok((low, Some(high)));
+    }
+    if let Some([low, high]) = value
+        .get("range")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+    {
+        return Ok((encode_parts(types, low)?, Some(encode_parts(types, high)?)));
+    }
+    Ok((encode_parts(types, value)?, None))
+}
+
+/// An address with the bits after `prefix` cleared, or set.
+pub(super) fn host_zeros(addr: &[u8], prefix: usize) -> Bytes {
+    masked(addr, prefix, false)
+}
+
+pub(super) fn host_ones(addr: &[u8], prefix: usize) -> Bytes {
+    masked(addr, prefix, true)
+}
+
+fn masked(addr: &[u8], prefix: usize, ones: bool) -> Bytes {
+    addr.iter()
+        .enumerate()
+        .map(|(i, byte)| {
+            let keep = prefix.saturating_sub(i * 8).min(8);
+            let mask = if keep == 0 { 0 } else { 0xffu8 << (8 - keep) };
+            if ones { byte | !mask } else { byte & mask }
+        })
+        .collect()
+}
+
+/// `{"goto": {"target": C}}`, `{"jump": ...}`, `{"accept": null}`, ...
+pub(super) fn verdict(value: &Value) -> Option<Verdict> {
+    let object = value.as_object()?;
+    let (kind, body) = object.iter().next()?;
+    let target = || {
+        body.get("target")
+            .and_then(Value::as_str)
+            .map(str::to_owned)
     };
-    let port = as_port(port)
-        .ok_or_else(|| path_err(element.path.clone(), format!("{port}: not a port")))?;
-    Ok((proto.as_str().and_then(parse_proto), port))
+    Some(match kind.as_str() {
+        "accept" => Verdict::Accept,
+        "drop" => Verdict::Drop,
+        "continue" => Verdict::Continue,
+        "return" => Verdict::Return,
+        "jump" => Verdict::Jump(target()?),
+        "goto" => Verdict::Goto(target()?),
+        _ => return None,
+    })
+}
+
+/// A named set listed alone (`nft -j list map ip kube-proxy NAME`), typed as the
+/// program's rules use it.
+pub(super) fn listed_set(
+    listing: &str,
+    name: &str,
+    usage: &HashMap<String, Usage>,
+) -> Result<Option<(Set, bool)>, RulesError> {
+    for (position, object) in objects(listing)?.iter().enumerate() {
+        for kind in ["set", "map"] {
+            if let Some(set) = object.get(kind)
+                && set.get("name").and_then(Value::as_str) == Some(name)
+            {
+                let (_, set) = named_set(position, kind, set, usage)?;
+                return Ok(Some((set, kind == "set")));
+            }
+        }
+    }
+    Ok(None)
 }

@@ -112,7 +112,8 @@ fn nft_ipv6_table() {
     );
 }
 
-/// A minimal kube-proxy table in nft's JSON shape.
+/// A minimal kube-proxy table in nft's JSON shape: its hook chain dispatches by
+/// `service-ips`, whose map declares no type (the rule's key types it).
 fn nft_doc(vmap_set: &str, service_ips_key: &str) -> String {
     format!(
         r#"{{"nftables": [{{"metainfo": {{"version": "1.0.6"}}}}, {{"table": {{"family": "ip", "name": "kube-proxy"}}}},
@@ -120,7 +121,9 @@ fn nft_doc(vmap_set: &str, service_ips_key: &str) -> String {
 {{"flowtable": {{"name": "unknown-object"}}}},
 {{"rule": {{"family": "ip", "table": "kube-proxy", "chain": "service-H-a/b/tcp/", "expr": [{{"vmap": {{"key": {{"numgen": {{"mode": "random", "mod": 4, "offset": 0}}}}, "data": {{"set": {vmap_set}}}}}}}]}}}},
 {{"rule": {{"family": "ip", "table": "kube-proxy", "chain": "endpoint-E1-a/b/tcp/__10.0.0.1/80", "expr": [{{"dnat": {{"addr": "10.0.0.1", "port": 80}}}}]}}}},
-{{"rule": {{"family": "ip", "table": "kube-proxy", "chain": "endpoint-E2-a/b/tcp/__10.0.0.2/80", "expr": [{{"dnat": {{"addr": "10.0.0.2", "port": 80}}}}]}}}}]}}"#
+{{"rule": {{"family": "ip", "table": "kube-proxy", "chain": "endpoint-E2-a/b/tcp/__10.0.0.2/80", "expr": [{{"dnat": {{"addr": "10.0.0.2", "port": 80}}}}]}}}},
+{{"chain": {{"family": "ip", "table": "kube-proxy", "name": "nat-prerouting", "type": "nat", "hook": "prerouting", "prio": -100}}}},
+{{"rule": {{"family": "ip", "table": "kube-proxy", "chain": "nat-prerouting", "expr": [{{"vmap": {{"key": {{"concat": [{{"payload": {{"protocol": "ip", "field": "daddr"}}}}, {{"meta": {{"key": "l4proto"}}}}, {{"payload": {{"protocol": "th", "field": "dport"}}}}]}}, "data": "@service-ips"}}}}]}}}}]}}"#
     )
 }
 

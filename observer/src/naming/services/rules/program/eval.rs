@@ -1,0 +1,812 @@
+//! Runs a [`Program`] for one connection's first packet, as the kernel would, from the
+//! hooks down: jumps, gotos and returns, verdict maps, map lookups, `numgen` (each
+//! number equally likely), `ct mark set`, iptables' `--probability`, and `dnat`. What
+//! the rules test of the client (its address, whether it is the node itself) is not
+//! known in advance: a match on it splits the run in two, each side remembering the
+//! [`Guard`] it assumed, so a connection is later judged by the side its client is on.
+//!
+//! What is assumed of an address of the node itself (a NodePort's destination,
+//! [`Daddr::NodeLocal`]): it is none of the Service addresses the rules compare with
+//! or look up exactly; prefixes, ranges and sets of addresses are guards.
+
+use std::net::{IpAddr, SocketAddr};
+
+use super::{
+    Bytes, CT_STATE_NEW, CmpOp, Cond, Data, Expr, Field, Program, RTN_LOCAL, Set, SetRef, Stmt,
+    Verdict, padded,
+};
+
+mod describe;
+mod inert;
+
+pub use describe::describe;
+pub use inert::Inert;
+
+/// The destination of the first packet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Daddr {
+    Addr(IpAddr),
+    /// One of the node's own addresses (a NodePort).
+    NodeLocal,
+}
+
+/// A connection's first packet, as far as it is known before any client dials.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Packet {
+    pub daddr: Daddr,
+    /// IP protocol number (6 TCP, 17 UDP).
+    pub proto: u8,
+    pub dport: u16,
+}
+
+/// What one connection's client is: what the guards test.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Client {
+    pub saddr: IpAddr,
+    /// What it dialed (a NodePort's node address, say).
+    pub daddr: IpAddr,
+    /// Whether the client is the node itself (`fib saddr type local`); `None`: unknown.
+    pub local: Option<bool>,
+}
+
+/// A match on what only the connection tells, and which way a branch took it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Guard {
+    pub cond: Cond,
+    pub holds: bool,
+    /// `cond` as text: identity and display.
+    pub text: String,
+}
+
+impl Guard {
+    /// Whether `client` takes this branch; `None` when it cannot be told (an opaque
+    /// match).
+    pub fn check(&self, client: &Client, packet: &Packet) -> Option<bool> {
+        let program = Program::new(super::Family::of(client.daddr));
+        let ctx = Ctx {
+            program: &program,
+            packet: Packet {
+                daddr: Daddr::Addr(client.daddr),
+                ..*packet
+            },
+            saddr: Some(client.saddr),
+            saddr_local: client.local,
+            ct_mark: vec![0; 4],
+        };
+        match ctx.decide(&self.cond) {
+            Decision::Known(outcomes) => {
+                let truth = outcomes.iter().any(|(p, holds)| *holds && *p > 0.0);
+                Some(truth == self.holds)
+            }
+            Decision::Affinity(_) => Some(!self.holds),
+            Decision::Guard | Decision::Unfollowed(_) => None,
+        }
+    }
+}
+
+/// Where a branch ends.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Target {
+    Dnat(SocketAddr),
+    /// Accepted (or fell off every chain) without DNAT.
+    Pass,
+    Drop,
+    Reject,
+    /// A rule observer could not follow, named.
+    Unfollowed(String),
+}
+
+/// What a branch passed through: what names it and why it ended.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Trail {
+    pub chains: Vec<String>,
+    /// Comments of the rules that matched, and of the map elements that were hit.
+    pub comments: Vec<String>,
+    /// Named sets and maps a hit came from.
+    pub sets: Vec<String>,
+    /// ClientIP session affinity on the way: its timeout (seconds) when known.
+    pub affinity: Option<Option<u64>>,
+}
+
+/// One way the rules can go for a connection.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Branch {
+    pub guards: Vec<Guard>,
+    pub probability: f64,
+    pub target: Target,
+    pub trail: Trail,
+}
+
+/// The chains to run, in order, in one program: the next runs when the last accepted.
+pub struct Stage<'p> {
+    pub program: &'p Program,
+    pub roots: Vec<String>,
+    pub inert: &'p Inert,
+}
+
+/// Beyond this many branches per packet observer gives up on the packet (a rule set
+/// that forks on every rule).
+const MAX_BRANCHES: usize = 4096;
+/// nf_tables allows 16 nested jumps; iptables more. Deeper is a loop.
+const MAX_DEPTH: usize = 64;
+
+/// Every way `packet` can go through `stages`.
+pub fn evaluate(stages: &[Stage<'_>], packet: Packet) -> Vec<Branch> {
+    let mut done = Vec::new();
+    let mut pending = vec![Branch {
+        guards: Vec::new(),
+        probability: 1.0,
+        target: Target::Pass,
+        trail: Trail::default(),
+    }];
+    for stage in stages {
+        let mut next = Vec::new();
+        for root in &stage.roots {
+            let mut passed = Vec::new();
+            for branch in pending.drain(..) {
+                run_chain(stage, root, packet, branch, &mut passed, &mut done);
+            }
+            if passed.len() + done.len() > MAX_BRANCHES {
+                return vec![too_many(packet)];
+            }
+            pending = passed;
+        }
+        next.append(&mut pending);
+        pending = next;
+    }
+    done.append(&mut pending);
+    done
+}
+
+fn too_many(_packet: Packet) -> Branch {
+    Branch {
+        guards: Vec::new(),
+        probability: 1.0,
+        target: Target::Unfollowed(format!("more than {MAX_BRANCHES} ways through the rules")),
+        trail: Trail::default(),
+    }
+}
+
+/// Where a walk is: a chain, a rule, a statement.
+#[derive(Clone)]
+struct Position {
+    chain: String,
+    rule: usize,
+    stmt: usize,
+}
+
+#[derive(Clone)]
+struct Walk {
+    at: Position,
+    /// Where each `jump` returns to.
+    stack: Vec<Position>,
+    branch: Branch,
+    ct_mark: Bytes,
+}
+
+/// Runs one root chain for one branch: branches that accepted go to `passed`, those
+/// that ended (DNAT, drop, reject, not followed) to `done`.
+fn run_chain(
+    stage: &Stage<'_>,
+    root: &str,
+    packet: Packet,
+    branch: Branch,
+    passed: &mut Vec<Branch>,
+    done: &mut Vec<Branch>,
+) {
+    let mut walks = vec![Walk {
+        at: Position {
+            chain: root.to_owned(),
+            rule: 0,
+            stmt: 0,
+        },
+        stack: Vec::new(),
+        branch,
+        ct_mark: vec![0; 4],
+    }];
+    let mut ended = Vec::new();
+    let mut steps = 0usize;
+    while let Some(walk) = walks.pop() {
+        steps += 1;
+        if steps > MAX_BRANCHES * 256 || walks.len() + ended.len() > MAX_BRANCHES {
+            done.push(too_many(packet));
+            return;
+        }
+        step(stage, packet, walk, &mut walks, &mut ended);
+    }
+    for branch in ended {
+        if branch.target == Target::Pass {
+            passed.push(branch);
+        } else {
+            done.push(branch);
+        }
+    }
+}
+
+/// Advances a walk by one statement: what goes on is pushed to `walks`, what ended to
+/// `ended`.
+fn step(
+    stage: &Stage<'_>,
+    packet: Packet,
+    mut walk: Walk,
+    walks: &mut Vec<Walk>,
+    ended: &mut Vec<Branch>,
+) {
+    let program = stage.program;
+    let Some(chain) = program.chains.get(&walk.at.chain) else {
+        let why = format!("a jump to chain {}, which does not exist", walk.at.chain);
+        return end(walk, Target::Unfollowed(why), ended);
+    };
+    let Some(rule) = chain.rules.get(walk.at.rule) else {
+        return chain_end(walk, walks, ended);
+    };
+    if walk.at.stmt == 0 && stage.inert.skips_rule(&walk.at.chain, walk.at.rule) {
+        return next_rule(walk, walks);
+    }
+    let Some(stmt) = rule.stmts.get(walk.at.stmt) else {
+        return next_rule(walk, walks);
+    };
+    let ctx = Ctx {
+        program,
+        packet,
+        saddr: None,
+        saddr_local: None,
+        ct_mark: walk.ct_mark.clone(),
+    };
+    match stmt {
+        Stmt::Match(cond) => match ctx.decide(cond) {
+            Decision::Known(outcomes) => {
+                for (probability, holds) in outcomes {
+                    let mut fork = walk.clone();
+                    fork.branch.probability *= probability;
+                    if holds {
+                        fork.at.stmt += 1;
+                        walks.push(fork);
+                    } else {
+                        next_rule(fork, walks);
+                    }
+                }
+            }
+            Decision::Guard => {
+                let text = describe(cond);
+                // Decided already on this branch: the same way again (or never).
+                if let Some(earlier) = walk.branch.guards.iter().find(|g| g.text == text) {
+                    if earlier.holds {
+                        walk.at.stmt += 1;
+                        walks.push(walk);
+                    } else {
+                        next_rule(walk, walks);
+                    }
+                    return;
+                }
+                let cond = resolve_sets(program, cond);
+                let mut taken = walk.clone();
+                taken.branch.guards.push(Guard {
+                    cond: cond.clone(),
+                    holds: true,
+                    text: text.clone(),
+                });
+                taken.at.stmt += 1;
+                walks.push(taken);
+                walk.branch.guards.push(Guard {
+                    cond,
+                    holds: false,
+                    text,
+                });
+                next_rule(walk, walks);
+            }
+            Decision::Affinity(timeout) => {
+                walk.branch.trail.affinity = Some(timeout);
+                next_rule(walk, walks);
+            }
+            Decision::Unfollowed(why) => end(walk, Target::Unfollowed(why), ended),
+        },
+        Stmt::SetCtMark(expr) => match ctx.values(expr) {
+            Ok(values) => {
+                for (probability, value) in values {
+                    let Some(value) = value else { continue };
+                    let mut fork = walk.clone();
+                    fork.branch.probability *= probability;
+                    fork.ct_mark = value;
+                    fork.at.stmt += 1;
+                    walks.push(fork);
+                }
+            }
+            Err(why) => end(walk, Target::Unfollowed(why), ended),
+        },
+        Stmt::Dnat { addr, port } => dnat(
+            &ctx,
+            rule.comment.as_deref(),
+            addr,
+            port.as_ref(),
+            walk,
+            walks,
+            ended,
+        ),
+        Stmt::Inert => {
+            walk.at.stmt += 1;
+            walks.push(walk);
+        }
+        Stmt::Verdict(verdict) => {
+            note_comment(&mut walk, rule.comment.as_deref());
+            apply(stage, walk, verdict.clone(), walks, ended);
+        }
+        Stmt::Vmap { key, map } => {
+            let Some(set) = program.set(map) else {
+                let why = format!("a verdict map {}, which does not exist", set_name(map));
+                return end(walk, Target::Unfollowed(why), ended);
+            };
+            let keys = match ctx.values(key) {
+                Ok(keys) => keys,
+                // A node address is no Service address (see the module's doc).
+                Err(_) if packet.daddr == Daddr::NodeLocal => vec![(1.0, None)],
+                Err(why) => return end(walk, Target::Unfollowed(why), ended),
+            };
+            for (probability, key) in keys {
+                let mut fork = walk.clone();
+                fork.branch.probability *= probability;
+                let element = key.as_deref().and_then(|key| set.find(key));
+                match element.and_then(|e| e.data.as_ref().map(|d| (e, d))) {
+                    Some((element, Data::Verdict(verdict))) => {
+                        note_comment(&mut fork, rule.comment.as_deref());
+                        note_comment(&mut fork, element.comment.as_deref());
+                        if let SetRef::Named(name) = map {
+                            fork.branch.trail.sets.push(name.clone());
+                        }
+                        apply(stage, fork, verdict.clone(), walks, ended);
+                    }
+                    _ => next_rule(fork, walks),
+                }
+            }
+        }
+        Stmt::Opaque(text) => end(walk, Target::Unfollowed(text.clone()), ended),
+    }
+}
+
+fn dnat(
+    ctx: &Ctx<'_>,
+    comment: Option<&str>,
+    addr: &Expr,
+    port: Option<&Expr>,
+    walk: Walk,
+    walks: &mut Vec<Walk>,
+    ended: &mut Vec<Branch>,
+) {
+    let pairs = match dnat_values(ctx, addr, port) {
+        Ok(pairs) => pairs,
+        Err(why) => return end(walk, Target::Unfollowed(why), ended),
+    };
+    for (probability, addr, port) in &pairs {
+        {
+            let mut fork = walk.clone();
+            fork.branch.probability *= probability;
+            let (Some(addr), Some(port)) = (addr, port) else {
+                // A map without an element for the key: the rule ends, the next runs.
+                next_rule(fork, walks);
+                continue;
+            };
+            note_comment(&mut fork, comment);
+            let target = match socket(addr, port) {
+                Some(to) => Target::Dnat(to),
+                None => Target::Unfollowed(format!(
+                    "a dnat to {} bytes of address and {} of port",
+                    addr.len(),
+                    port.len()
+                )),
+            };
+            end(fork, target, ended);
+        }
+    }
+}
+
+/// One (address, port) a DNAT can take, with its probability; `None`: a lookup missed.
+type DnatValue = (f64, Option<Bytes>, Option<Bytes>);
+
+/// The (address, port) pairs a DNAT can take. Both read from one map lookup (`dnat ip
+/// addr . port to ... map`) come from one lookup: one number drawn, not two.
+fn dnat_values(ctx: &Ctx<'_>, addr: &Expr, port: Option<&Expr>) -> Result<Vec<DnatValue>, String> {
+    if let (
+        Expr::Slice {
+            of: addr_of,
+            offset: addr_at,
+            len: addr_len,
+        },
+        Some(Expr::Slice {
+            of: port_of,
+            offset: port_at,
+            len: port_len,
+        }),
+    ) = (addr, port)
+        && addr_of == port_of
+    {
+        let cut = |value: &Option<Bytes>, at: usize, len: usize| {
+            value
+                .as_ref()
+                .and_then(|v| v.get(at..at + len).map(<[u8]>::to_vec))
+        };
+        return Ok(ctx
+            .values(addr_of)?
+            .into_iter()
+            .map(|(p, value)| {
+                (
+                    p,
+                    cut(&value, *addr_at, *addr_len),
+                    cut(&value, *port_at, *port_len),
+                )
+            })
+            .collect());
+    }
+    let addrs = ctx.values(addr)?;
+    // `dnat to ADDR` without a port keeps the port dialed.
+    let ports = match port {
+        Some(port) => ctx.values(port)?,
+        None => vec![(1.0, Some(ctx.packet.dport.to_be_bytes().to_vec()))],
+    };
+    Ok(addrs
+        .iter()
+        .flat_map(|(p, a)| {
+            ports
+                .iter()
+                .map(move |(q, b)| (p * q, a.clone(), b.clone()))
+        })
+        .collect())
+}
+
+/// An address (4 or 16 bytes) and a port (its first 2 bytes).
+fn socket(addr: &[u8], port: &[u8]) -> Option<SocketAddr> {
+    let ip = match addr.len() {
+        4 => IpAddr::from(<[u8; 4]>::try_from(addr).ok()?),
+        16 => IpAddr::from(<[u8; 16]>::try_from(addr).ok()?),
+        _ => return None,
+    };
+    let port = u16::from_be_bytes(port.get(..2)?.try_into().ok()?);
+    Some(SocketAddr::new(ip, port))
+}
+
+fn note_comment(walk: &mut Walk, comment: Option<&str>) {
+    if let Some(comment) = comment {
+        walk.branch.trail.comments.push(comment.to_owned());
+    }
+}
+
+fn end(walk: Walk, target: Target, ended: &mut Vec<Branch>) {
+    ended.push(Branch {
+        target,
+        ..walk.branch
+    });
+}
+
+fn next_rule(mut walk: Walk, walks: &mut Vec<Walk>) {
+    walk.at.rule += 1;
+    walk.at.stmt = 0;
+    walks.push(walk);
+}
+
+/// The end of a chain: back to where it was jumped from, or, in a root chain, its
+/// policy (kube-proxy's and iptables' built-in chains accept).
+fn chain_end(mut walk: Walk, walks: &mut Vec<Walk>, ended: &mut Vec<Branch>) {
+    match walk.stack.pop() {
+        Some(back) => {
+            walk.at = back;
+            walks.push(walk);
+        }
+        None => end(walk, Target::Pass, ended),
+    }
+}
+
+fn apply(
+    stage: &Stage<'_>,
+    mut walk: Walk,
+    verdict: Verdict,
+    walks: &mut Vec<Walk>,
+    ended: &mut Vec<Branch>,
+) {
+    match verdict {
+        Verdict::Accept => end(walk, Target::Pass, ended),
+        Verdict::Drop => end(walk, Target::Drop, ended),
+        Verdict::Reject => end(walk, Target::Reject, ended),
+        Verdict::Continue => next_rule(walk, walks),
+        Verdict::Return => chain_end(walk, walks, ended),
+        // A chain that changes nothing a DNAT depends on (masquerade marks): a jump
+        // there goes on with the next rule, a goto returns.
+        Verdict::Jump(chain) if stage.inert.is_inert(&chain) => next_rule(walk, walks),
+        Verdict::Goto(chain) if stage.inert.is_inert(&chain) => chain_end(walk, walks, ended),
+        Verdict::Jump(chain) => {
+            if walk.stack.len() >= MAX_DEPTH {
+                let why = format!("jumps nested deeper than {MAX_DEPTH} at chain {chain}");
+                return end(walk, Target::Unfollowed(why), ended);
+            }
+            walk.branch.trail.chains.push(chain.clone());
+            walk.stack.push(Position {
+                rule: walk.at.rule + 1,
+                stmt: 0,
+                chain: std::mem::take(&mut walk.at.chain),
+            });
+            walk.at = Position {
+                chain,
+                rule: 0,
+                stmt: 0,
+            };
+            walks.push(walk);
+        }
+        Verdict::Goto(chain) => {
+            walk.branch.trail.chains.push(chain.clone());
+            walk.at = Position {
+                chain,
+                rule: 0,
+                stmt: 0,
+            };
+            walks.push(walk);
+        }
+    }
+}
+
+fn set_name(set: &SetRef) -> &str {
+    match set {
+        SetRef::Named(name) => name,
+        SetRef::Inline(_) => "(inline)",
+    }
+}
+
+/// A guard's condition with its named sets copied in, so that it can be checked
+/// against a connection without the program.
+fn resolve_sets(program: &Program, cond: &Cond) -> Cond {
+    match cond {
+        Cond::InSet {
+            left,
+            set: SetRef::Named(name),
+            negated,
+        } => match program.sets.get(name) {
+            Some(set) => Cond::InSet {
+                left: left.clone(),
+                set: SetRef::Inline(set.clone()),
+                negated: *negated,
+            },
+            None => cond.clone(),
+        },
+        _ => cond.clone(),
+    }
+}
+
+/// How a match comes out for a packet.
+enum Decision {
+    /// With these probabilities (iptables' `--probability`, `numgen` compared).
+    Known(Vec<(f64, bool)>),
+    /// Depends on the client: both ways, guarded.
+    Guard,
+    /// A lookup of the client in a set the packets fill (session affinity): false for a
+    /// new client; the set's timeout.
+    Affinity(Option<u64>),
+    Unfollowed(String),
+}
+
+/// What a value is, given the packet.
+struct Ctx<'p> {
+    program: &'p Program,
+    packet: Packet,
+    saddr: Option<IpAddr>,
+    saddr_local: Option<bool>,
+    ct_mark: Bytes,
+}
+
+/// The values an expression can take, each with its probability; `None`: a lookup
+/// that found nothing.
+type Values = Vec<(f64, Option<Bytes>)>;
+
+/// Why a value is not known before a connection (its client), or cannot be computed.
+enum Unknown {
+    Client,
+    /// An expression observer does not model, by its text.
+    Opaque(String),
+    Unfollowed(String),
+}
+
+impl From<Unknown> for String {
+    fn from(unknown: Unknown) -> String {
+        match unknown {
+            Unknown::Client => "a value only the connection's client tells".to_owned(),
+            Unknown::Opaque(text) | Unknown::Unfollowed(text) => text,
+        }
+    }
+}
+
+impl Ctx<'_> {
+    fn values(&self, expr: &Expr) -> Result<Values, String> {
+        self.value(expr).map_err(String::from)
+    }
+
+    fn value(&self, expr: &Expr) -> Result<Values, Unknown> {
+        let one = |bytes: Bytes| Ok(vec![(1.0, Some(bytes))]);
+        match expr {
+            Expr::Field(Field::Daddr) => match self.packet.daddr {
+                Daddr::Addr(ip) => one(octets(ip)),
+                Daddr::NodeLocal => Err(Unknown::Client),
+            },
+            Expr::Field(Field::Saddr) => match self.saddr {
+                Some(ip) => one(octets(ip)),
+                None => Err(Unknown::Client),
+            },
+            Expr::Field(Field::L4Proto) => one(vec![self.packet.proto]),
+            Expr::Field(Field::Dport) => one(self.packet.dport.to_be_bytes().to_vec()),
+            Expr::Field(Field::Sport) => Err(Unknown::Client),
+            Expr::CtMark => one(self.ct_mark.clone()),
+            Expr::Mark => one(vec![0; 4]),
+            Expr::CtState => one(CT_STATE_NEW.to_ne_bytes().to_vec()),
+            Expr::FibType { source: false } => match self.packet.daddr {
+                Daddr::NodeLocal => one(RTN_LOCAL.to_ne_bytes().to_vec()),
+                // RTN_UNICAST: a Service address is no address of the node.
+                Daddr::Addr(_) => one(1u32.to_ne_bytes().to_vec()),
+            },
+            Expr::FibType { source: true } => match self.saddr_local {
+                Some(true) => one(RTN_LOCAL.to_ne_bytes().to_vec()),
+                Some(false) => one(1u32.to_ne_bytes().to_vec()),
+                None => Err(Unknown::Client),
+            },
+            Expr::Numgen { modulus, offset } => {
+                if *modulus == 0 {
+                    return Err(Unknown::Unfollowed("numgen mod 0".to_owned()));
+                }
+                let p = 1.0 / f64::from(*modulus);
+                Ok((0..*modulus)
+                    .map(|n| (p, Some(offset.wrapping_add(n).to_ne_bytes().to_vec())))
+                    .collect())
+            }
+            Expr::Const(bytes) => one(bytes.clone()),
+            Expr::Concat(parts) => {
+                let mut out: Values = vec![(1.0, Some(Vec::new()))];
+                for part in parts {
+                    let values = self.value(part)?;
+                    out = out
+                        .iter()
+                        .flat_map(|(p, prefix)| {
+                            values.iter().map(move |(q, value)| {
+                                let joined = prefix.as_ref().zip(value.as_ref()).map(|(a, b)| {
+                                    let mut joined = a.clone();
+                                    joined.extend_from_slice(b);
+                                    joined.resize(a.len() + padded(b.len()), 0);
+                                    joined
+                                });
+                                (p * q, joined)
+                            })
+                        })
+                        .collect();
+                }
+                Ok(out)
+            }
+            Expr::Lookup { key, map } => {
+                let set = self.program.set(map).ok_or_else(|| {
+                    Unknown::Unfollowed(format!("a map {}, which does not exist", set_name(map)))
+                })?;
+                Ok(self
+                    .value(key)?
+                    .into_iter()
+                    .map(|(p, key)| {
+                        let data = key.and_then(|key| match set.find(&key)?.data.as_ref()? {
+                            Data::Value(value) => Some(value.clone()),
+                            Data::Verdict(_) => None,
+                        });
+                        (p, data)
+                    })
+                    .collect())
+            }
+            Expr::Slice { of, offset, len } => Ok(self
+                .value(of)?
+                .into_iter()
+                .map(|(p, value)| {
+                    (
+                        p,
+                        value.and_then(|v| v.get(*offset..offset + len).map(<[u8]>::to_vec)),
+                    )
+                })
+                .collect()),
+            Expr::Bitwise { of, mask, xor } => Ok(self
+                .value(of)?
+                .into_iter()
+                .map(|(p, value)| {
+                    let masked = value.map(|v| {
+                        v.iter()
+                            .enumerate()
+                            .map(|(i, b)| {
+                                (b & mask.get(i).copied().unwrap_or(0))
+                                    ^ xor.get(i).copied().unwrap_or(0)
+                            })
+                            .collect()
+                    });
+                    (p, masked)
+                })
+                .collect()),
+            Expr::Opaque(text) => Err(Unknown::Opaque(text.clone())),
+        }
+    }
+
+    fn decide(&self, cond: &Cond) -> Decision {
+        let test = |left: &Expr, test: &dyn Fn(&[u8]) -> bool| match self.value(left) {
+            Ok(values) => Decision::Known(merge(
+                values
+                    .into_iter()
+                    .map(|(p, value)| (p, value.is_some_and(|v| test(&v)))),
+            )),
+            Err(Unknown::Client | Unknown::Opaque(_)) => Decision::Guard,
+            Err(Unknown::Unfollowed(why)) => Decision::Unfollowed(why),
+        };
+        match cond {
+            Cond::Cmp { left, op, right } => {
+                // A node address is none of the addresses the rules name exactly.
+                if self.packet.daddr == Daddr::NodeLocal
+                    && *left == Expr::Field(Field::Daddr)
+                    && matches!(op, CmpOp::Eq | CmpOp::Ne)
+                {
+                    return Decision::Known(vec![(1.0, *op == CmpOp::Ne)]);
+                }
+                test(left, &|value| compare(value, *op, right))
+            }
+            Cond::Range {
+                left,
+                low,
+                high,
+                negated,
+            } => test(left, &|value| {
+                (low.as_slice() <= value && value <= high.as_slice()) != *negated
+            }),
+            Cond::InSet { left, set, negated } => {
+                let Some(set) = self.program.set(set) else {
+                    return Decision::Unfollowed(format!(
+                        "a set {}, which does not exist",
+                        set_name(set)
+                    ));
+                };
+                if set.dynamic {
+                    return Decision::Affinity(set.timeout);
+                }
+                test(left, &|value| in_set(set, value) != *negated)
+            }
+            Cond::Probability(p) => Decision::Known(merge([(*p, true), (1.0 - p, false)])),
+            Cond::Recent { seconds } => Decision::Affinity(*seconds),
+            Cond::Opaque(_) => Decision::Guard,
+        }
+    }
+}
+
+fn in_set(set: &Set, value: &[u8]) -> bool {
+    set.find(value).is_some()
+}
+
+/// Adds up the probabilities of the same outcome; drops impossible ones.
+fn merge(outcomes: impl IntoIterator<Item = (f64, bool)>) -> Vec<(f64, bool)> {
+    let (mut yes, mut no) = (0.0, 0.0);
+    for (p, holds) in outcomes {
+        if holds {
+            yes += p;
+        } else {
+            no += p;
+        }
+    }
+    [(yes, true), (no, false)]
+        .into_iter()
+        .filter(|(p, _)| *p > 0.0)
+        .collect()
+}
+
+fn compare(value: &[u8], op: CmpOp, right: &[u8]) -> bool {
+    let ordering = value.cmp(right);
+    match op {
+        CmpOp::Eq => ordering.is_eq(),
+        CmpOp::Ne => ordering.is_ne(),
+        CmpOp::Lt => ordering.is_lt(),
+        CmpOp::Gt => ordering.is_gt(),
+        CmpOp::Le => ordering.is_le(),
+        CmpOp::Ge => ordering.is_ge(),
+    }
+}
+
+pub fn octets(ip: IpAddr) -> Bytes {
+    match ip {
+        IpAddr::V4(ip) => ip.octets().to_vec(),
+        IpAddr::V6(ip) => ip.octets().to_vec(),
+    }
+}
+
+/// The chains of a program that change nothing a DNAT decision depends on.
+pub fn inert(program: &Program) -> Inert {
+    Inert::of(program)
+}

@@ -2,6 +2,7 @@
 //! (`iptables`), nft JSON (`nft`), and what the map answers for either.
 
 mod iptables;
+mod layouts;
 mod nft;
 
 use std::net::IpAddr;

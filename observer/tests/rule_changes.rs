@@ -200,3 +200,19 @@ fn iptables_changes_are_read_chain_by_chain() {
 fn nftables_changes_are_patched_from_their_announcements() {
     changes_are_read(RuleMode::Nftables, "rn");
 }
+
+/// kube-proxy 1.37's layout (the Service chain DNATs through a numgen map, or directly
+/// for one endpoint): rules decoded from their announcements' bytecode.
+#[test]
+#[ignore = "root: run by cargo xtask test"]
+fn nftables_1_37_changes_are_patched_from_their_announcements() {
+    changes_are_read(RuleMode::Nftables137, "r37");
+}
+
+/// The dispatch-N/@endpoints layout proposed for 1.38: endpoint changes are changes of
+/// the named `endpoints` map, read again alone.
+#[test]
+#[ignore = "root: run by cargo xtask test"]
+fn nftables_dispatch_changes_are_patched() {
+    changes_are_read(RuleMode::NftablesDispatch, "rdp");
+}

@@ -24,11 +24,17 @@ impl Session {
         };
         // A lookup is a map access: rules are read on the namer's worker thread, so the
         // ring buffer keeps being drained while `iptables-save`/`nft` run.
+        // When the kernel decided the connection, on the namer's clock.
+        let started = (chrono::Utc::now() - record.start)
+            .to_std()
+            .ok()
+            .and_then(|ago| now.checked_sub(ago));
         let lookup = namer.lookup(
             record.netns,
             record.proto,
             record.original_dst,
             record.backend,
+            started,
             now,
         );
         lookup.naming.apply_to(record);

@@ -107,7 +107,7 @@ fn describe(lab: &Lab) -> String {
     }
     let rules = match c.rules {
         RuleMode::Iptables => "iptables-save -t nat",
-        RuleMode::Nftables => "nft list table ip kube-proxy",
+        _ => "nft list table ip kube-proxy",
     };
     let _ = writeln!(s, "try it:");
     let _ = writeln!(

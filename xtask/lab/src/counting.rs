@@ -38,7 +38,7 @@ impl Lab {
                 )?;
                 Ok(iptables_dnat_packets(&String::from_utf8_lossy(&out.stdout)))
             }
-            RuleMode::Nftables => Ok(nft_counter_packets(&self.nft_listing()?)),
+            _ => Ok(nft_counter_packets(&self.nft_listing()?)),
         }
     }
 

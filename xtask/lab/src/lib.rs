@@ -139,8 +139,38 @@ pub enum Topology {
 pub enum RuleMode {
     /// `iptables-restore` of KUBE-SERVICES / KUBE-SVC-* / KUBE-SEP-* chains.
     Iptables,
-    /// `nft -f` of `table ip kube-proxy` with verdict maps and numgen.
+    /// `nft -f` of `table ip kube-proxy` as kube-proxy 1.35 and before wrote it: verdict
+    /// maps, `numgen random mod N vmap` to endpoint chains that `dnat to`.
     Nftables,
+    /// kube-proxy 1.36 (kubernetes commit 475f9622c8): the Service chain DNATs through
+    /// `numgen random mod N map { i : ip . port }`; no endpoint chains.
+    #[value(name = "nftables-1.36")]
+    #[serde(rename = "nftables-1.36")]
+    Nftables136,
+    /// kube-proxy 1.37 (kubernetes PR 140723): as 1.36, and a one-endpoint Service chain
+    /// does `dnat to ip:port` itself. kind v0.33's default node image.
+    #[value(name = "nftables-1.37")]
+    #[serde(rename = "nftables-1.37")]
+    Nftables137,
+    /// The layout proposed for 1.38 (kubernetes PR 140362): ClusterIPs go to shared
+    /// `dispatch-N` chains that DNAT through one `@endpoints` map keyed by ClusterIP,
+    /// protocol, port and `ct mark set numgen random mod N`.
+    #[value(name = "nftables-dispatch")]
+    #[serde(rename = "nftables-dispatch")]
+    NftablesDispatch,
+}
+
+impl RuleMode {
+    /// The nftables layout kube-proxy writes in this mode; `None` for iptables.
+    pub fn nft_layout(self) -> Option<nftables::Layout> {
+        Some(match self {
+            RuleMode::Iptables => return None,
+            RuleMode::Nftables => nftables::Layout::V1_35,
+            RuleMode::Nftables136 => nftables::Layout::V1_36,
+            RuleMode::Nftables137 => nftables::Layout::V1_37,
+            RuleMode::NftablesDispatch => nftables::Layout::Dispatch,
+        })
+    }
 }
 
 impl std::fmt::Display for Topology {
@@ -157,6 +187,9 @@ impl std::fmt::Display for RuleMode {
         f.write_str(match self {
             RuleMode::Iptables => "iptables",
             RuleMode::Nftables => "nftables",
+            RuleMode::Nftables136 => "nftables-1.36",
+            RuleMode::Nftables137 => "nftables-1.37",
+            RuleMode::NftablesDispatch => "nftables-dispatch",
         })
     }
 }

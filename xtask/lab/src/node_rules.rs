@@ -19,8 +19,15 @@ impl Lab {
                         .args(["-t", "nat"]),
                 )?
             }
-            RuleMode::Nftables => run(in_netns(&self.tools.ip, &self.node_ns, &self.tools.nft)
-                .args(["-j", "list", "table", "ip", "kube-proxy"]))?,
+            _ => run(
+                in_netns(&self.tools.ip, &self.node_ns, &self.tools.nft).args([
+                    "-j",
+                    "list",
+                    "table",
+                    "ip",
+                    "kube-proxy",
+                ]),
+            )?,
         };
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
@@ -30,7 +37,7 @@ impl Lab {
     pub(crate) fn sync_rules(&mut self, previous: Option<&[Service]>) -> anyhow::Result<()> {
         match self.config.rules {
             RuleMode::Iptables => self.sync_iptables(previous),
-            RuleMode::Nftables => self.sync_nftables(previous),
+            _ => self.sync_nftables(previous),
         }
     }
 
@@ -88,7 +95,12 @@ impl Lab {
                     .context("could not read `nft -j list chains`")?
             }
         };
-        let sync = nftables::sync(&self.services, previous, &existing);
+        let layout = self
+            .config
+            .rules
+            .nft_layout()
+            .unwrap_or(nftables::Layout::V1_35);
+        let sync = nftables::sync(&self.services, previous, &existing, layout);
         run_with_input(&mut nft_f(), &sync.script)
             .context("could not load kube-proxy's nftables rules")?;
         let now = Instant::now();

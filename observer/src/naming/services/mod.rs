@@ -9,7 +9,8 @@
 //! whose changes are seen as they happen ([`watch`]: nf_tables announces them, legacy
 //! tables are fingerprinted) is re-read when they change instead, and on the timer
 //! only every `watched_max_age` (a safety net); a miss there (a stale pin) re-reads
-//! nothing, it waits for the re-read of a change seen since the last read, if any.
+//! nothing, it waits for the re-read of a change seen since the last read, or, for a
+//! connection decided after that read, of one announced but not read yet.
 //! Rules that cannot be read never stop capture: the connection gets `service: null`
 //! and the namer emits one warning per namespace and cause.
 //!
@@ -264,18 +265,21 @@ impl Namer {
         backend: SocketAddr,
         now: Instant,
     ) -> Naming {
-        self.lookup(netns, proto, original_dst, backend, now).naming
+        self.lookup(netns, proto, original_dst, backend, None, now)
+            .naming
     }
 
     /// Names one connection from the rules known now, asking for a re-read when they
     /// are missing or older than `max_age`, or (at most every `min_interval`) when they
-    /// do not have the address or the backend. Never blocks on a worker.
+    /// do not have the address or the backend. `started`: when the connection's DNAT
+    /// was decided, where known. Never blocks on a worker.
     pub fn lookup(
         &mut self,
         netns: u32,
         proto: Proto,
         original_dst: SocketAddr,
         backend: SocketAddr,
+        started: Option<Instant>,
         now: Instant,
     ) -> Lookup {
         self.poll();
@@ -286,8 +290,11 @@ impl Namer {
         let key = (netns, proto, original_dst, backend);
         let mut naming = self.remembered(key);
         let missed = naming.endpoint_in_rules != Some(true);
-        // A change was seen since the rules were read: its re-read is on the way.
-        if missed && self.changed_since_read(netns) {
+        // A change was seen since the rules were read: its re-read is on the way. And
+        // where changes are watched, a backend the kernel picked after these rules were
+        // read, which they lack, was put in by a change not read yet (announced, but a
+        // busy node has not taken it in): wait for it too (at most the hold's limit).
+        if missed && (self.changed_since_read(netns) || self.decided_since_read(netns, started)) {
             let wait_for = Some(self.generation(netns) + 1);
             return Lookup { naming, wait_for };
         }
@@ -316,6 +323,17 @@ impl Namer {
             age >= self.config.max_age.max(floor)
                 || (missed && age >= self.config.min_interval.max(floor))
         })
+    }
+
+    /// Whether a connection that `started` then was decided by rules newer than the
+    /// watched rules of `netns` known now.
+    fn decided_since_read(&self, netns: u32, started: Option<Instant>) -> bool {
+        let (Reads::Worker(_), Some(space), Some(started)) =
+            (&self.reads, self.spaces.get(&netns), started)
+        else {
+            return false;
+        };
+        space.watched && started > space.read_at
     }
 
     /// Whether the watcher saw `netns` change after its rules were last read.

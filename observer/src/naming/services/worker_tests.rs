@@ -59,6 +59,7 @@ fn with_a_worker_lookups_never_wait_and_finished_connections_wait_for_their_rule
         Proto::Tcp,
         sa("10.96.35.226:80"),
         sa("10.244.1.14:3000"),
+        None,
         t0,
     );
     assert_eq!(
@@ -73,6 +74,7 @@ fn with_a_worker_lookups_never_wait_and_finished_connections_wait_for_their_rule
         Proto::Tcp,
         sa("10.96.35.226:80"),
         sa("10.244.1.12:3000"),
+        None,
         t0,
     );
     assert_eq!(again.wait_for, Some(1));
@@ -115,6 +117,7 @@ fn with_a_worker_lookups_never_wait_and_finished_connections_wait_for_their_rule
         Proto::Tcp,
         sa("10.96.35.226:80"),
         sa("10.244.1.14:3000"),
+        None,
         t0 + Duration::from_secs(1),
     );
     assert_eq!(hit.wait_for, None);
@@ -132,6 +135,7 @@ fn a_held_connection_is_written_unnamed_once_its_wait_is_over() {
         Proto::Tcp,
         sa("10.96.35.226:80"),
         sa("10.244.1.14:3000"),
+        None,
         t0,
     );
     let mut hold = held_connections::Hold::new(Duration::from_secs(2), Duration::from_secs(10));
@@ -204,12 +208,12 @@ fn a_reread_that_does_not_come_in_time_leaves_the_earlier_name() {
     let (mut namer, open) = gated(&fake);
     let t0 = Instant::now();
     let (dst, backend) = (sa("10.96.35.226:80"), sa("10.244.1.14:3000"));
-    namer.lookup(NS, Proto::Tcp, dst, backend, t0);
+    namer.lookup(NS, Proto::Tcp, dst, backend, None, t0);
     open.send(()).unwrap();
     assert!(namer.wait(Instant::now() + Duration::from_secs(10)));
     // Rules older than max_age: a re-read is asked for, and it is stuck.
     let later = t0 + Duration::from_secs(11);
-    let lookup = namer.lookup(NS, Proto::Tcp, dst, backend, later);
+    let lookup = namer.lookup(NS, Proto::Tcp, dst, backend, None, later);
     assert_eq!(lookup.wait_for, Some(2));
     assert_eq!(lookup.naming, named("shop/checkout:http", true));
     let mut hold = held_connections::Hold::new(Duration::from_secs(2), Duration::from_secs(10));

@@ -1,6 +1,6 @@
 //! What a Service port puts into kube-proxy's sets and maps, and its chains' names.
 
-use super::{REJECT_CHAIN, TABLE};
+use super::{ENDPOINTS_MAP, Layout, REJECT_CHAIN, TABLE};
 use crate::names::{nft_endpoint_base, nft_service_base};
 use crate::spec::Service;
 
@@ -61,7 +61,7 @@ pub(super) fn names(svc: &Service) -> Names {
 }
 
 /// The elements a Service port puts into kube-proxy's sets and maps.
-pub(super) fn elements(svc: &Service) -> Vec<Element> {
+pub(super) fn elements(svc: &Service, layout: Layout) -> Vec<Element> {
     let n = names(svc);
     let proto = svc.proto.as_str();
     let has_endpoints = !svc.endpoints.is_empty();
@@ -73,7 +73,23 @@ pub(super) fn elements(svc: &Service) -> Vec<Element> {
         value: None,
         comment: None,
     }];
-    if has_endpoints {
+    if has_endpoints && layout == Layout::Dispatch {
+        let endpoints = svc.endpoint_addrs();
+        for (i, ep) in endpoints.iter().enumerate() {
+            out.push(Element {
+                container: ENDPOINTS_MAP,
+                key: format!("{ip_key} . {i}"),
+                value: Some(format!("{} . {}", ep.ip(), ep.port())),
+                comment: None,
+            });
+        }
+        out.push(Element {
+            container: "service-ips",
+            key: ip_key,
+            value: Some(format!("goto dispatch-{}", endpoints.len())),
+            comment: Some(spn.clone()),
+        });
+    } else if has_endpoints {
         out.push(Element {
             container: "service-ips",
             key: ip_key,

@@ -1,7 +1,7 @@
 //! kube-proxy's nftables mode, as an `nft -f` transaction: what `syncProxyRules` in
 //! pkg/proxy/nftables/proxier.go sends through knftables for our Services (Cluster traffic
 //! policies, no session affinity, `--cluster-cidr` local detection, NodePorts on every
-//! local address, kind's Service CIDR known).
+//! local address, kind's Service CIDR known), in the [`Layout`] of a kube-proxy version.
 
 mod elements;
 mod setup;
@@ -17,6 +17,30 @@ pub const TABLE: &str = "ip kube-proxy";
 const MASQ_MARK: &str = "0x004000";
 const MARK_MASQ_CHAIN: &str = "mark-for-masquerade";
 const REJECT_CHAIN: &str = "reject-chain";
+
+/// How a kube-proxy version lays out a Service's dispatch to its endpoints.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Layout {
+    /// Up to 1.35: `numgen random mod N vmap { i : goto endpoint-... }`, each endpoint
+    /// chain `dnat to ip:port`; masquerading through `jump mark-for-masquerade`.
+    V1_35,
+    /// 1.36 (kubernetes commit 475f9622c8): `dnat ip addr . port to numgen random mod N
+    /// map { i : ip . port }` in the Service chain; the mark-for-masquerade chain is gone
+    /// (commit 5cffb4d1f6): the mark is set in place.
+    V1_36,
+    /// 1.37 (kubernetes PR 140723): as 1.36, one endpoint `dnat to ip:port` directly.
+    V1_37,
+    /// Proposed for 1.38 (kubernetes PR 140362): ClusterIPs `goto dispatch-N`, which
+    /// DNATs through `@endpoints` keyed by `ip daddr . meta l4proto . th dport . ct mark`
+    /// after `ct mark set numgen random mod N`; the service-ips element carries the
+    /// Service port's name as a comment. Other frontends as in 1.37.
+    Dispatch,
+}
+
+/// The masquerade mark set in place, where 1.36 and later have no mark-for-masquerade chain.
+const MARK_IN_PLACE: &str = "meta mark set meta mark or 0x004000";
+/// The map the dispatch layout DNATs through.
+const ENDPOINTS_MAP: &str = "endpoints";
 
 /// The maps and sets kube-proxy keeps element by element (its `nftElementStorage`s), in the
 /// order it cleans up their leftovers.
@@ -48,26 +72,30 @@ pub fn sync(
     services: &[Service],
     previous: Option<&[Service]>,
     existing_chains: &[String],
+    layout: Layout,
 ) -> NftSync {
     let mut out = Vec::new();
     if previous.is_none() {
-        setup::setup(&mut out);
+        setup::setup(&mut out, layout);
+    }
+    if layout == Layout::Dispatch {
+        dispatch_chains(services, &mut out);
     }
     // What the element storages hold from the last sync.
     let mut leftover: Leftover = previous
         .unwrap_or_default()
         .iter()
-        .flat_map(elements)
+        .flat_map(|svc| elements(svc, layout))
         .map(|e| ((e.container, e.key), e.value))
         .collect();
     let mut active: BTreeSet<String> = BTreeSet::new();
     for svc in services {
         let n = names(svc);
         let skip = previous.is_some_and(|prev| prev.contains(svc));
-        ensure_chains(svc, &n, skip, &mut active, &mut out);
-        update_elements(svc, &mut leftover, &mut out);
+        ensure_chains(svc, &n, skip, layout, &mut active, &mut out);
+        update_elements(svc, layout, &mut leftover, &mut out);
         if !skip {
-            service_rules(svc, &n, &mut out);
+            service_rules(svc, &n, layout, &mut out);
         }
     }
     // Service chains (their names have a "/") that nothing uses any more: flushed now.
@@ -78,7 +106,7 @@ pub fn sync(
             stale_chains.push(chain.clone());
         }
     }
-    for (_, name) in CONTAINERS {
+    for name in containers(layout) {
         for (container, key) in leftover.keys().filter(|(c, _)| *c == name) {
             out.push(Element::delete(container, key));
         }
@@ -91,6 +119,31 @@ pub fn sync(
     }
 }
 
+/// The containers whose leftover elements a sync deletes, in kube-proxy's order.
+fn containers(layout: Layout) -> Vec<&'static str> {
+    let mut out: Vec<&str> = CONTAINERS.iter().map(|(_, name)| *name).collect();
+    if layout == Layout::Dispatch {
+        out.push(ENDPOINTS_MAP);
+    }
+    out
+}
+
+/// The shared `dispatch-N` chains, one per endpoint count in use.
+fn dispatch_chains(services: &[Service], out: &mut Vec<String>) {
+    let counts: BTreeSet<usize> = services
+        .iter()
+        .map(|s| s.endpoints.len())
+        .filter(|n| *n > 0)
+        .collect();
+    for n in counts {
+        out.push(format!("add chain {TABLE} dispatch-{n}"));
+        out.push(format!("flush chain {TABLE} dispatch-{n}"));
+        out.push(format!(
+            "add rule {TABLE} dispatch-{n} ct mark set numgen random mod {n} dnat ip addr . port to ip daddr . meta l4proto . th dport . ct mark map @{ENDPOINTS_MAP}"
+        ));
+    }
+}
+
 /// Elements the last sync wrote, by (container, key), with their values.
 type Leftover = BTreeMap<(&'static str, String), Option<String>>;
 
@@ -100,6 +153,7 @@ fn ensure_chains(
     svc: &Service,
     n: &Names,
     skip: bool,
+    layout: Layout,
     active: &mut BTreeSet<String>,
     out: &mut Vec<String>,
 ) {
@@ -110,8 +164,10 @@ fn ensure_chains(
             out.push(format!("flush chain {TABLE} {chain}"));
         }
     };
-    for (_, chain) in &n.endpoints {
-        ensure_chain(out, chain);
+    if layout == Layout::V1_35 {
+        for (_, chain) in &n.endpoints {
+            ensure_chain(out, chain);
+        }
     }
     if has_endpoints {
         ensure_chain(out, &n.service);
@@ -123,8 +179,8 @@ fn ensure_chains(
 
 /// Adds the Service port's elements that are new or changed since the last sync; what
 /// stays in `leftover` is deleted at the end.
-fn update_elements(svc: &Service, leftover: &mut Leftover, out: &mut Vec<String>) {
-    for e in elements(svc) {
+fn update_elements(svc: &Service, layout: Layout, leftover: &mut Leftover, out: &mut Vec<String>) {
+    for e in elements(svc, layout) {
         match leftover.remove(&(e.container, e.key.clone())) {
             Some(old) if old == e.value => {}
             Some(_) => {
@@ -137,47 +193,73 @@ fn update_elements(svc: &Service, leftover: &mut Leftover, out: &mut Vec<String>
 }
 
 /// The rules of a Service port's chains: masquerade, the numgen dispatch, the DNATs.
-fn service_rules(svc: &Service, n: &Names, out: &mut Vec<String>) {
+fn service_rules(svc: &Service, n: &Names, layout: Layout, out: &mut Vec<String>) {
     let proto = svc.proto.as_str();
     let has_endpoints = !svc.endpoints.is_empty();
+    let masquerade = match layout {
+        Layout::V1_35 => format!("jump {MARK_MASQ_CHAIN}"),
+        _ => MARK_IN_PLACE.to_owned(),
+    };
     if has_endpoints {
         out.push(format!(
-            "add rule {TABLE} {} ip daddr {} {proto} dport {} ip saddr != {CLUSTER_CIDR} jump {MARK_MASQ_CHAIN}",
+            "add rule {TABLE} {} ip daddr {} {proto} dport {} ip saddr != {CLUSTER_CIDR} {masquerade}",
             n.service, svc.cluster_ip, svc.port
         ));
     }
     if has_endpoints && svc.node_port.is_some() {
-        out.push(format!(
-            "add rule {TABLE} {} jump {MARK_MASQ_CHAIN}",
-            n.external
-        ));
+        out.push(format!("add rule {TABLE} {} {masquerade}", n.external));
         out.push(format!(
             "add rule {TABLE} {} goto {}",
             n.external, n.service
         ));
     }
-    if has_endpoints {
-        let vmap: Vec<String> = n
-            .endpoints
-            .iter()
-            .enumerate()
-            .map(|(i, (_, c))| format!("{i} : goto {c}"))
-            .collect();
-        out.push(format!(
-            "add rule {TABLE} {} numgen random mod {} vmap {{ {} }}",
-            n.service,
-            n.endpoints.len(),
-            vmap.join(" , ")
-        ));
+    if !has_endpoints {
+        return;
     }
-    for (ep, chain) in &n.endpoints {
-        out.push(format!(
-            "add rule {TABLE} {chain} ip saddr {} jump {MARK_MASQ_CHAIN}",
-            ep.ip()
-        ));
-        out.push(format!(
-            "add rule {TABLE} {chain} meta l4proto {proto} dnat to {ep}"
-        ));
+    let endpoints = svc.endpoint_addrs();
+    match layout {
+        Layout::V1_35 => {
+            let vmap: Vec<String> = n
+                .endpoints
+                .iter()
+                .enumerate()
+                .map(|(i, (_, c))| format!("{i} : goto {c}"))
+                .collect();
+            out.push(format!(
+                "add rule {TABLE} {} numgen random mod {} vmap {{ {} }}",
+                n.service,
+                n.endpoints.len(),
+                vmap.join(" , ")
+            ));
+            for (ep, chain) in &n.endpoints {
+                out.push(format!(
+                    "add rule {TABLE} {chain} ip saddr {} jump {MARK_MASQ_CHAIN}",
+                    ep.ip()
+                ));
+                out.push(format!(
+                    "add rule {TABLE} {chain} meta l4proto {proto} dnat to {ep}"
+                ));
+            }
+        }
+        Layout::V1_37 | Layout::Dispatch if endpoints.len() == 1 => {
+            out.push(format!(
+                "add rule {TABLE} {} meta l4proto {proto} dnat to {}",
+                n.service, endpoints[0]
+            ));
+        }
+        _ => {
+            let map: Vec<String> = endpoints
+                .iter()
+                .enumerate()
+                .map(|(i, ep)| format!("{i} : {} . {}", ep.ip(), ep.port()))
+                .collect();
+            out.push(format!(
+                "add rule {TABLE} {} meta l4proto {proto} dnat ip addr . port to numgen random mod {} map {{ {} }}",
+                n.service,
+                endpoints.len(),
+                map.join(" , ")
+            ));
+        }
     }
 }
 
@@ -232,7 +314,7 @@ mod tests {
     #[test]
     fn full_sync_dispatches_through_maps_numgen_and_dnat() {
         let svcs = services(&pods("t"));
-        let s = sync(&svcs, None, &[]).script;
+        let s = sync(&svcs, None, &[], Layout::V1_35).script;
         let l: Vec<&str> = s.lines().collect();
         assert_eq!(
             l[0],
@@ -278,14 +360,17 @@ mod tests {
         );
         assert!(!s.contains("no-endpoint-services {  "));
         assert!(!s.contains("add element ip kube-proxy no-endpoint"));
-        assert_eq!(sync(&svcs, None, &[]).stale_chains, Vec::<String>::new());
+        assert_eq!(
+            sync(&svcs, None, &[], Layout::V1_35).stale_chains,
+            Vec::<String>::new()
+        );
     }
 
     #[test]
     fn service_without_endpoints_rejects_via_commented_elements() {
         let mut svcs = services(&pods("t"));
         svcs[0].endpoints.clear();
-        let s = sync(&svcs, None, &[]).script;
+        let s = sync(&svcs, None, &[], Layout::V1_35).script;
         assert!(s.contains("add element ip kube-proxy no-endpoint-services { 10.96.35.226 . tcp . 80 comment \"shop/checkout:http\" : goto reject-chain }\n"));
         assert!(s.contains("add element ip kube-proxy no-endpoint-nodeports { tcp . 30080 comment \"shop/checkout:http\" : goto reject-chain }\n"));
         assert!(s.contains("add element ip kube-proxy cluster-ips { 10.96.35.226 }\n"));
@@ -299,14 +384,14 @@ mod tests {
         let mut after = before.clone();
         after[0].endpoints.retain(|p| p.name != "checkout-b");
         let existing: Vec<String> = {
-            let full = sync(&before, None, &[]).script;
+            let full = sync(&before, None, &[], Layout::V1_35).script;
             full.lines()
                 .filter_map(|l| l.strip_prefix("add chain ip kube-proxy "))
                 .filter(|c| !c.contains('{'))
                 .map(str::to_string)
                 .collect()
         };
-        let flip = sync(&after, Some(&before), &existing);
+        let flip = sync(&after, Some(&before), &existing, Layout::V1_35);
         let (a, b, c) = (
             ep_chain("10.244.1.12:8080"),
             ep_chain("10.244.1.13:8080"),
@@ -343,7 +428,7 @@ mod tests {
         let before = services(&pods("t"));
         let mut after = before.clone();
         after[1].endpoints.clear();
-        let s = sync(&after, Some(&before), &[]).script;
+        let s = sync(&after, Some(&before), &[], Layout::V1_35).script;
         assert!(s.contains("add element ip kube-proxy no-endpoint-services { 10.96.0.10 . udp . 53 comment \"kube-system/kube-dns:dns\" : goto reject-chain }\n"));
         assert!(
             s.ends_with("delete element ip kube-proxy service-ips { 10.96.0.10 . udp . 53 }\n")

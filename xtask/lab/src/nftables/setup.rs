@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 
-use super::{CONTAINERS, MARK_MASQ_CHAIN, MASQ_MARK, REJECT_CHAIN, TABLE};
+use super::{CONTAINERS, ENDPOINTS_MAP, Layout, MARK_MASQ_CHAIN, MASQ_MARK, REJECT_CHAIN, TABLE};
 use crate::spec::SERVICE_CIDR;
 
 /// (name, type, hook, priority) of kube-proxy's base chains.
@@ -38,7 +38,7 @@ const JUMP_CHAINS: [(&str, &str, &str); 11] = [
 ];
 
 /// `setupNFTables` on kube-proxy's first sync (`flushed` still false).
-pub(super) fn setup(out: &mut Vec<String>) {
+pub(super) fn setup(out: &mut Vec<String>, layout: Layout) {
     out.push(format!(
         "add table {TABLE} {{ comment \"rules for kube-proxy\" ; }}"
     ));
@@ -63,25 +63,31 @@ pub(super) fn setup(out: &mut Vec<String>) {
         ensure(out, dst);
         out.push(format!("add rule {TABLE} {src} {extra}jump {dst}"));
     }
-    for chain in [
-        "services",
-        "cluster-ips-check",
-        "masquerading",
-        MARK_MASQ_CHAIN,
-    ] {
+    for chain in ["services", "cluster-ips-check", "masquerading"] {
         ensure(out, chain);
+    }
+    if layout == Layout::V1_35 {
+        ensure(out, MARK_MASQ_CHAIN);
+        out.push(format!(
+            "add rule {TABLE} {MARK_MASQ_CHAIN} mark set mark or {MASQ_MARK}"
+        ));
     }
     out.extend(masquerading_and_maps());
     for (kind, name) in CONTAINERS {
         out.push(format!("flush {kind} {TABLE} {name}"));
     }
+    if layout == Layout::Dispatch {
+        out.push(format!(
+            "add map {TABLE} {ENDPOINTS_MAP} {{ type ipv4_addr . inet_proto . inet_service . mark : ipv4_addr . inet_service ; comment \"endpoints of every Service, by ClusterIP, protocol, port and a random bucket\" ; }}"
+        ));
+        out.push(format!("flush map {TABLE} {ENDPOINTS_MAP}"));
+    }
 }
 
 /// The masquerading rules, the ClusterIP checks and the sets and maps with the rules
 /// that consult them.
-fn masquerading_and_maps() -> [String; 22] {
+fn masquerading_and_maps() -> [String; 21] {
     [
-        format!("add rule {TABLE} {MARK_MASQ_CHAIN} mark set mark or {MASQ_MARK}"),
         format!("add rule {TABLE} masquerading mark and {MASQ_MARK} == 0 return"),
         format!("add rule {TABLE} masquerading mark set mark xor {MASQ_MARK}"),
         format!("add rule {TABLE} masquerading masquerade fully-random"),

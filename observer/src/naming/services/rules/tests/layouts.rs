@@ -46,14 +46,26 @@ fn every_nftables_layout_gives_what_1_35_gives() {
     for (name, json) in [
         ("1.36", fixture!("nftables/k8s-overall-1.36.json")),
         ("1.37", fixture!("nftables/k8s-overall-1.37.json")),
-        ("dispatch", fixture!("nftables/k8s-overall-dispatch-named.json")),
+        (
+            "dispatch",
+            fixture!("nftables/k8s-overall-dispatch-named.json"),
+        ),
     ] {
         assert_eq!(projection(&layout(json)), expected, "layout {name}");
     }
     let svc5 = port(&v1_35, Proto::Tcp, "ns5/svc5:p80");
-    assert_eq!(svc5.affinity, Some(Affinity { timeout_s: Some(10800) }));
+    assert_eq!(
+        svc5.affinity,
+        Some(Affinity {
+            timeout_s: Some(10800)
+        })
+    );
     let svc2 = port(&v1_35, Proto::Tcp, "ns2/svc2:p80");
-    assert_eq!(svc2.local_endpoints, Some(Vec::new()), "eTP Local, no local endpoint");
+    assert_eq!(
+        svc2.local_endpoints,
+        Some(Vec::new()),
+        "eTP Local, no local endpoint"
+    );
 }
 
 #[test]
@@ -77,22 +89,42 @@ fn every_layout_matches_backends_and_expects_per_client() {
         // ns2/svc2 (externalTrafficPolicy: Local, no local endpoint): a pod client of
         // its external IP is sent cluster-wide, an outside client is dropped.
         let pod = map
-            .expect(Proto::Tcp, sa("192.168.99.22:80"), sa("10.0.1.5:40000"), Some(false))
+            .expect(
+                Proto::Tcp,
+                sa("192.168.99.22:80"),
+                sa("10.0.1.5:40000"),
+                Some(false),
+            )
             .unwrap();
         assert_eq!(addrs(&pod.endpoints), ["10.180.0.2:80"]);
         assert_eq!(pod.policy, Policy::Cluster);
         let outside = map
-            .expect(Proto::Tcp, sa("192.168.99.22:80"), sa("203.0.113.7:40000"), Some(false))
+            .expect(
+                Proto::Tcp,
+                sa("192.168.99.22:80"),
+                sa("203.0.113.7:40000"),
+                Some(false),
+            )
             .unwrap();
         assert!(outside.endpoints.is_empty());
         assert_eq!(outside.turned_away, Some(RejectReason::NoLocalEndpoints));
         // ns5/svc5's load balancer admits 203.0.113.0/25 only.
         let denied = map
-            .expect(Proto::Tcp, sa("5.6.7.8:80"), sa("198.51.100.1:40000"), Some(false))
+            .expect(
+                Proto::Tcp,
+                sa("5.6.7.8:80"),
+                sa("198.51.100.1:40000"),
+                Some(false),
+            )
             .unwrap();
         assert_eq!(denied.turned_away, Some(RejectReason::SourceRange));
         let admitted = map
-            .expect(Proto::Tcp, sa("5.6.7.8:80"), sa("203.0.113.9:40000"), Some(false))
+            .expect(
+                Proto::Tcp,
+                sa("5.6.7.8:80"),
+                sa("203.0.113.9:40000"),
+                Some(false),
+            )
             .unwrap();
         assert_eq!(addrs(&admitted.endpoints), ["10.180.0.3:80"]);
         // ns6/svc6 has no endpoints: rejected.
@@ -107,11 +139,15 @@ fn every_layout_matches_backends_and_expects_per_client() {
 /// address, with one warning, and still get their endpoints and shares.
 #[test]
 fn a_layout_that_names_nothing_is_named_by_address_with_a_warning() {
-    let map = ServiceMap::from_nft_json(fixture!("nftables/k8s-overall-dispatch-unnamed.json"))
-        .unwrap();
+    let map =
+        ServiceMap::from_nft_json(fixture!("nftables/k8s-overall-dispatch-unnamed.json")).unwrap();
     let svc4 = port(&map, Proto::Tcp, "172.30.0.44:80");
     assert_eq!(addrs(&svc4.endpoints), ["10.180.0.4:80", "10.180.0.5:80"]);
     assert_shares(&svc4.endpoints, &[0.5, 0.5]);
     assert_eq!(map.warnings().len(), 1, "{:?}", map.warnings());
-    assert!(map.warnings()[0].contains("named by address"), "{:?}", map.warnings());
+    assert!(
+        map.warnings()[0].contains("named by address"),
+        "{:?}",
+        map.warnings()
+    );
 }

@@ -61,6 +61,9 @@ pub fn run_in<T: Send>(
     task: impl FnOnce() -> T + Send,
 ) -> Result<T, EnterError> {
     let namespace = namespace.as_fd();
+    // A thread that must stay a thread: setns(2) moves the calling thread, and a tokio
+    // worker (or any thread that goes on to other work) must never change namespace. A
+    // socket made here stays bound to the namespace and is read from anywhere after.
     std::thread::scope(|scope| {
         std::thread::Builder::new()
             .name("observer-netns".to_owned())

@@ -13,6 +13,7 @@ use tokio::sync::mpsc;
 
 mod dns;
 mod names;
+mod output;
 mod pressure;
 pub mod reconcile;
 mod rejects;
@@ -28,6 +29,7 @@ use crate::model::update::{CaptureStats, ConnId, Update};
 use crate::naming::pods::PodNamer;
 use crate::naming::services::{FIRST_READ, Namer, held_connections::Hold};
 use crate::sinks::log::LogWriter;
+use output::{Emitted, Output};
 
 /// How often the ring buffers are drained without a wake-up: the live view's latency.
 const DRAIN_INTERVAL: Duration = Duration::from_millis(50);
@@ -78,19 +80,15 @@ pub fn monotonic_ns() -> u64 {
 struct Session {
     capture: Capture,
     tracker: Tracker,
-    log: Option<LogWriter>,
-    updates: Option<mpsc::Sender<Update>>,
+    /// The log, the live view and warnings: where every record leaves.
+    output: Output,
     namer: Option<Namer>,
     pods: Option<PodNamer>,
-    warn: Box<dyn FnMut(String) + Send>,
     netns_seen: rustc_hash::FxHashSet<u32>,
     /// Finished connections waiting (briefly) for their rules to be read.
     held: Hold<ConnId>,
     follower: Option<reconcile::Follower>,
     idle_timeout_ns: u64,
-    /// Final records and Service definitions the live view has not taken yet: they are
-    /// never dropped (progress updates are, the next sweep repeats them).
-    pending: std::collections::VecDeque<Update>,
     /// Ring-buffer records (connection events, DNS messages) that could not be decoded
     /// (never seen: the sizes are asserted on both sides).
     malformed: u64,
@@ -161,16 +159,13 @@ impl Session {
         Session {
             capture,
             tracker: Tracker::new(clock, options.idle_timeout),
-            log: options.log,
-            updates: options.updates,
+            output: Output::new(options.log, options.updates, options.warn),
             namer: options.namer,
             pods: options.pods,
-            warn: printable_warnings(options.warn),
             netns_seen: Default::default(),
             held: Hold::new(NAME_WAIT, FIRST_NAME_WAIT),
             follower: None,
             idle_timeout_ns: options.idle_timeout.as_nanos() as u64,
-            pending: Default::default(),
             malformed: 0,
             unrecordable: 0,
             events: 0,
@@ -218,7 +213,7 @@ impl Session {
         self.stop_following();
         let stats = self.stats();
         let summary = SummaryRecord {
-            connections: self.log.as_ref().map_or(0, LogWriter::connections),
+            connections: self.output.connections(),
             dnat_events: stats.dnat_events,
             lost_connections: stats.lost_connections,
             lost_by_netns: by_netns(&self.capture.lost_by_netns()),
@@ -236,10 +231,7 @@ impl Session {
             started,
             ended: Utc::now(),
         };
-        if let Some(log) = self.log.as_mut() {
-            log.summary(&summary)
-                .with_context(|| format!("cannot write the connection log to {}", log.name))?;
-        }
+        self.output.summary(&summary)?;
         Ok(summary)
     }
 }
@@ -275,7 +267,7 @@ impl Session {
             }
             // Only the live view shows connections before they end: without it, an open
             // event makes no record.
-            if event.kind == EVENT_OPEN && self.updates.is_none() {
+            if event.kind == EVENT_OPEN && !self.output.has_view() {
                 self.tracker.opened(event);
                 self.prime(event.state.netns);
                 continue;
@@ -323,7 +315,7 @@ impl Session {
         let entries = self.table();
         let now = monotonic_ns();
         self.expire_dns(now)?;
-        let sweep = self.tracker.sweep(&entries, now, self.updates.is_some());
+        let sweep = self.tracker.sweep(&entries, now, self.output.has_view());
         let checked = self.follower.as_mut().map(|follower| {
             follower.matcher.on_sweep(&entries);
             let gone = follower.rescan();
@@ -331,7 +323,7 @@ impl Session {
         });
         let (checked, warnings, gone) = checked.unwrap_or_default();
         for warning in warnings {
-            (self.warn)(warning);
+            self.output.warn(warning);
         }
         self.conntrack_gone(gone);
         for (id, record) in checked {
@@ -347,12 +339,9 @@ impl Session {
         }
         self.release_held()?;
         self.sweep_rejects(now)?;
-        if let Some(log) = self.log.as_mut() {
-            log.flush()
-                .with_context(|| format!("cannot write the connection log to {}", log.name))?;
-        }
+        self.output.flush()?;
         let stats = self.stats();
-        self.send(Update::Stats(stats));
+        self.output.show(Update::Stats(stats));
         Ok(())
     }
 
@@ -388,7 +377,7 @@ impl Session {
             hooks_attached: self.capture.hooks_attached(),
             netns_seen: self.netns_seen.len() as u32,
             live_connections: self.tracker.open_count() as u64,
-            recording: self.log.as_ref().map(|log| log.name.clone()),
+            recording: self.output.recording(),
         }
     }
 
@@ -405,7 +394,7 @@ impl Session {
     fn progress(&mut self, mut id: ConnId, mut record: ConnRecord) {
         self.prime(record.netns);
         // Only the live view shows connections before they end.
-        if self.updates.is_none() {
+        if !self.output.has_view() {
             return;
         }
         if let Some(follower) = self.follower.as_mut() {
@@ -416,16 +405,9 @@ impl Session {
             // without a name, the view gets it named from a later sweep.
             Ok(Some(FIRST_READ)) => return,
             Ok(_) => {}
-            Err(err) => (self.warn)(format!("{err:#}")),
+            Err(err) => self.output.warn(format!("{err:#}")),
         }
-        // A full channel means the view is behind: it gets this connection's counters
-        // from the next sweep.
-        self.flush_pending();
-        if self.pending.is_empty()
-            && let Some(updates) = &self.updates
-        {
-            let _ = updates.try_send(Update::Conn { id, record });
-        }
+        self.output.progress(id, record);
     }
 
     /// Names a finished connection and writes it, or holds it while the rules its name
@@ -443,16 +425,7 @@ impl Session {
     }
 
     fn write(&mut self, id: ConnId, record: ConnRecord) -> anyhow::Result<()> {
-        if let Some(log) = self.log.as_mut() {
-            log.conn(&record)
-                .with_context(|| format!("cannot write the connection log to {}", log.name))?;
-        }
-        // `send` checks this too; checked here, no update is even built without a live
-        // view (a record is 240 bytes to move).
-        if self.updates.is_some() {
-            self.send(Update::Conn { id, record });
-        }
-        Ok(())
+        Ok(self.output.emit(Emitted::Conn { id, record })?)
     }
 
     /// Writes the held connections whose rules were read meanwhile, or whose wait is over.
@@ -479,7 +452,7 @@ impl Session {
             let seconds = deadline
                 .saturating_duration_since(Instant::now())
                 .as_secs_f64();
-            (self.warn)(format!(
+            self.output.warn(format!(
                 "waiting up to {seconds:.0} s for kube-proxy's rules to name the last {} connection(s)",
                 self.held.len()
             ));
@@ -501,42 +474,6 @@ impl Session {
         }
         Ok(())
     }
-
-    /// Sends an update the live view must not miss, in order, queueing it while the
-    /// channel is full.
-    fn send(&mut self, update: Update) {
-        if self.updates.is_some() {
-            self.pending.push_back(update);
-            self.flush_pending();
-        }
-    }
-
-    fn flush_pending(&mut self) {
-        let Some(updates) = &self.updates else {
-            return;
-        };
-        while let Some(update) = self.pending.pop_front() {
-            match updates.try_send(update) {
-                Ok(()) => {}
-                Err(mpsc::error::TrySendError::Full(update)) => {
-                    self.pending.push_front(update);
-                    return;
-                }
-                // The view has quit; the session is about to be stopped.
-                Err(mpsc::error::TrySendError::Closed(_)) => {
-                    self.pending.clear();
-                    return;
-                }
-            }
-        }
-    }
-}
-
-/// Warnings quote the node's text (rule lines, paths, hostnames): each leaves as
-/// printable text, whichever source quoted it.
-fn printable_warnings(mut warn: Box<dyn FnMut(String) + Send>) -> Box<dyn FnMut(String) + Send> {
-    use crate::naming::printable::{MESSAGE_BYTES, printable};
-    Box::new(move |warning| warn(printable(warning, MESSAGE_BYTES)))
 }
 
 /// Counts per network namespace inode, keyed by the inode as a string (the summary

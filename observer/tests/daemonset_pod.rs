@@ -86,7 +86,7 @@ fn the_manifest_becomes_the_runtime_spec_a_runtime_makes() {
             "/observer",
             "serve",
             "--listen",
-            "0.0.0.0:9464",
+            "127.0.0.1:9465",
             "--write",
             "-"
         ])
@@ -311,9 +311,10 @@ fn as_the_daemonsets_pod_it_counts_and_names_exactly_and_logs_to_stdout_under_it
     );
     udp.add(backend_of(&host_client.udp_answer, dns.target_port), 1, 1);
 
-    // `/metrics` on the node's port, as the readiness probe and Prometheus reach it.
+    // `/metrics` on the node's loopback, as the readiness probe reaches it (and
+    // kube-rbac-proxy, which is not run here: it needs an API server).
     let probe = &container.readiness_probe.http_get;
-    let addr = format!("127.0.0.1:{}", container.port(&probe.port));
+    let addr = format!("{}:{}", probe.host, probe.port);
     let deadline = Instant::now() + Duration::from_secs(20);
     let checkout_name = checkout.port_name_string();
     let dns_name = dns.port_name_string();

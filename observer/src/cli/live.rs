@@ -87,8 +87,10 @@ fn live(args: LiveArgs) -> anyhow::Result<Outcome> {
         }),
     );
     options.updates = Some(send);
-    // Capture runs on a thread of its own, so that a busy view never keeps it from
-    // draining the kernel's ring buffer. It reports whether it attached before the
+    // Capture runs on a thread of its own (with its own current-thread runtime), so
+    // that a busy view, drawing on this thread, never keeps it from draining the
+    // kernel's ring buffer (updates the view is slow to take wait in the session, not in
+    // the kernel). It reports whether it attached before the
     // view takes the screen.
     let (attached, attach_result) = std::sync::mpsc::channel::<anyhow::Result<()>>();
     let capture_args = args.capture.clone();

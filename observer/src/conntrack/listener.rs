@@ -1,28 +1,33 @@
-//! Follows conntrack's events for DNATed entries in many network namespaces on one
-//! thread of its own, so that reading them never waits on (or stalls) the session loop.
-//! The same thread reads conntrack's statistics in each namespace, when asked to.
+//! Follows conntrack's events for DNATed entries in many network namespaces: one tokio
+//! task per namespace waits on its socket (`AsyncFd`) and hands the events over a
+//! bounded channel, so that reading them never waits on the session loop, which drains
+//! the channel. Another task reads conntrack's statistics in each namespace, when asked to.
+//!
+//! The channel is bounded. When it is full a namespace's task waits, and stops reading
+//! its socket; events then gather in the socket's receive buffer (`socket::EVENT_BUFFER`),
+//! and if that overflows too the kernel says so (`ENOBUFS`): a [`Note::Overrun`], which
+//! the session counts and warns about, then asks conntrack about that namespace's
+//! connections instead. No event is dropped uncounted.
 
-use std::collections::{BTreeMap, HashMap};
-use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd, RawFd};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::os::fd::{AsRawFd, RawFd};
 use std::path::Path;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use tokio::io::unix::AsyncFd;
 use tokio::sync::mpsc;
 
 use super::socket::{CtSocket, Received};
 use super::{CtEntry, CtKind, CtMessage, CtStats};
 
-/// How long the thread waits for events before looking for new namespaces or a stop,
-/// where it has no `Waker` (no eventfd): with one it sleeps until woken, so an idle
-/// observer does not wake 20 times a second.
-const POLL_MS: i32 = 50;
-/// After reading, the thread lets events gather this long: under churn it (and the
-/// session loop it hands them to) wakes about 20 times a second, not once per
+/// After reading, a namespace's task lets events gather this long: under churn it (and
+/// the session loop it hands them to) wakes about 20 times a second, not once per
 /// connection. The sockets' buffers (`socket::EVENT_BUFFER`) hold far more.
 const GATHER: Duration = Duration::from_millis(50);
+/// Notes the channel holds before the namespaces' tasks wait for the session loop.
+const CHANNEL: usize = 65536;
 
 /// What the listener reports.
 #[derive(Debug)]
@@ -48,125 +53,115 @@ pub enum Note {
     },
 }
 
-/// Sockets handed to the thread (the event socket, and a request socket for statistics
-/// when they are read), or taken away.
-enum Control {
-    Add(u32, CtSocket, Option<CtSocket>),
-    Remove(u32),
+/// A namespace's event socket, registered with the runtime. The mutex is never held
+/// across an await, so the listener can read it one last time when it stops.
+struct EventSocket {
+    socket: Mutex<CtSocket>,
+    fd: RawFd,
 }
 
-/// An eventfd that wakes the thread from `poll` when a socket is added or taken away,
-/// or when it is told to stop.
-struct Waker(OwnedFd);
-
-impl Waker {
-    fn new() -> Option<Waker> {
-        // SAFETY: eventfd(2) takes no pointers; a non-negative result is a new
-        // descriptor that nothing else owns.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        // SAFETY: as above: `fd` is open and owned by nothing else.
-        (fd >= 0).then(|| Waker(unsafe { OwnedFd::from_raw_fd(fd) }))
-    }
-
-    fn wake(&self) {
-        let one = 1u64.to_ne_bytes();
-        // SAFETY: writes 8 bytes from a live array to an open descriptor. A full counter
-        // (EAGAIN) still leaves it readable, which is all a wake-up needs.
-        let _ = unsafe { libc::write(self.0.as_raw_fd(), one.as_ptr().cast(), one.len()) };
-    }
-
-    /// Resets the counter after a wake-up.
-    fn clear(&self) {
-        let mut count = [0u8; 8];
-        // SAFETY: reads at most 8 bytes into a live array of 8.
-        let _ = unsafe { libc::read(self.0.as_raw_fd(), count.as_mut_ptr().cast(), count.len()) };
+impl AsRawFd for EventSocket {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd
     }
 }
 
-/// The listening thread; stopping it (or dropping it) reads what is waiting first.
+/// A followed namespace: its socket and the task reading it.
+struct Followed {
+    socket: Arc<AsyncFd<EventSocket>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// The listening tasks; stopping the listener (or dropping it) ends them, and
+/// [`Listener::stop`] reads what is waiting first.
 pub struct Listener {
-    notes: mpsc::UnboundedReceiver<Note>,
-    control: std::sync::mpsc::Sender<Control>,
-    waker: Option<Arc<Waker>>,
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    notes: mpsc::Receiver<Note>,
+    send: mpsc::Sender<Note>,
+    /// Notes made outside the tasks (a namespace's first statistics), delivered first.
+    own: VecDeque<Note>,
+    followed: HashMap<u32, Followed>,
     groups: Vec<u32>,
     buffer: i32,
-    reads_stats: bool,
-    watched: rustc_hash::FxHashSet<u32>,
+    readings: Option<Arc<Mutex<Readings>>>,
+    /// The statistics task, started with the first namespace.
+    reading: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Listener {
-    /// Starts a thread that reads events of `groups` (`socket::GROUP_*`) from sockets
-    /// with `buffer` bytes of receive buffer each (`socket::EVENT_BUFFER`), and with
+    /// A listener that reads events of `groups` (`socket::GROUP_*`) from sockets with
+    /// `buffer` bytes of receive buffer each (`socket::EVENT_BUFFER`), and with
     /// `stats_every`, conntrack's statistics in each namespace: when it is watched, that
-    /// often after, and once more when the listener stops.
+    /// often after, and once more when the listener stops. Its tasks start with the
+    /// first [`Listener::watch`], which must run inside the tokio runtime.
     pub fn start(groups: &[u32], buffer: i32, stats_every: Option<Duration>) -> Listener {
-        let (send, notes) = mpsc::unbounded_channel();
-        let (control, controls) = std::sync::mpsc::channel();
-        let stop = Arc::new(AtomicBool::new(false));
-        let stopping = Arc::clone(&stop);
-        let waker = Waker::new().map(Arc::new);
-        let woken = waker.clone();
-        let thread = std::thread::Builder::new()
-            .name("conntrack-events".into())
-            .spawn(move || {
-                let readings = stats_every.map(Readings::new);
-                listen(&controls, &send, &stopping, woken.as_deref(), readings)
-            })
-            .ok();
+        let (send, notes) = mpsc::channel(CHANNEL);
         Listener {
             notes,
-            control,
-            waker,
-            stop,
-            thread,
+            send,
+            own: VecDeque::new(),
+            followed: HashMap::new(),
             groups: groups.to_vec(),
             buffer,
-            reads_stats: stats_every.is_some(),
-            watched: Default::default(),
+            readings: stats_every.map(|every| Arc::new(Mutex::new(Readings::new(every)))),
+            reading: None,
         }
     }
 
     /// Subscribes in the namespace `path` refers to (inode `netns`); when this returns
     /// Ok, every later event there is reported.
     pub fn watch(&mut self, netns: u32, path: &Path) -> std::io::Result<()> {
-        if self.watched.contains(&netns) {
+        if self.followed.contains_key(&netns) {
             return Ok(());
         }
         let socket = CtSocket::open_in(path, &self.groups, self.buffer)?;
-        let requests = match self.reads_stats {
-            true => Some(CtSocket::open_in(path, &[], 0)?),
-            false => None,
+        let requests = match self.readings {
+            Some(_) => Some(CtSocket::open_in(path, &[], 0)?),
+            None => None,
         };
-        self.watched.insert(netns);
-        self.control
-            .send(Control::Add(netns, socket, requests))
-            .map_err(|_| std::io::Error::other("the conntrack listener thread is gone"))?;
-        self.wake();
-        Ok(())
-    }
-
-    fn wake(&self) {
-        if let Some(waker) = &self.waker {
-            waker.wake();
+        let fd = socket.raw_fd();
+        let socket = EventSocket {
+            socket: Mutex::new(socket),
+            fd,
+        };
+        // SAFETY: `fd` is the descriptor the CtSocket inside owns, which it never
+        // changes or closes; the AsyncFd owns the EventSocket, so the descriptor stays
+        // open until the registration ends.
+        let socket =
+            unsafe { AsyncFd::register_with_interest(socket, tokio::io::Interest::READABLE) }
+                .map_err(|err| err.into_parts().1)?;
+        let socket = Arc::new(socket);
+        let task = tokio::spawn(follow(netns, Arc::clone(&socket), self.send.clone()));
+        self.followed.insert(netns, Followed { socket, task });
+        if let (Some(readings), Some(requests)) = (&self.readings, requests) {
+            let first = lock(readings).add(netns, requests);
+            self.own.extend(first);
+            if self.reading.is_none() {
+                let (readings, send) = (Arc::clone(readings), self.send.clone());
+                self.reading = Some(tokio::spawn(read_stats(readings, send)));
+            }
         }
+        Ok(())
     }
 
     /// Stops following `netns` (its socket closes: a namespace is not kept alive).
     pub fn unwatch(&mut self, netns: u32) {
-        if self.watched.remove(&netns) {
-            let _ = self.control.send(Control::Remove(netns));
-            self.wake();
+        if let Some(followed) = self.followed.remove(&netns) {
+            followed.task.abort();
+        }
+        if let Some(readings) = &self.readings {
+            lock(readings).sockets.remove(&netns);
         }
     }
 
     pub fn watches(&self, netns: u32) -> bool {
-        self.watched.contains(&netns)
+        self.followed.contains_key(&netns)
     }
 
-    /// The next note; pending forever once the thread is gone and all were read.
+    /// The next note; pending forever once every task is gone and all were read.
     pub async fn next(&mut self) -> Note {
+        if let Some(note) = self.own.pop_front() {
+            return note;
+        }
         match self.notes.recv().await {
             Some(note) => note,
             None => std::future::pending().await,
@@ -175,25 +170,37 @@ impl Listener {
 
     /// A note if one is waiting.
     pub fn try_next(&mut self) -> Option<Note> {
-        self.notes.try_recv().ok()
+        self.own.pop_front().or_else(|| self.notes.try_recv().ok())
     }
 
-    /// Reads what the sockets hold now, ends the thread, and returns every note not yet
-    /// taken.
+    /// Ends the tasks, reads what the sockets hold now (and conntrack's statistics once
+    /// more), and returns every note not yet taken.
     pub fn stop(mut self) -> Vec<Note> {
         self.halt();
-        let mut rest = Vec::new();
+        let mut rest: Vec<Note> = self.own.drain(..).collect();
         while let Ok(note) = self.notes.try_recv() {
             rest.push(note);
+        }
+        for (netns, followed) in &self.followed {
+            if let Err(error) = read_waiting(*netns, &followed.socket, &mut rest) {
+                rest.push(Note::Failed {
+                    netns: *netns,
+                    error: error.to_string(),
+                });
+            }
+        }
+        if let Some(readings) = &self.readings {
+            rest.extend(lock(readings).read_all());
         }
         rest
     }
 
     fn halt(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        self.wake();
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
+        for followed in self.followed.values() {
+            followed.task.abort();
+        }
+        if let Some(reading) = &self.reading {
+            reading.abort();
         }
     }
 }
@@ -204,124 +211,88 @@ impl Drop for Listener {
     }
 }
 
-fn listen(
-    controls: &std::sync::mpsc::Receiver<Control>,
-    send: &mpsc::UnboundedSender<Note>,
-    stop: &AtomicBool,
-    waker: Option<&Waker>,
-    mut readings: Option<Readings>,
-) {
-    let mut sockets: HashMap<RawFd, (u32, CtSocket)> = HashMap::new();
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// One namespace's task: waits for events, reads all that are waiting, hands them over
+/// (waiting while the channel is full), then lets more gather.
+async fn follow(netns: u32, socket: Arc<AsyncFd<EventSocket>>, send: mpsc::Sender<Note>) {
+    let mut notes = Vec::new();
     loop {
-        while let Ok(control) = controls.try_recv() {
-            match control {
-                Control::Add(netns, socket, requests) => {
-                    sockets.insert(socket.raw_fd(), (netns, socket));
-                    if let (Some(readings), Some(requests)) = (readings.as_mut(), requests) {
-                        readings.add(netns, requests, send);
-                    }
-                }
-                Control::Remove(netns) => {
-                    sockets.retain(|_, (ns, _)| *ns != netns);
-                    if let Some(readings) = readings.as_mut() {
-                        readings.sockets.remove(&netns);
-                    }
-                }
+        let read = match socket.readable().await {
+            Ok(mut ready) => {
+                let read = read_waiting(netns, &socket, &mut notes);
+                // Everything waiting was read (until EAGAIN): wait for the next edge.
+                ready.clear_ready();
+                read
             }
-        }
-        let stopping = stop.load(Ordering::SeqCst);
-        // The waker first (when there is one), then the sockets.
-        let woken_at = waker.map(|waker| waker.0.as_raw_fd());
-        let mut fds: Vec<libc::pollfd> = woken_at
-            .into_iter()
-            .chain(sockets.keys().copied())
-            .map(|fd| libc::pollfd {
-                fd,
-                events: libc::POLLIN,
-                revents: 0,
-            })
-            .collect();
-        // Stopping: one more pass without waiting. Otherwise wait until woken.
-        let timeout = match (stopping, waker) {
-            (true, _) => 0,
-            (false, Some(_)) => -1,
-            (false, None) => POLL_MS,
+            Err(error) => Err(error),
         };
-        // Woken for the next reading of statistics too.
-        let timeout = readings.as_ref().map_or(timeout, |r| r.bound(timeout));
-        // SAFETY: `fds` is a live array of the length passed.
-        let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
-        if ready < 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
-            std::thread::sleep(Duration::from_millis(POLL_MS as u64));
+        let failed = read.is_err();
+        if let Err(error) = read {
+            notes.push(Note::Failed {
+                netns,
+                error: error.to_string(),
+            });
         }
-        if let Some(waker) = waker
-            && fds[0].revents != 0
-        {
-            waker.clear();
-        }
-        let fds = &fds[usize::from(waker.is_some())..];
-        // After a stop, one more pass reads everything already queued.
-        let mut read = false;
-        for pollfd in fds.iter().filter(|p| stopping || p.revents != 0) {
-            read = true;
-            let Some((netns, socket)) = sockets.get_mut(&pollfd.fd) else {
-                continue;
-            };
-            if let Err(error) = read_all(*netns, socket, send) {
-                let _ = send.send(Note::Failed {
-                    netns: *netns,
-                    error: error.to_string(),
-                });
-                sockets.remove(&pollfd.fd);
+        for note in notes.drain(..) {
+            if send.send(note).await.is_err() {
+                return;
             }
         }
-        if let Some(readings) = readings.as_mut()
-            && (stopping || readings.due())
-        {
-            readings.read_all(send);
-        }
-        if stopping {
+        if failed {
             return;
         }
-        if read {
-            std::thread::sleep(GATHER);
-        }
+        tokio::time::sleep(GATHER).await;
     }
 }
 
 /// Reads datagrams until none is waiting; reports DNATed entries only.
-fn read_all(
+fn read_waiting(
     netns: u32,
-    socket: &mut CtSocket,
-    send: &mpsc::UnboundedSender<Note>,
+    socket: &AsyncFd<EventSocket>,
+    notes: &mut Vec<Note>,
 ) -> std::io::Result<()> {
+    let mut socket = lock(&socket.get_ref().socket);
     loop {
         match socket.receive()? {
             Received::Empty => return Ok(()),
-            Received::Overrun => {
-                let _ = send.send(Note::Overrun { netns });
-            }
+            Received::Overrun => notes.push(Note::Overrun { netns }),
             Received::Messages(messages) => {
                 for message in messages {
-                    let note = match message {
+                    notes.push(match message {
                         Ok(CtMessage::Conntrack(kind, entry)) if entry.dnat() => {
                             Note::Event { netns, kind, entry }
                         }
                         Ok(_) => continue,
                         Err(_) => Note::Malformed { netns },
-                    };
-                    let _ = send.send(note);
+                    });
                 }
             }
         }
     }
 }
 
-/// The thread's statistics side: a request socket per namespace, all read every `every`.
-/// Each reading is two netlink round trips that the kernel answers as they are sent.
+/// The statistics task: every namespace's figures, every `Readings::every`.
+async fn read_stats(readings: Arc<Mutex<Readings>>, send: mpsc::Sender<Note>) {
+    let every = lock(&readings).every;
+    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    loop {
+        ticks.tick().await;
+        let notes = lock(&readings).read_all();
+        for note in notes {
+            if send.send(note).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// The statistics side: a request socket per namespace, all read every `every`. Each
+/// reading is two netlink round trips that the kernel answers as they are sent.
 struct Readings {
     every: Duration,
-    next: Instant,
     /// Per namespace: its request socket, and whether conntrack was ever used there
     /// (until it is, its readings are not reported: most pods' namespaces never are).
     sockets: BTreeMap<u32, (CtSocket, bool)>,
@@ -331,51 +302,33 @@ impl Readings {
     fn new(every: Duration) -> Readings {
         Readings {
             every,
-            next: Instant::now() + every,
             sockets: BTreeMap::new(),
         }
     }
 
     /// Reads a namespace's statistics when it is watched, then with all the others.
-    fn add(&mut self, netns: u32, socket: CtSocket, send: &mpsc::UnboundedSender<Note>) {
+    fn add(&mut self, netns: u32, socket: CtSocket) -> Option<Note> {
         self.sockets.insert(netns, (socket, false));
-        self.read(netns, send);
+        self.read(netns)
     }
 
-    fn due(&self) -> bool {
-        Instant::now() >= self.next
-    }
-
-    /// `timeout` (poll's milliseconds, -1 for none) shortened to the next reading.
-    fn bound(&self, timeout: i32) -> i32 {
-        let until = self.next.saturating_duration_since(Instant::now());
-        let until = i32::try_from(until.as_millis() + 1).unwrap_or(i32::MAX);
-        if timeout < 0 {
-            until
-        } else {
-            timeout.min(until)
-        }
-    }
-
-    fn read_all(&mut self, send: &mpsc::UnboundedSender<Note>) {
-        self.next = Instant::now() + self.every;
+    fn read_all(&mut self) -> Vec<Note> {
         let namespaces: Vec<u32> = self.sockets.keys().copied().collect();
-        for netns in namespaces {
-            self.read(netns, send);
-        }
+        namespaces
+            .into_iter()
+            .filter_map(|netns| self.read(netns))
+            .collect()
     }
 
     /// One reading, reported where conntrack was ever used; a namespace whose reading
     /// fails is said once and no longer read.
-    fn read(&mut self, netns: u32, send: &mpsc::UnboundedSender<Note>) {
-        let Some((socket, used)) = self.sockets.get_mut(&netns) else {
-            return;
-        };
+    fn read(&mut self, netns: u32) -> Option<Note> {
+        let (socket, used) = self.sockets.get_mut(&netns)?;
         let stats = match socket.stats() {
             Ok(stats) => {
                 *used |= stats.used();
                 if !*used {
-                    return;
+                    return None;
                 }
                 Ok(stats)
             }
@@ -384,15 +337,15 @@ impl Readings {
                 // Without nf_conntrack_netlink there are no statistics either; the one
                 // sentence about the missing module (NETLINK_MISSING) already says so.
                 if super::netlink_missing(&err) {
-                    return;
+                    return None;
                 }
                 Err(err.to_string())
             }
         };
-        let _ = send.send(Note::Stats {
+        Some(Note::Stats {
             netns,
             at: Utc::now(),
             stats,
-        });
+        })
     }
 }

@@ -1,13 +1,12 @@
 //! The session's DNS side: decodes the port-53 message prefixes the kernel copies,
 //! matches queries to responses, names the client pod and writes `dns` lines.
 
-use anyhow::Context as _;
 use observer_common::dns::DnsEvent;
 
 use super::Session;
+use super::output::Emitted;
 use crate::dns::{Matcher, Streams, from_event};
 use crate::model::record::DnsRecord;
-use crate::model::update::Update;
 
 pub(super) struct DnsSide {
     matcher: Matcher,
@@ -74,11 +73,7 @@ impl Session {
                     .map(|pod| pod.to_string());
             }
             self.dns.written += 1;
-            if let Some(log) = self.log.as_mut() {
-                log.dns(&record)
-                    .with_context(|| format!("cannot write the connection log to {}", log.name))?;
-            }
-            self.send(Update::Dns(record));
+            self.output.emit(Emitted::Dns(record))?;
         }
         Ok(())
     }

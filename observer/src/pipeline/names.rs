@@ -4,11 +4,9 @@
 
 use std::time::Instant;
 
-use anyhow::Context as _;
-
 use super::Session;
+use super::output::Emitted;
 use crate::model::record::ConnRecord;
-use crate::model::update::Update;
 
 impl Session {
     /// Fills in `service` and `endpoint_in_rules` from the rules of the namespace that
@@ -51,7 +49,7 @@ impl Session {
         record.client_pod = pods.name(record.client.ip(), now);
         record.backend_pod = pods.name(record.backend.ip(), now);
         for warning in pods.take_warnings() {
-            (self.warn)(warning);
+            self.output.warn(warning);
         }
     }
 
@@ -62,7 +60,7 @@ impl Session {
         };
         let changes = namer.take_endpoint_changes();
         for warning in namer.take_warnings() {
-            (self.warn)(warning);
+            self.output.warn(warning);
         }
         for mut service in namer.take_service_updates() {
             if let Some(pods) = self.pods.as_mut() {
@@ -73,18 +71,10 @@ impl Session {
                         .map(|pod| pod.to_string());
                 }
             }
-            if let Some(log) = self.log.as_mut() {
-                log.service(&service)
-                    .with_context(|| format!("cannot write the connection log to {}", log.name))?;
-            }
-            self.send(Update::Service(service));
+            self.output.emit(Emitted::Service(service))?;
         }
         for change in changes {
-            if let Some(log) = self.log.as_mut() {
-                log.endpoints(&change)
-                    .with_context(|| format!("cannot write the connection log to {}", log.name))?;
-            }
-            self.send(Update::Endpoints(change));
+            self.output.emit(Emitted::Endpoints(change))?;
         }
         Ok(())
     }

@@ -44,19 +44,19 @@ impl Session {
                 Some(ConntrackReading { time: at, stats })
             }
             Err(error) => {
-                (self.warn)(format!(
+                self.output.warn(format!(
                     "cannot read conntrack's statistics in netns {netns}: {error}"
                 ));
                 None
             }
         };
-        self.send(Update::Conntrack { netns, reading });
+        self.output.show(Update::Conntrack { netns, reading });
     }
 
     /// Namespaces no longer followed (deleted): their figures are no longer read.
     pub(super) fn conntrack_gone(&mut self, gone: Vec<u32>) {
         for netns in gone {
-            self.send(Update::Conntrack {
+            self.output.show(Update::Conntrack {
                 netns,
                 reading: None,
             });

@@ -92,7 +92,7 @@ impl Session {
             found,
         } = start;
         for warning in follower.take_warnings() {
-            (self.warn)(warning);
+            self.output.warn(warning);
         }
         self.follower = Some(follower);
         for (id, record) in found {
@@ -196,7 +196,7 @@ impl Session {
             Ok(gone) => gone,
             Err(error) => {
                 if !std::mem::replace(&mut self.revalidation.failed, true) {
-                    (self.warn)(error);
+                    self.output.warn(error);
                 }
                 return Ok(conntracks.len());
             }
@@ -247,7 +247,7 @@ impl Session {
             Note::Overrun { netns } => {
                 follower.overruns += 1;
                 let overruns = follower.overruns;
-                (self.warn)(format!(
+                self.output.warn(format!(
                     "conntrack's destroy events in netns {netns} overflowed observer's buffer ({overruns} time(s) so far): asking conntrack about each connection there instead"
                 ));
                 let netns = *netns;
@@ -255,7 +255,7 @@ impl Session {
             }
             Note::Failed { netns, error } => {
                 let warning = format!("stopped following conntrack in netns {netns}: {error}");
-                (self.warn)(warning);
+                self.output.warn(warning);
                 return Ok(());
             }
             _ => match follower::destroyed(&note) {

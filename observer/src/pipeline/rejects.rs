@@ -6,13 +6,12 @@
 
 use std::time::Instant;
 
-use anyhow::Context as _;
 use observer_common::reject::RejectEvent;
 
+use super::output::Emitted;
 use super::{FIRST_NAME_WAIT, Session};
 use crate::model::record::RejectRecord;
 use crate::model::rejects::RejectTracker;
-use crate::model::update::Update;
 
 pub(super) struct RejectSide {
     pub tracker: RejectTracker,
@@ -161,11 +160,6 @@ impl Session {
         record.service = naming.service;
         record.frontend = naming.frontend;
         self.rejects.written += 1;
-        if let Some(log) = self.log.as_mut() {
-            log.reject(&record)
-                .with_context(|| format!("cannot write the connection log to {}", log.name))?;
-        }
-        self.send(Update::Reject(record));
-        Ok(())
+        Ok(self.output.emit(Emitted::Reject(record))?)
     }
 }

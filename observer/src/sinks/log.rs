@@ -21,6 +21,15 @@ enum LineRef<'a> {
     Summary(&'a SummaryRecord),
 }
 
+/// A line that could not be written: the one error the log's writer gives, naming the log.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot write the connection log to {name}")]
+pub struct LogError {
+    name: String,
+    #[source]
+    source: std::io::Error,
+}
+
 pub struct LogWriter {
     out: Box<dyn Write + Send>,
     /// Where the log goes, for messages: a path or `-` for stdout.
@@ -132,45 +141,63 @@ impl LogWriter {
         self.connections
     }
 
-    pub fn conn(&mut self, record: &ConnRecord) -> std::io::Result<()> {
+    pub fn conn(&mut self, record: &ConnRecord) -> Result<(), LogError> {
         self.connections += 1;
         self.line.clear();
-        self.conn_line.write(&mut self.line, record)?;
-        self.line.push(b'\n');
-        self.out.write_all(&self.line)
+        let written = self
+            .conn_line
+            .write(&mut self.line, record)
+            .map_err(std::io::Error::from)
+            .and_then(|()| {
+                self.line.push(b'\n');
+                self.out.write_all(&self.line)
+            });
+        self.named(written)
     }
 
-    pub fn service(&mut self, record: &ServiceRecord) -> std::io::Result<()> {
+    pub fn service(&mut self, record: &ServiceRecord) -> Result<(), LogError> {
         self.line(&LineRef::Service(record))
     }
 
-    pub fn endpoints(&mut self, record: &EndpointsRecord) -> std::io::Result<()> {
+    pub fn endpoints(&mut self, record: &EndpointsRecord) -> Result<(), LogError> {
         self.line(&LineRef::Endpoints(record))
     }
 
-    pub fn dns(&mut self, record: &DnsRecord) -> std::io::Result<()> {
+    pub fn dns(&mut self, record: &DnsRecord) -> Result<(), LogError> {
         self.line(&LineRef::Dns(record))
     }
 
-    pub fn reject(&mut self, record: &RejectRecord) -> std::io::Result<()> {
+    pub fn reject(&mut self, record: &RejectRecord) -> Result<(), LogError> {
         self.line(&LineRef::Reject(record))
     }
 
     /// Writes the summary line and flushes.
-    pub fn summary(&mut self, summary: &SummaryRecord) -> std::io::Result<()> {
+    pub fn summary(&mut self, summary: &SummaryRecord) -> Result<(), LogError> {
         self.line(&LineRef::Summary(summary))?;
-        self.out.flush()
+        self.flush()
     }
 
-    pub fn flush(&mut self) -> std::io::Result<()> {
-        self.out.flush()
+    pub fn flush(&mut self) -> Result<(), LogError> {
+        let flushed = self.out.flush();
+        self.named(flushed)
     }
 
-    fn line(&mut self, line: &LineRef<'_>) -> std::io::Result<()> {
+    fn line(&mut self, line: &LineRef<'_>) -> Result<(), LogError> {
         self.line.clear();
-        serde_json::to_writer(&mut self.line, line)?;
-        self.line.push(b'\n');
-        self.out.write_all(&self.line)
+        let written = serde_json::to_writer(&mut self.line, line)
+            .map_err(std::io::Error::from)
+            .and_then(|()| {
+                self.line.push(b'\n');
+                self.out.write_all(&self.line)
+            });
+        self.named(written)
+    }
+
+    fn named(&self, result: std::io::Result<()>) -> Result<(), LogError> {
+        result.map_err(|source| LogError {
+            name: self.name.clone(),
+            source,
+        })
     }
 }
 

@@ -1,33 +1,86 @@
-//! Prometheus text exposition (format 0.0.4) of the per-Service, per-backend aggregates
-//! and the capture counters, for `observer serve`. Pure: data in, text out.
+//! Prometheus text exposition (format 0.0.4) of the per-Service, per-backend aggregates,
+//! the capture counters and conntrack's own figures, for `observer serve`: a snapshot
+//! ([`Exposition`]) written by prometheus-client's encoder. Pure: data in, text out.
+//!
+//! The figures are computed when scraped (percentiles, shares), so each family is a
+//! prometheus-client [`Collector`] of constant samples rather than live metric handles.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric as _, NoLabelSet};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::registry::Registry;
 
 use crate::conntrack::CtStats;
 use crate::model::record::{FrontendKind, Outcome, Proto};
 use crate::model::update::CaptureStats;
-use crate::stats::{BackendStats, CONNECT_BUCKETS_MS, ServiceStats};
+use crate::stats::{BackendStats, CONNECT_BUCKETS_MS, ConnectHistogram, ServiceStats};
 
-/// Escapes a label value: backslash, double quote and newline.
-fn escape(value: &str) -> String {
-    value
-        .replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
+/// The `Content-Type` of [`render`]'s text.
+pub use prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
+
+/// What one scrape shows.
+#[derive(Debug, Default)]
+pub struct Exposition {
+    pub services: Vec<ServiceStats>,
+    /// Counters are cumulative since observer started.
+    pub capture: CaptureStats,
+    /// conntrack's latest figures per namespace (`netns`: its inode), from
+    /// `Update::Conntrack`; cumulative since each namespace was created.
+    pub conntrack: BTreeMap<u32, CtStats>,
 }
 
+/// Renders every metric family, in a fixed order.
+pub fn render(exposition: Exposition) -> String {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(exposition));
+    let mut text = String::new();
+    // Writing to a String cannot fail, and every family encodes by construction.
+    let _ = prometheus_client::encoding::prometheus_text::encode(&mut text, &registry);
+    text
+}
+
+impl Collector for Exposition {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> std::fmt::Result {
+        let mut per_service = ServiceFamilies::new();
+        for service in &self.services {
+            per_service.add(service);
+        }
+        let families = per_service.into_families();
+        let capture = capture_families(&self.capture);
+        let conntrack = conntrack_families(&self.conntrack);
+        for family in families.iter().chain(&capture).chain(&conntrack) {
+            family.encode(&mut encoder)?;
+        }
+        Ok(())
+    }
+}
+
+/// One sample's labels, in exposition order.
+type Labels = Vec<(&'static str, String)>;
+
+/// One sample's value, as its family's type encodes it.
+enum Sample {
+    Counter(u64),
+    Gauge(u64),
+    Ratio(f64),
+    Histogram(ConnectHistogram),
+}
+
+/// A metric family: its descriptor and its samples.
 struct Family {
+    /// Counters without their `_total`, which the encoder appends.
     name: &'static str,
-    kind: &'static str,
+    kind: MetricType,
     help: &'static str,
-    /// Suffix of the sample's name (`_bucket`, `_sum`, `_count` of a histogram; empty
-    /// otherwise), labels and value.
-    samples: Vec<(&'static str, String, f64)>,
+    samples: Vec<(Labels, Sample)>,
 }
 
 impl Family {
-    fn new(name: &'static str, kind: &'static str, help: &'static str) -> Family {
+    fn new(name: &'static str, kind: MetricType, help: &'static str) -> Family {
         Family {
             name,
             kind,
@@ -36,46 +89,48 @@ impl Family {
         }
     }
 
-    fn add(&mut self, labels: String, value: f64) {
-        self.samples.push(("", labels, value));
+    fn add(&mut self, labels: Labels, sample: Sample) {
+        self.samples.push((labels, sample));
     }
 
-    /// A histogram's sample: `suffix` is `_bucket`, `_sum` or `_count`.
-    fn add_part(&mut self, suffix: &'static str, labels: String, value: f64) {
-        self.samples.push((suffix, labels, value));
-    }
-}
-
-/// Renders every metric. Counters are cumulative since observer started.
-pub fn render(services: &[ServiceStats], capture: &CaptureStats) -> String {
-    let mut per_service = ServiceFamilies::new();
-    for service in services {
-        per_service.add(service);
-    }
-    let mut out = String::new();
-    for family in per_service
-        .into_families()
-        .iter()
-        .chain(&capture_families(capture))
-    {
-        family.write(&mut out);
-    }
-    out
-}
-
-impl Family {
-    /// HELP and TYPE lines, then one line per sample.
-    fn write(&self, out: &mut String) {
-        let _ = writeln!(out, "# HELP {} {}", self.name, self.help);
-        let _ = writeln!(out, "# TYPE {} {}", self.name, self.kind);
-        for (suffix, labels, value) in &self.samples {
-            if labels.is_empty() {
-                let _ = writeln!(out, "{}{suffix} {value}", self.name);
-            } else {
-                let _ = writeln!(out, "{}{suffix}{{{labels}}} {value}", self.name);
+    /// HELP and TYPE lines, then the samples.
+    fn encode(&self, encoder: &mut DescriptorEncoder<'_>) -> std::fmt::Result {
+        let mut family = encoder.encode_descriptor(self.name, self.help, None, self.kind)?;
+        for (labels, sample) in &self.samples {
+            let one = family.encode_family(labels)?;
+            match sample {
+                Sample::Counter(value) => ConstCounter::new(*value).encode(one)?,
+                Sample::Gauge(value) => ConstGauge::new(*value).encode(one)?,
+                Sample::Ratio(value) => ConstGauge::new(*value).encode(one)?,
+                Sample::Histogram(histogram) => encode_connect_times(one, histogram)?,
             }
         }
+        Ok(())
     }
+}
+
+/// The connect-time histogram: per bucket of `CONNECT_BUCKETS_MS` (seconds), the encoder
+/// adding them up and writing `+Inf`, `_sum` and `_count`.
+fn encode_connect_times(
+    mut encoder: prometheus_client::encoding::MetricEncoder<'_>,
+    histogram: &ConnectHistogram,
+) -> std::fmt::Result {
+    let mut below = 0;
+    let buckets: Vec<(f64, u64)> = CONNECT_BUCKETS_MS
+        .iter()
+        .zip(histogram.cumulative())
+        .map(|(ms, cumulative)| {
+            let in_bucket = cumulative - below;
+            below = cumulative;
+            (ms / 1000.0, in_bucket)
+        })
+        .collect();
+    encoder.encode_histogram::<NoLabelSet>(
+        histogram.sum_us as f64 / 1e6,
+        histogram.count,
+        &buckets,
+        None,
+    )
 }
 
 /// The families with a sample per Service or per backend.
@@ -97,174 +152,159 @@ struct ServiceFamilies {
 
 impl ServiceFamilies {
     fn new() -> ServiceFamilies {
+        use MetricType::{Counter, Gauge, Histogram, Unknown};
         ServiceFamilies {
             connections: Family::new(
-                "observer_connections_total",
-                "counter",
+                "observer_connections",
+                Counter,
                 "Connections DNATed to the backend.",
             ),
             active: Family::new(
                 "observer_active_connections",
-                "gauge",
+                Gauge,
                 "Connections to the backend still open.",
             ),
             requests: Family::new(
-                "observer_requests_total",
-                "counter",
+                "observer_requests",
+                Counter,
                 "Requests carried to the backend (client payload after backend payload).",
             ),
             bytes: Family::new(
-                "observer_bytes_total",
-                "counter",
+                "observer_bytes",
+                Counter,
                 "Transport payload bytes, each byte once.",
             ),
             request_share: Family::new(
                 "observer_request_share",
-                "gauge",
+                Gauge,
                 "The backend's share of the Service's requests.",
             ),
             expected_share: Family::new(
                 "observer_expected_share",
-                "gauge",
+                Gauge,
                 "The share of new connections kube-proxy's rules give the backend.",
             ),
-            // A summary of quantiles only: Prometheus reserves the `quantile` label for
-            // summaries (promtool's lint says so), and no sum or count is kept.
+            // Quantiles only, untyped: prometheus-client has no summary type, and
+            // Prometheus reserves the `quantile` label for summaries and untyped metrics
+            // (promtool's lint says so). Prometheus stores a summary's quantiles as these
+            // same series.
             lifetime: Family::new(
                 "observer_pinning_seconds",
-                "summary",
+                Unknown,
                 "How long connections stayed pinned to the backend (nearest-rank quantiles).",
             ),
             stale: Family::new(
-                "observer_stale_pins_total",
-                "counter",
+                "observer_stale_pins",
+                Counter,
                 "Connections pinned to a backend that is no longer an endpoint.",
             ),
             skew: Family::new(
                 "observer_service_skew",
-                "gauge",
+                Gauge,
                 "Largest backend request share over its expected share (1 is even).",
             ),
             by_frontend: Family::new(
-                "observer_frontend_connections_total",
-                "counter",
+                "observer_frontend_connections",
+                Counter,
                 "Connections per Service by the frontend they came through (cluster_ip, node_port, external_ip, load_balancer).",
             ),
             outcomes: Family::new(
-                "observer_connection_outcomes_total",
-                "counter",
+                "observer_connection_outcomes",
+                Counter,
                 "Connections to the backend by outcome: answered, refused (an RST or ICMP port unreachable: nothing listens), unanswered (nothing came back).",
             ),
             connect: Family::new(
                 "observer_connect_seconds",
-                "histogram",
+                Histogram,
                 "TCP connect times to the backend: the client's first SYN to the backend's SYN-ACK, as the node saw them.",
             ),
             rejected: Family::new(
-                "observer_rejected_total",
-                "counter",
+                "observer_rejected",
+                Counter,
                 "Connections to the Service rejected before any DNAT because its port had no endpoints (TCP attempts, UDP client sockets), by the frontend dialed.",
             ),
         }
     }
 
     fn add(&mut self, service: &ServiceStats) {
-        let service_labels = format!(
-            "service=\"{}\",proto=\"{}\"",
-            escape(&service.service),
-            service.proto
-        );
+        let service_labels: Labels = vec![
+            ("service", service.service.clone()),
+            ("proto", service.proto.to_string()),
+        ];
         if let Some(value) = service.skew {
-            self.skew.add(service_labels.clone(), value);
+            self.skew.add(service_labels.clone(), Sample::Ratio(value));
         }
         for (frontend, count) in &service.by_frontend {
             self.by_frontend.add(
-                format!(
-                    "{service_labels},frontend=\"{}\"",
-                    frontend_label(*frontend)
-                ),
-                *count as f64,
+                with(&service_labels, "frontend", frontend_label(*frontend)),
+                Sample::Counter(*count),
             );
         }
         self.add_rejected(&service_labels, service);
         for backend in &service.backends {
-            let mut labels = format!("{service_labels},backend=\"{}\"", backend.backend);
+            let mut labels = with(&service_labels, "backend", backend.backend.to_string());
             // Only where the pod is known: Prometheus reads an empty label as absent.
             if let Some(pod) = &backend.pod {
-                labels.push_str(&format!(",backend_pod=\"{}\"", escape(pod)));
+                labels.push(("backend_pod", pod.clone()));
             }
             self.add_backend(labels, service.proto, backend);
         }
     }
 
-    fn add_backend(&mut self, labels: String, proto: Proto, backend: &BackendStats) {
+    fn add_backend(&mut self, labels: Labels, proto: Proto, backend: &BackendStats) {
+        use Sample::{Counter, Gauge, Ratio};
         self.connections
-            .add(labels.clone(), backend.connections as f64);
-        self.active.add(labels.clone(), backend.active as f64);
-        self.requests.add(labels.clone(), backend.requests as f64);
-        self.bytes.add(
-            format!("{labels},direction=\"to_backend\""),
-            backend.bytes_to_backend as f64,
-        );
-        self.bytes.add(
-            format!("{labels},direction=\"from_backend\""),
-            backend.bytes_from_backend as f64,
-        );
+            .add(labels.clone(), Counter(backend.connections));
+        self.active.add(labels.clone(), Gauge(backend.active));
+        self.requests.add(labels.clone(), Counter(backend.requests));
+        for (direction, bytes) in [
+            ("to_backend", backend.bytes_to_backend),
+            ("from_backend", backend.bytes_from_backend),
+        ] {
+            self.bytes
+                .add(with(&labels, "direction", direction), Counter(bytes));
+        }
         self.request_share
-            .add(labels.clone(), backend.request_share);
+            .add(labels.clone(), Ratio(backend.request_share));
         if let Some(share) = backend.expected_share {
-            self.expected_share.add(labels.clone(), share);
+            self.expected_share.add(labels.clone(), Ratio(share));
         }
         if let Some(p) = &backend.lifetime_ms {
             for (quantile, ms) in [("0.5", p.p50), ("0.9", p.p90), ("1", p.max)] {
                 self.lifetime
-                    .add(format!("{labels},quantile=\"{quantile}\""), ms / 1000.0);
+                    .add(with(&labels, "quantile", quantile), Ratio(ms / 1000.0));
             }
         }
         for outcome in [Outcome::Answered, Outcome::Refused, Outcome::Unanswered] {
             self.outcomes.add(
-                format!("{labels},outcome=\"{}\"", outcome.as_str()),
-                backend.outcomes.get(outcome) as f64,
+                with(&labels, "outcome", outcome.as_str()),
+                Counter(backend.outcomes.get(outcome)),
             );
         }
         if proto == Proto::Tcp {
-            let histogram = &backend.connect_histogram;
-            let bounds = CONNECT_BUCKETS_MS
-                .iter()
-                .map(|ms| (ms / 1000.0).to_string());
-            let cumulative = histogram.cumulative().into_iter();
-            let inf = std::iter::once(("+Inf".to_owned(), histogram.count));
-            for (le, count) in bounds.zip(cumulative).chain(inf) {
-                self.connect
-                    .add_part("_bucket", format!("{labels},le=\"{le}\""), count as f64);
-            }
             self.connect
-                .add_part("_sum", labels.clone(), histogram.sum_us as f64 / 1e6);
-            self.connect
-                .add_part("_count", labels.clone(), histogram.count as f64);
+                .add(labels.clone(), Sample::Histogram(backend.connect_histogram));
         }
-        self.stale.add(labels, backend.stale_pins as f64);
+        self.stale.add(labels, Counter(backend.stale_pins));
     }
 
     /// Per frontend the rules list (so that a first reject is an increase from 0) and per
     /// frontend rejects came through; rejects whose frontend is unknown without a `frontend`.
-    fn add_rejected(&mut self, service_labels: &str, service: &ServiceStats) {
+    fn add_rejected(&mut self, service_labels: &Labels, service: &ServiceStats) {
         let mut frontends = service.rejected_by_frontend.clone();
         for frontend in &service.frontends {
             frontends.entry(frontend.kind).or_insert(0);
         }
         for (frontend, count) in &frontends {
             self.rejected.add(
-                format!(
-                    "{service_labels},frontend=\"{}\"",
-                    frontend_label(*frontend)
-                ),
-                *count as f64,
+                with(service_labels, "frontend", frontend_label(*frontend)),
+                Sample::Counter(*count),
             );
         }
         let unknown = service.rejected - service.rejected_by_frontend.values().sum::<u64>();
         if unknown > 0 {
-            self.rejected.add(service_labels.to_owned(), unknown as f64);
+            self.rejected
+                .add(service_labels.clone(), Sample::Counter(unknown));
         }
     }
 
@@ -288,6 +328,13 @@ impl ServiceFamilies {
     }
 }
 
+/// `labels` and one more.
+fn with(labels: &Labels, name: &'static str, value: impl Into<String>) -> Labels {
+    let mut labels = labels.clone();
+    labels.push((name, value.into()));
+    labels
+}
+
 /// A frontend as the log spells it (`cluster_ip`, `node_port`, ...).
 fn frontend_label(frontend: FrontendKind) -> String {
     let frontend = serde_json::to_value(frontend).unwrap_or_default();
@@ -296,151 +343,131 @@ fn frontend_label(frontend: FrontendKind) -> String {
 
 /// The capture counters, one unlabelled sample each.
 fn capture_families(capture: &CaptureStats) -> [Family; 9] {
-    let mut counters = [
-        Family::new(
-            "observer_dnat_events_total",
-            "counter",
+    use MetricType::{Counter, Gauge};
+    let families = [
+        (
+            "observer_dnat_events",
+            Counter,
             "DNAT decisions the kernel programs saw: connections tracked plus connections lost.",
+            capture.dnat_events,
         ),
-        Family::new(
-            "observer_lost_connections_total",
-            "counter",
+        (
+            "observer_lost_connections",
+            Counter,
             "DNAT decisions that have no record (connection table full): counts are incomplete when non-zero.",
+            capture.lost_connections,
         ),
-        Family::new(
-            "observer_lost_events_total",
-            "counter",
+        (
+            "observer_lost_events",
+            Counter,
             "Kernel events delayed because the ring buffer was full (no record is missing because of them).",
+            capture.lost_events,
         ),
-        Family::new(
-            "observer_read_errors_total",
-            "counter",
+        (
+            "observer_read_errors",
+            Counter,
             "Kernel memory reads that failed.",
+            capture.read_errors,
         ),
-        Family::new(
-            "observer_dns_malformed_total",
-            "counter",
+        (
+            "observer_dns_malformed",
+            Counter,
             "DNS messages to or from port-53 Services that were copied but could not be read (malformed, truncated).",
+            capture.dns_malformed,
         ),
-        Family::new(
-            "observer_dns_lost_total",
-            "counter",
+        (
+            "observer_dns_lost",
+            Counter,
             "DNS messages to or from port-53 Services the kernel could not copy (their ring buffer was full): dns lines are missing when non-zero.",
+            capture.dns_lost,
         ),
-        Family::new(
-            "observer_lost_rejects_total",
-            "counter",
+        (
+            "observer_lost_rejects",
+            Counter,
             "Reports of rejected connections the kernel could not hand over (their ring buffer was full): observer_rejected_total is incomplete when non-zero.",
+            capture.lost_rejects,
         ),
-        Family::new(
+        (
             "observer_hooks_attached",
-            "gauge",
+            Gauge,
             "Kernel programs attached.",
+            u64::from(capture.hooks_attached),
         ),
-        Family::new(
+        (
             "observer_live_connections",
-            "gauge",
+            Gauge,
             "Connections the kernel programs are following.",
+            capture.live_connections,
         ),
     ];
-    let values = [
-        capture.dnat_events as f64,
-        capture.lost_connections as f64,
-        capture.lost_events as f64,
-        capture.read_errors as f64,
-        capture.dns_malformed as f64,
-        capture.dns_lost as f64,
-        capture.lost_rejects as f64,
-        capture.hooks_attached as f64,
-        capture.live_connections as f64,
-    ];
-    for (family, value) in counters.iter_mut().zip(values) {
-        family.add(String::new(), value);
-    }
-    counters
+    families.map(|(name, kind, help, value)| {
+        let mut family = Family::new(name, kind, help);
+        let sample = match kind {
+            Counter => Sample::Counter(value),
+            _ => Sample::Gauge(value),
+        };
+        family.add(Vec::new(), sample);
+        family
+    })
 }
 
-/// conntrack's own figures, one sample per namespace (`netns`: its inode) in each family:
-/// the latest reading of every namespace conntrack is used in (`Update::Conntrack`).
-/// Counters are conntrack's own, cumulative since the namespace was created.
-pub fn render_conntrack(readings: &BTreeMap<u32, CtStats>) -> String {
+/// conntrack's own figures, one sample per namespace (`netns`: its inode) in each family.
+fn conntrack_families(readings: &BTreeMap<u32, CtStats>) -> [Family; 5] {
+    use MetricType::{Counter, Gauge};
     let mut families = [
         Family::new(
             "observer_conntrack_entries",
-            "gauge",
+            Gauge,
             "Entries in conntrack's table of the network namespace (conntrack -C).",
         ),
         Family::new(
             "observer_conntrack_max_entries",
-            "gauge",
+            Gauge,
             "The most entries conntrack's table may hold (nf_conntrack_max; 0 is no limit).",
         ),
         Family::new(
-            "observer_conntrack_insert_failed_total",
-            "counter",
+            "observer_conntrack_insert_failed",
+            Counter,
             "New conntrack entries that could not be inserted (insert_failed of conntrack -S, all CPUs).",
         ),
         Family::new(
-            "observer_conntrack_drop_total",
-            "counter",
+            "observer_conntrack_drop",
+            Counter,
             "Packets dropped because conntrack's table was full and no entry could be evicted (drop of conntrack -S, all CPUs).",
         ),
         Family::new(
-            "observer_conntrack_early_drop_total",
-            "counter",
+            "observer_conntrack_early_drop",
+            Counter,
             "Entries not yet assured that conntrack evicted to make room (early_drop of conntrack -S, all CPUs).",
         ),
     ];
     for (netns, stats) in readings {
-        let values = [
-            u64::from(stats.entries),
-            u64::from(stats.max_entries),
-            stats.insert_failed,
-            stats.drop,
-            stats.early_drop,
+        let samples = [
+            Sample::Gauge(u64::from(stats.entries)),
+            Sample::Gauge(u64::from(stats.max_entries)),
+            Sample::Counter(stats.insert_failed),
+            Sample::Counter(stats.drop),
+            Sample::Counter(stats.early_drop),
         ];
-        for (family, value) in families.iter_mut().zip(values) {
-            family.add(format!("netns=\"{netns}\""), value as f64);
+        for (family, sample) in families.iter_mut().zip(samples) {
+            family.add(vec![("netns", netns.to_string())], sample);
         }
     }
-    let mut out = String::new();
-    for family in &families {
-        family.write(&mut out);
-    }
-    out
-}
-
-/// The response to one HTTP request head: `/metrics` gets `metrics`, anything else 404.
-pub fn respond(request_head: &str, metrics: impl FnOnce() -> String) -> String {
-    let mut words = request_head.split_whitespace();
-    let (method, path) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
-    let (status, content_type, body) = match (method, path) {
-        ("GET", "/metrics") => (
-            "200 OK",
-            "text/plain; version=0.0.4; charset=utf-8",
-            metrics(),
-        ),
-        ("GET", _) => (
-            "404 Not Found",
-            "text/plain; charset=utf-8",
-            "observer serves /metrics\n".to_owned(),
-        ),
-        _ => (
-            "405 Method Not Allowed",
-            "text/plain; charset=utf-8",
-            "only GET\n".to_owned(),
-        ),
-    };
-    format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
+    families
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::{model::record::Recording, stats::Aggregator};
+
+    fn render_services(services: Vec<ServiceStats>, capture: CaptureStats) -> String {
+        render(Exposition {
+            services,
+            capture,
+            conntrack: BTreeMap::new(),
+        })
+    }
 
     #[test]
     fn keep_alive_fixture_as_metrics() {
@@ -456,13 +483,14 @@ mod tests {
             hooks_attached: 1,
             ..Default::default()
         };
-        let metrics = render(&services, &capture);
+        let metrics = render_services(services, capture);
         let svc = r#"service="shop/checkout:http",proto="tcp""#;
         for line in [
             format!(r#"observer_requests_total{{{svc},backend="10.244.1.12:8080"}} 30"#),
             format!(r#"observer_requests_total{{{svc},backend="10.244.1.13:8080"}} 0"#),
             format!(r#"observer_connections_total{{{svc},backend="10.244.1.14:8080"}} 0"#),
-            format!(r#"observer_request_share{{{svc},backend="10.244.1.12:8080"}} 1"#),
+            // Ratios are floats: prometheus-client writes `1.0`.
+            format!(r#"observer_request_share{{{svc},backend="10.244.1.12:8080"}} 1.0"#),
             "observer_dnat_events_total 1".to_owned(),
             "observer_lost_events_total 0".to_owned(),
             "observer_lost_connections_total 0".to_owned(),
@@ -497,7 +525,7 @@ mod tests {
         .unwrap();
         let recording = Recording::parse("pods.jsonl", &text).unwrap();
         let services = Aggregator::from_recording(&recording).services();
-        let metrics = render(&services, &CaptureStats::default());
+        let metrics = render_services(services, CaptureStats::default());
         let svc = r#"service="shop/checkout:http",proto="tcp""#;
         for line in [
             format!(
@@ -530,7 +558,7 @@ mod tests {
             lost_rejects: 2,
             ..CaptureStats::default()
         };
-        let metrics = render(&services, &capture);
+        let metrics = render_services(services, capture);
         let svc = r#"service="shop/checkout:http",proto="tcp""#;
         let a = r#"backend="10.244.1.12:8080""#;
         let b = r#"backend="10.244.1.13:8080""#;
@@ -574,7 +602,7 @@ mod tests {
         };
         aggregator.add_reject(&reject);
         aggregator.add_reject(&crate::model::record::RejectRecord::example());
-        let metrics = render(&aggregator.services(), &CaptureStats::default());
+        let metrics = render_services(aggregator.services(), CaptureStats::default());
         let svc = r#"service="shop/empty:http",proto="tcp""#;
         for line in [
             format!(r#"observer_rejected_total{{{svc},frontend="cluster_ip"}} 1"#),
@@ -609,7 +637,19 @@ mod tests {
                 },
             ),
         ]);
-        let metrics = render_conntrack(&readings);
+        let conntrack = |readings| {
+            render(Exposition {
+                conntrack: readings,
+                ..Exposition::default()
+            })
+        };
+        let only_conntrack = |text: String| -> Vec<String> {
+            text.lines()
+                .filter(|l| l.contains("observer_conntrack_"))
+                .map(str::to_owned)
+                .collect()
+        };
+        let metrics = only_conntrack(conntrack(readings)).join("\n");
         for line in [
             "# TYPE observer_conntrack_entries gauge",
             r#"observer_conntrack_entries{netns="4026532301"} 52301"#,
@@ -628,26 +668,35 @@ mod tests {
         }
         assert_eq!(metrics.lines().count(), 5 * 2 + 5 * 2);
         // No namespace read yet: the families, without samples.
-        assert_eq!(render_conntrack(&BTreeMap::new()).lines().count(), 10);
+        assert_eq!(only_conntrack(conntrack(BTreeMap::new())).len(), 10);
     }
 
     #[test]
     fn label_values_are_escaped() {
-        assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+        let text = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/data/logs/pods.jsonl"
+        ))
+        .unwrap();
+        let recording = Recording::parse("pods.jsonl", &text).unwrap();
+        let mut services = Aggregator::from_recording(&recording).services();
+        services[0].backends[0].pod = Some("a\"b\\c\nd".to_owned());
+        let metrics = render_services(services, CaptureStats::default());
+        assert!(metrics.contains(r#"backend_pod="a\"b\\c\nd""#), "{metrics}");
     }
 
     #[test]
-    fn only_get_metrics_is_served() {
-        let ok = respond("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n", || {
-            "m 1\n".to_owned()
-        });
-        assert!(
-            ok.starts_with("HTTP/1.1 200 OK\r\n") && ok.ends_with("\r\n\r\nm 1\n"),
-            "{ok}"
-        );
-        assert!(ok.contains("Content-Length: 4\r\n"));
-        assert!(respond("GET / HTTP/1.1", String::new).starts_with("HTTP/1.1 404"));
-        assert!(respond("POST /metrics HTTP/1.1", String::new).starts_with("HTTP/1.1 405"));
-        assert!(respond("", String::new).starts_with("HTTP/1.1 405"));
+    fn every_family_has_help_and_type_once() {
+        let metrics = render(Exposition::default());
+        let types: Vec<&str> = metrics
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .collect();
+        assert_eq!(types.len(), 13 + 9 + 5, "{metrics}");
+        assert!(types.contains(&"observer_connections_total counter"));
+        assert!(types.contains(&"observer_connect_seconds histogram"));
+        assert!(types.contains(&"observer_pinning_seconds untyped"));
+        assert_eq!(metrics.matches("# HELP ").count(), types.len());
+        assert!(!metrics.contains(".."), "{metrics}");
     }
 }

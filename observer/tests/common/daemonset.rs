@@ -8,7 +8,9 @@
 //!
 //! Every field of the manifest is either translated or named here as not the runtime's
 //! concern (scheduling, kubelet's probes): a field this does not know fails the parse, so
-//! a manifest change cannot go untranslated.
+//! a manifest change cannot go untranslated. Only observer's container is translated:
+//! the kube-rbac-proxy sidecar needs an API server (TokenReview) that no test here has;
+//! kubernetes-validate and tests/deploy.rs check it.
 
 use std::collections::BTreeMap;
 
@@ -59,7 +61,13 @@ pub struct PodSpec {
     /// Scheduling.
     #[serde(rename = "tolerations")]
     _tolerations: IgnoredAny,
-    pub containers: Vec<Container>,
+    /// The API server's: the identity (and token) kube-rbac-proxy presents.
+    #[serde(rename = "serviceAccountName")]
+    _service_account_name: IgnoredAny,
+    #[serde(rename = "automountServiceAccountToken")]
+    _automount_service_account_token: IgnoredAny,
+    /// Each one parsed strictly when asked for ([`DaemonSet::container`]).
+    containers: Vec<serde_yaml_ng::Value>,
     #[serde(default)]
     pub volumes: Vec<Volume>,
 }
@@ -74,8 +82,6 @@ pub struct Container {
     _image_pull_policy: IgnoredAny,
     #[serde(default)]
     pub args: Vec<String>,
-    #[serde(default)]
-    pub ports: Vec<ContainerPort>,
     pub readiness_probe: Probe,
     pub resources: Resources,
     pub security_context: SecurityContext,
@@ -83,15 +89,8 @@ pub struct Container {
     pub volume_mounts: Vec<VolumeMount>,
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct ContainerPort {
-    pub name: String,
-    pub container_port: u16,
-    pub protocol: String,
-}
-
-/// kubelet's readiness probe: an HTTP GET on a named port.
+/// kubelet's readiness probe: an HTTP GET (from the node's network namespace, which
+/// is the pod's too).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct Probe {
@@ -103,8 +102,9 @@ pub struct Probe {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HttpGet {
+    pub host: String,
     pub path: String,
-    pub port: String,
+    pub port: u16,
 }
 
 #[derive(Debug, Deserialize)]
@@ -181,28 +181,20 @@ impl DaemonSet {
         &self.spec.template.spec
     }
 
-    /// The pod's one container.
-    pub fn container(&self) -> &Container {
-        match self.pod().containers.as_slice() {
-            [one] => one,
-            other => panic!(
-                "the DaemonSet's pod has {} containers, not one",
-                other.len()
-            ),
-        }
+    /// observer's container.
+    pub fn container(&self) -> Container {
+        let container = self
+            .pod()
+            .containers
+            .iter()
+            .find(|c| c["name"].as_str() == Some("observer"))
+            .expect("the DaemonSet's pod has a container named observer");
+        serde_yaml_ng::from_value(container.clone())
+            .unwrap_or_else(|e| panic!("{PATH}: observer's container: {e}"))
     }
 }
 
 impl Container {
-    /// The port named `name` (e.g. the readiness probe's).
-    pub fn port(&self, name: &str) -> u16 {
-        self.ports
-            .iter()
-            .find(|p| p.name == name)
-            .unwrap_or_else(|| panic!("no container port named {name}"))
-            .container_port
-    }
-
     /// The memory limit in bytes.
     pub fn memory_limit(&self) -> u64 {
         quantity_bytes(&self.resources.limits["memory"])

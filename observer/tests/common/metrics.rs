@@ -5,11 +5,15 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::process::{Command, Stdio};
 
-/// `GET path` from `addr` over HTTP/1.1; the body of a 200 response.
+/// `GET path` from `addr` over HTTP/1.1 (one request, then the server closes); the body
+/// of a 200 response.
 pub fn scrape(addr: &str, path: &str) -> String {
     let mut stream = TcpStream::connect(addr).expect("connect to observer serve");
     stream
-        .write_all(format!("GET {path} HTTP/1.1\r\nHost: observer\r\n\r\n").as_bytes())
+        .write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: observer\r\nConnection: close\r\n\r\n")
+                .as_bytes(),
+        )
         .unwrap();
     let mut response = String::new();
     stream.read_to_string(&mut response).unwrap();

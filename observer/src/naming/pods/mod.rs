@@ -72,7 +72,10 @@ impl PodNamer {
         store(&shared, first);
         let (refresh, wanted) = mpsc::sync_channel::<()>(1);
         let background = Arc::clone(&shared);
-        // Ends when the namer (the only sender) is dropped.
+        // A thread, not a task: a scan enters pods' namespaces (setns, see netns::run_in)
+        // and reads the container runtime's files, blocking work kept off the loop that
+        // drains the kernel. Asked through a channel of one (a refresh waiting is as good
+        // as two). Ends when the namer (the only sender) is dropped.
         let spawned = std::thread::Builder::new()
             .name("observer-pods".to_owned())
             .spawn(move || {

@@ -157,6 +157,7 @@ fn user_path(c: &mut Criterion) {
                     record.proto,
                     record.original_dst,
                     record.backend,
+                    None,
                     Instant::now(),
                 );
                 lookup.naming.apply_to(&mut record);
@@ -179,6 +180,7 @@ fn user_path(c: &mut Criterion) {
                 record.proto,
                 record.original_dst,
                 record.backend,
+                None,
                 Instant::now(),
             )
         })

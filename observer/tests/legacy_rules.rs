@@ -134,6 +134,7 @@ fn legacy_rule_changes_are_reported_without_lookups() {
         Proto::Tcp,
         sa("10.96.35.226:9090"),
         sa("10.244.1.13:9100"),
+        None,
         Instant::now(),
     );
     assert_eq!(lookup.wait_for, Some(1));

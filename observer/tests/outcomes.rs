@@ -24,7 +24,7 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::time::Duration;
 
 use common::{Recorder, assert_same_decisions, only_node, prefix, require_root};
-use observer::model::record::{Close, ConnRecord, FrontendKind, Proto, RejectRecord};
+use observer::model::record::{Close, ConnRecord, FrontendKind, Proto, RejectReason, RejectRecord};
 use observer_lab::{
     Attempt, AttemptOutcome, ConntrackWatch, Lab, LabConfig, RuleMode, Service, Topology, attempts,
 };
@@ -201,6 +201,7 @@ fn scenario(rules: RuleMode, tag: &str) {
                 assert_eq!((record.close, record.connect_ms), (Close::Unanswered, None));
                 assert_eq!(record.backend_pod.as_deref(), Some("shop/checkout-c"));
             }
+            AttemptOutcome::Unreachable => panic!("no REJECT on the way: {attempt:?}"),
         }
     }
 
@@ -224,6 +225,7 @@ fn scenario(rules: RuleMode, tag: &str) {
             AttemptOutcome::Refused => (dns_down, Close::Refused),
             // dns-a's kernel may hold back its ICMP error (its rate limit): no answer.
             AttemptOutcome::Timeout => (dns_down, Close::Unanswered),
+            AttemptOutcome::Unreachable => panic!("no REJECT on the way: {attempt:?}"),
         };
         assert_eq!(
             (record.backend, record.close),
@@ -266,6 +268,7 @@ fn scenario(rules: RuleMode, tag: &str) {
         assert_eq!(reject.proto, Proto::Tcp);
         assert_eq!(reject.service.as_deref(), Some("shop/empty-web:http"));
         assert_eq!(reject.frontend, Some(FrontendKind::ClusterIp));
+        assert_eq!(reject.reason, Some(RejectReason::NoEndpoints));
         assert_eq!(reject.client_pod.as_deref(), Some("default/client"));
         assert_eq!(reject.packets, None);
     }
@@ -304,7 +307,7 @@ fn attempts_by_outcome(attempts: &[Attempt]) -> Outcomes {
         match attempt.outcome {
             AttemptOutcome::Connected { .. } => outcomes.connected += 1,
             AttemptOutcome::Refused => outcomes.refused += 1,
-            AttemptOutcome::Timeout => outcomes.timeout += 1,
+            AttemptOutcome::Timeout | AttemptOutcome::Unreachable => outcomes.timeout += 1,
         }
     }
     outcomes

@@ -153,6 +153,7 @@ impl RejectTracker {
             original_dst: tuple::socket_addr(key.family, &key.dialed),
             service: None,
             frontend: None,
+            reason: None,
             netns: key.netns,
             time: self.clock.wall(time_ns),
             packets,

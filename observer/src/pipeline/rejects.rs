@@ -1,8 +1,9 @@
 //! The session's reject side: new connections to a Service that netfilter dropped
-//! before any DNAT (the Service port has no endpoints). Reports and counts come from
-//! the kernel's `skb:kfree_skb` program; a record is written only when the rules of the
-//! namespace that dropped it name what the client dialed as a Service frontend (other
-//! netfilter drops, such as a network policy's, are not Service traffic).
+//! before any DNAT (no endpoints, no local endpoint, a source range, a ClusterIP's
+//! wrong port or an unallocated one). Reports and counts come from the kernel's
+//! `skb:kfree_skb` program; a record is written only when the rules of the namespace
+//! that dropped it explain the drop as Service traffic, with the reason (other netfilter
+//! drops, such as a network policy's, are not).
 
 use std::time::Instant;
 
@@ -152,13 +153,20 @@ impl Session {
         let Some(namer) = self.namer.as_mut() else {
             return Ok(());
         };
-        let naming = namer.lookup_frontend(record.netns, record.proto, record.original_dst, now);
+        let refusal = namer.lookup_refusal(
+            record.netns,
+            record.proto,
+            record.original_dst,
+            record.client,
+            now,
+        );
         self.publish_naming()?;
-        if naming.service.is_none() {
+        let Some(refusal) = refusal else {
             return Ok(());
-        }
-        record.service = naming.service;
-        record.frontend = naming.frontend;
+        };
+        record.service = refusal.service;
+        record.frontend = refusal.frontend;
+        record.reason = Some(refusal.reason);
         self.rejects.written += 1;
         Ok(self.output.emit(Emitted::Reject(record))?)
     }

@@ -22,6 +22,7 @@ which local port each request or query used and which pod answered.
 
 import http.client
 import json
+import errno
 import socket
 import sys
 import threading
@@ -146,6 +147,12 @@ def attempt(proto: str, host: str, port: int, timeout: float, datagrams: int) ->
         return [local_port, "refused", None, None, sent]
     except socket.timeout:
         return [local_port, "timeout", None, None, sent]
+    except OSError as error:
+        # A REJECT answered with an ICMP network or host unreachable (nftables' `reject`
+        # on a ClusterIP's unserved port, say).
+        if error.errno in (errno.ENETUNREACH, errno.EHOSTUNREACH):
+            return [local_port, "unreachable", None, None, sent]
+        raise
     finally:
         sock.close()
 

@@ -66,6 +66,8 @@ pub enum AttemptOutcome {
     Refused,
     /// No answer within the attempt's timeout.
     Timeout,
+    /// `ENETUNREACH`/`EHOSTUNREACH`: an ICMP network or host unreachable (a REJECT).
+    Unreachable,
 }
 
 /// One connection attempt: the client port it used (never used before in the lab) and
@@ -109,6 +111,7 @@ pub fn attempts(
                 ("connected", Some(pod)) => AttemptOutcome::Connected { pod, connect_ms },
                 ("refused", _) => AttemptOutcome::Refused,
                 ("timeout", _) => AttemptOutcome::Timeout,
+                ("unreachable", _) => AttemptOutcome::Unreachable,
                 (other, _) => anyhow::bail!("the attempts client reported `{other}`"),
             };
             Ok(Attempt {

@@ -58,6 +58,10 @@ pub struct RejectRecord {
     pub service: Option<Name>,
     /// Which kind of Service address the client dialed.
     pub frontend: Option<FrontendKind>,
+    /// Why the rules turned it away (their names tell: kube-proxy's chains, maps and
+    /// comments).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<RejectReason>,
     /// Network namespace (inode) whose netfilter rejected it: which node.
     pub netns: u32,
     /// The first rejected packet.
@@ -82,6 +86,7 @@ impl RejectRecord {
             original_dst: "10.96.200.1:80".parse().unwrap(),
             service: Some("shop/empty:http".into()),
             frontend: Some(FrontendKind::ClusterIp),
+            reason: Some(RejectReason::NoEndpoints),
             netns: 4026532301,
             time: Utc.with_ymd_and_hms(2026, 8, 6, 13, 46, 37).unwrap(),
             packets: None,

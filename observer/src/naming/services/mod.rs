@@ -81,6 +81,15 @@ impl Naming {
     }
 }
 
+/// What the rules say of a connection they turned away before any DNAT.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    /// The Service port dialed, when the address was one of its frontends.
+    pub service: Option<Name>,
+    pub frontend: Option<FrontendKind>,
+    pub reason: crate::model::record::RejectReason,
+}
+
 /// Which parser a dump needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DumpFormat {
@@ -348,32 +357,29 @@ impl Namer {
                 .is_ok_and(|seen| seen.get(&netns).is_some_and(|n| *n > space.seen))
     }
 
-    /// The Service port and frontend kind of what a client dialed, for a connection that
-    /// was never DNATed (rejected: the Service port has no endpoints), from the rules
-    /// known now; asks for a re-read when they are missing or older than `max_age`.
-    /// `service` is `None` when no Service has that frontend.
-    pub fn lookup_frontend(
+    /// Why a connection from `client` to `dialed` that was never DNATed was turned
+    /// away, and the Service port and frontend kind it dialed, from the rules known
+    /// now; asks for a re-read when they are missing or older than `max_age`. `None`
+    /// when the rules explain no such refusal of Service traffic.
+    pub fn lookup_refusal(
         &mut self,
         netns: u32,
         proto: Proto,
         dialed: SocketAddr,
+        client: SocketAddr,
         now: Instant,
-    ) -> Naming {
+    ) -> Option<Refusal> {
         self.poll();
         if self.outdated(netns, false, now) {
             self.request(netns, now);
         }
-        let Some(map) = self.spaces.get(&netns).map(|space| &space.map) else {
-            return Naming::default();
-        };
-        match map.lookup(proto, dialed, dialed) {
-            Some((port, _)) => Naming {
-                service: Some(port.name.as_str().into()),
-                endpoint_in_rules: None,
-                frontend: map.frontend_kind(proto, dialed),
-            },
-            None => Naming::default(),
-        }
+        let map = &self.spaces.get(&netns)?.map;
+        let (reason, port, frontend) = map.refusal(proto, dialed, client)?;
+        Some(Refusal {
+            service: port.map(|port| port.name.as_str().into()),
+            frontend,
+            reason,
+        })
     }
 
     /// The name from the rules known now, without asking for anything.

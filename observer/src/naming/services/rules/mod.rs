@@ -124,13 +124,38 @@ struct Entry {
 }
 
 /// All Service ports of one network namespace, indexed by what clients dial.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Default)]
 pub struct ServiceMap {
     services: BTreeMap<(Proto, String), ServicePort>,
     by_addr: HashMap<(Proto, SocketAddr), Entry>,
     by_node_port: HashMap<(Proto, u16), Entry>,
     /// Rules observer could not follow, one sentence each.
     warnings: Vec<String>,
+    /// The rules themselves, in the order a packet meets them (per dump), to tell why
+    /// a connection to no frontend was turned away.
+    programs: Vec<Vec<Arc<Program>>>,
+}
+
+/// Two maps are equal when they say the same of every frontend, however their rules
+/// were written down (read whole or patched from announcements).
+impl PartialEq for ServiceMap {
+    fn eq(&self, other: &ServiceMap) -> bool {
+        self.services == other.services
+            && self.by_addr == other.by_addr
+            && self.by_node_port == other.by_node_port
+            && self.warnings == other.warnings
+    }
+}
+
+impl std::fmt::Debug for ServiceMap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServiceMap")
+            .field("services", &self.services)
+            .field("by_addr", &self.by_addr)
+            .field("by_node_port", &self.by_node_port)
+            .field("warnings", &self.warnings)
+            .finish_non_exhaustive()
+    }
 }
 
 impl ServiceMap {
@@ -142,12 +167,13 @@ impl ServiceMap {
 
     /// The Service ports of parsed `iptables-save` tables.
     pub fn from_iptables_tables(tables: &IptablesTables) -> Result<ServiceMap, RulesError> {
-        Ok(ServiceMap::from_programs(&tables.programs()))
+        let programs: Vec<Arc<Program>> = tables.programs().into_iter().cloned().collect();
+        Ok(ServiceMap::from_programs(programs))
     }
 
     /// The Service ports of a parsed nftables table.
     pub fn from_nft_table(table: &NftTable) -> Result<ServiceMap, RulesError> {
-        Ok(ServiceMap::from_programs(&[table.program()]))
+        Ok(ServiceMap::from_programs(vec![table.program().clone()]))
     }
 
     /// Parses `nft -j list table ip kube-proxy` (or `ip6`) output.
@@ -158,8 +184,9 @@ impl ServiceMap {
     /// Runs every candidate frontend through `programs` (in the order a packet meets
     /// them). Where Service names (from rule comments and chain names) enter observer:
     /// as printable text.
-    pub fn from_programs(programs: &[&Program]) -> ServiceMap {
-        let (found, mut warnings) = frontends(programs);
+    pub fn from_programs(programs: Vec<Arc<Program>>) -> ServiceMap {
+        let borrowed: Vec<&Program> = programs.iter().map(|p| &**p).collect();
+        let (found, mut warnings) = frontends(&borrowed);
         let mut map = ServiceMap::default();
         let mut unnamed = 0;
         let mut by_port: BTreeMap<(Proto, String), Vec<FrontendRules>> = BTreeMap::new();
@@ -190,6 +217,7 @@ impl ServiceMap {
             map.insert(port);
         }
         map.warnings = warnings.into_iter().map(error_text).collect();
+        map.programs = vec![programs];
         map
     }
 
@@ -236,6 +264,7 @@ impl ServiceMap {
         self.by_addr.extend(other.by_addr);
         self.by_node_port.extend(other.by_node_port);
         self.warnings.extend(other.warnings);
+        self.programs.extend(other.programs);
     }
 
     pub fn is_empty(&self) -> bool {
@@ -301,6 +330,58 @@ impl ServiceMap {
             endpoints: case.endpoints.clone(),
             policy,
             turned_away: case.turned_away,
+        })
+    }
+
+    /// Why the rules turned away a connection from `client` to `dialed` that was never
+    /// DNATed, with the Service port and frontend when `dialed` is one; `None` when no
+    /// rule explains it as Service traffic (a network policy's drop, say).
+    pub fn refusal(
+        &self,
+        proto: Proto,
+        dialed: SocketAddr,
+        client: SocketAddr,
+    ) -> Option<(RejectReason, Option<&ServicePort>, Option<FrontendKind>)> {
+        if let Some(entry) = self.entry(proto, dialed) {
+            let port = self.services.get(&entry.key);
+            let reason = self
+                .expect(proto, dialed, client, None)
+                .and_then(|e| e.turned_away)
+                .unwrap_or(RejectReason::Other);
+            return Some((reason, port, Some(entry.kind)));
+        }
+        let packet = Packet {
+            daddr: Daddr::Addr(dialed.ip()),
+            proto: match proto {
+                Proto::Tcp => TCP,
+                Proto::Udp => UDP,
+            },
+            dport: dialed.port(),
+        };
+        let who = Client {
+            saddr: client.ip(),
+            daddr: dialed.ip(),
+            local: None,
+        };
+        self.programs.iter().find_map(|programs| {
+            let borrowed: Vec<&Program> = programs.iter().map(|p| &**p).collect();
+            program::frontends::Plan::new(&borrowed)
+                .run(packet)
+                .iter()
+                .filter(|b| {
+                    matches!(
+                        b.target,
+                        program::eval::Target::Drop | program::eval::Target::Reject
+                    )
+                })
+                .filter(|b| {
+                    b.guards
+                        .iter()
+                        .all(|g| g.check(&who, &packet).unwrap_or(true))
+                })
+                .map(program::ports::reason)
+                .find(|reason| *reason != RejectReason::Other)
+                .map(|reason| (reason, None, None))
         })
     }
 

@@ -9,6 +9,7 @@ mod options;
 mod tokenize;
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use super::RulesError;
 use super::program::{Base, Chain, ChainType, Family, Hook, Program};
@@ -22,19 +23,23 @@ const READ_TABLES: [&str; 2] = ["nat", "filter"];
 #[derive(Debug)]
 pub struct Tables {
     family: Family,
-    tables: HashMap<String, Program>,
+    /// Shared with the Service maps made from them; patched copy-on-write.
+    tables: HashMap<String, Arc<Program>>,
 }
 
 impl Tables {
     pub fn parse(text: &str) -> Result<Tables, RulesError> {
         let family = family(text);
-        let tables = read_tables(family, text)?;
+        let tables = read_tables(family, text)?
+            .into_iter()
+            .map(|(name, program)| (name, Arc::new(program)))
+            .collect();
         Ok(Tables { family, tables })
     }
 
     /// The tables in the order a packet meets them: nat (DNAT at PREROUTING), then
     /// filter (FORWARD and INPUT, where kube-proxy rejects).
-    pub fn programs(&self) -> Vec<&Program> {
+    pub fn programs(&self) -> Vec<&Arc<Program>> {
         READ_TABLES
             .iter()
             .filter_map(|name| self.tables.get(*name))
@@ -73,10 +78,11 @@ impl Tables {
         if !declared {
             return Err(err(1, format!("chain {chain} is not declared")));
         }
-        let program = self
-            .tables
-            .entry(table.to_owned())
-            .or_insert_with(|| Program::new(self.family));
+        let program = Arc::make_mut(
+            self.tables
+                .entry(table.to_owned())
+                .or_insert_with(|| Arc::new(Program::new(self.family))),
+        );
         let entry = program
             .chains
             .entry(chain.to_owned())
@@ -91,7 +97,7 @@ impl Tables {
     /// Forgets a chain that was deleted.
     pub fn remove_chain(&mut self, table: &str, chain: &str) {
         if let Some(program) = self.tables.get_mut(table) {
-            program.chains.remove(chain);
+            Arc::make_mut(program).chains.remove(chain);
         }
     }
 }

@@ -24,7 +24,8 @@ use statements::Usage;
 /// One table's rules, decoded.
 #[derive(Clone, Debug)]
 pub struct Table {
-    program: Program,
+    /// Shared with the Service maps made from it; patched copy-on-write.
+    program: Arc<Program>,
     /// Named sets that are sets, not maps (a changed one is listed with `list set`).
     plain_sets: BTreeSet<String>,
     /// Anonymous sets' elements as announced, for the rules that use them.
@@ -36,13 +37,13 @@ impl Table {
         let objects = json::objects(text)?;
         let (program, plain) = json::program(&objects)?;
         Ok(Table {
-            program,
+            program: Arc::new(program),
             plain_sets: plain.into_iter().collect(),
             anonymous: HashMap::new(),
         })
     }
 
-    pub fn program(&self) -> &Program {
+    pub fn program(&self) -> &Arc<Program> {
         &self.program
     }
 
@@ -64,7 +65,8 @@ impl Table {
                         set: set.to_owned(),
                     });
                 }
-                let rules = &mut self.program.chains.entry(chain.clone()).or_default().rules;
+                let program = Arc::make_mut(&mut self.program);
+                let rules = &mut program.chains.entry(chain.clone()).or_default().rules;
                 rules.retain(|r| r.handle != Some(*handle));
                 rules.push(Rule {
                     handle: Some(*handle),
@@ -72,22 +74,24 @@ impl Table {
                 });
             }
             NftEvent::RuleGone { chain, handle } => {
-                if let Some(chain) = self.program.chains.get_mut(chain) {
+                if let Some(chain) = Arc::make_mut(&mut self.program).chains.get_mut(chain) {
                     chain.rules.retain(|r| r.handle != Some(*handle));
                 }
             }
             NftEvent::ChainGone { chain } => {
-                self.program.chains.remove(chain);
+                Arc::make_mut(&mut self.program).chains.remove(chain);
             }
             NftEvent::AnonElements { set, elements } => {
                 let raw = self.anonymous.entry(set.clone()).or_default();
                 raw.extend(elements.iter().cloned());
                 let built = anonymous_set(raw)?;
-                self.program.sets.insert(set.clone(), Arc::new(built));
+                Arc::make_mut(&mut self.program)
+                    .sets
+                    .insert(set.clone(), Arc::new(built));
             }
             NftEvent::AnonGone { set } => {
                 self.anonymous.remove(set);
-                self.program.sets.remove(set);
+                Arc::make_mut(&mut self.program).sets.remove(set);
             }
             NftEvent::Set { name } => {
                 return Err(RulesPatchError::SetAnnounced { name: name.clone() });
@@ -99,7 +103,7 @@ impl Table {
     /// Replaces the named map or set `name` with that of `listing` (`nft -j list map`
     /// or `list set`); `None`: it is gone.
     pub fn replace_set(&mut self, name: &str, listing: Option<&str>) -> Result<(), RulesError> {
-        self.program.sets.remove(name);
+        Arc::make_mut(&mut self.program).sets.remove(name);
         let Some(listing) = listing else {
             return Ok(());
         };
@@ -107,7 +111,9 @@ impl Table {
             if plain {
                 self.plain_sets.insert(name.to_owned());
             }
-            self.program.sets.insert(name.to_owned(), Arc::new(set));
+            Arc::make_mut(&mut self.program)
+                .sets
+                .insert(name.to_owned(), Arc::new(set));
         }
         Ok(())
     }

@@ -106,6 +106,8 @@ pub struct Trail {
     pub sets: Vec<String>,
     /// ClientIP session affinity on the way: its timeout (seconds) when known.
     pub affinity: Option<Option<u64>>,
+    /// The chain of the rule whose verdict ended the branch, and that rule's comment.
+    pub end: Option<(String, Option<String>)>,
 }
 
 /// One way the rules can go for a connection.
@@ -329,6 +331,7 @@ fn step(
         }
         Stmt::Verdict(verdict) => {
             note_comment(&mut walk, rule.comment.as_deref());
+            walk.branch.trail.end = Some((walk.at.chain.clone(), rule.comment.clone()));
             apply(stage, walk, verdict.clone(), walks, ended);
         }
         Stmt::Vmap { key, map } => {
@@ -353,6 +356,7 @@ fn step(
                         if let SetRef::Named(name) = map {
                             fork.branch.trail.sets.push(name.clone());
                         }
+                        fork.branch.trail.end = Some((fork.at.chain.clone(), rule.comment.clone()));
                         apply(stage, fork, verdict.clone(), walks, ended);
                     }
                     _ => next_rule(fork, walks),

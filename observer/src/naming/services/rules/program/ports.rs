@@ -315,31 +315,36 @@ fn case(guards: Vec<Guard>, outcomes: Vec<Outcome>) -> Case {
     }
 }
 
-/// Why a branch that dropped or rejected did, by the names on its way.
-fn reason(branch: &Branch) -> RejectReason {
+/// Why a branch that dropped or rejected did, by kube-proxy's names for the rule that
+/// ended it: its chain and comment, and the map whose element led there.
+pub fn reason(branch: &Branch) -> RejectReason {
     let trail = &branch.trail;
-    let comment = |text: &str| trail.comments.iter().any(|c| c.contains(text));
-    let chain = |prefix: &str| trail.chains.iter().any(|c| c.starts_with(prefix));
-    let set = |name: &str| trail.sets.iter().any(|s| s.starts_with(name));
+    let (chain, comment) = match &trail.end {
+        Some((chain, comment)) => (chain.as_str(), comment.as_deref().unwrap_or_default()),
+        None => ("", ""),
+    };
+    let last_set = trail.sets.last().map_or("", String::as_str);
     let rejected = branch.target == Target::Reject;
-    if comment("has no local endpoints") {
+    if comment.contains("has no local endpoints") {
         RejectReason::NoLocalEndpoints
-    } else if comment("has no endpoints") {
+    } else if comment.contains("has no endpoints") {
         RejectReason::NoEndpoints
-    } else if set("no-endpoint-") {
+    } else if last_set.starts_with("no-endpoint-") {
+        // kube-proxy's element verdict: `goto reject-chain` without endpoints, `drop`
+        // without local ones.
         if rejected {
             RejectReason::NoEndpoints
         } else {
             RejectReason::NoLocalEndpoints
         }
-    } else if set("firewall-")
-        || chain("firewall-")
-        || chain("KUBE-FW-")
-        || chain("KUBE-PROXY-FIREWALL")
-        || comment("traffic not accepted by")
+    } else if last_set == "firewall-ips"
+        || (chain.starts_with("firewall-") && chain != "firewall-check")
+        || chain.starts_with("KUBE-FW-")
+        || chain == "KUBE-PROXY-FIREWALL"
+        || comment.contains("traffic not accepted by")
     {
         RejectReason::SourceRange
-    } else if chain("cluster-ips-check") {
+    } else if chain == "cluster-ips-check" {
         if rejected {
             RejectReason::InvalidPort
         } else {

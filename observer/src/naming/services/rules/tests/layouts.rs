@@ -151,3 +151,51 @@ fn a_layout_that_names_nothing_is_named_by_address_with_a_warning() {
         map.warnings()
     );
 }
+
+/// Why a connection that was never DNATed was turned away, in every layout: kube-proxy's
+/// `cluster-ips-check` rejects a ClusterIP's other ports and drops unallocated ones.
+#[test]
+fn refusals_say_why() {
+    for json in [
+        fixture!("nftables/k8s-overall.json"),
+        fixture!("nftables/k8s-overall-1.37.json"),
+        fixture!("nftables/k8s-overall-dispatch-named.json"),
+    ] {
+        let map = layout(json);
+        let reason = |dialed: &str, client: &str| {
+            map.refusal(Proto::Tcp, sa(dialed), sa(client))
+                .map(|(reason, port, _)| (reason, port.map(|p| p.name.clone())))
+        };
+        let pod = "10.0.1.5:40000";
+        assert_eq!(
+            reason("172.30.0.46:80", pod),
+            Some((RejectReason::NoEndpoints, Some("ns6/svc6:p80".to_owned())))
+        );
+        assert_eq!(
+            reason("172.30.0.41:81", pod),
+            Some((RejectReason::InvalidPort, None))
+        );
+        assert_eq!(
+            reason("172.30.0.99:80", pod),
+            Some((RejectReason::UnallocatedIp, None))
+        );
+        assert_eq!(
+            reason("5.6.7.8:80", "198.51.100.1:40000"),
+            Some((RejectReason::SourceRange, Some("ns5/svc5:p80".to_owned())))
+        );
+        assert_eq!(reason("192.0.2.1:80", pod), None, "no Service traffic");
+    }
+    let iptables = ServiceMap::from_iptables_save(fixture!("iptables/k8s-overall.saved")).unwrap();
+    assert_eq!(
+        iptables
+            .refusal(Proto::Tcp, sa("172.30.0.46:80"), sa("10.0.1.5:40000"))
+            .map(|(reason, ..)| reason),
+        Some(RejectReason::NoEndpoints)
+    );
+    assert_eq!(
+        iptables
+            .refusal(Proto::Tcp, sa("192.168.99.22:80"), sa("203.0.113.7:40000"))
+            .map(|(reason, ..)| reason),
+        Some(RejectReason::NoLocalEndpoints)
+    );
+}

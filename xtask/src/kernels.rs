@@ -345,7 +345,7 @@ fn scenario(
         ("/rules/iptables-sync", iptables::sync(&services, None, &[])),
         (
             "/rules/nftables.nft",
-            nftables::sync(&services, None, &[]).script,
+            nftables::sync(&services, None, &[], nftables::Layout::V1_35).script,
         ),
     ];
     let port = |svc: &spec::Service| check::ServicePort {

@@ -392,8 +392,11 @@ impl Namer {
     ) -> Naming {
         let map = self.spaces.get(&netns).map(|space| &space.map);
         match map.and_then(|map| map.lookup(proto, original_dst, backend)) {
-            Some((port, current)) => Naming::named(port.name.as_str(), current)
-                .via(map.and_then(|map| map.frontend_kind(proto, original_dst))),
+            Some((port, current)) => Naming {
+                service: Some(port.name.as_str().into()),
+                endpoint_in_rules: current,
+                frontend: map.and_then(|map| map.frontend_kind(proto, original_dst)),
+            },
             None => Naming::default(),
         }
     }

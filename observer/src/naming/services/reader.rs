@@ -99,7 +99,7 @@ impl RuleReader {
                 }
             },
         };
-        let warnings = warnings
+        let mut warnings: Vec<String> = warnings
             .into_iter()
             .filter(|cause| self.warned.insert((netns, cause.clone())))
             .map(|cause| {
@@ -108,6 +108,12 @@ impl RuleReader {
                 )
             })
             .collect();
+        // Rules the evaluator could not follow: once per namespace and rule.
+        for warning in map.iter().flat_map(|map| map.warnings()) {
+            if self.warned.insert((netns, warning.clone())) {
+                warnings.push(format!("rules of netns {netns}: {warning}"));
+            }
+        }
         let (updates, changes) = match &map {
             Some(map) => self.compare(netns, map, wall),
             None => Default::default(),

@@ -38,6 +38,7 @@ mod parsed;
 mod reader;
 pub mod rules;
 pub mod source;
+pub mod survey;
 pub mod watch;
 
 pub use error::{RulesPatchError, RulesReadError, WatchError, WatchFailure};
@@ -120,6 +121,13 @@ pub trait DumpSource: Send {
     /// Dumps of kube-proxy's rules in network namespace `netns` (an inode). `Err` names
     /// why nothing could be read at all.
     fn dump(&mut self, netns: u32) -> Result<Dumps, RulesReadError>;
+
+    /// One sentence on what the node's Service datapath hides from observer (no
+    /// kube-proxy rules anywhere, IPVS, a kube-proxy-free BPF datapath), looked at once
+    /// at start; `None` (fixtures, a node where kube-proxy's rules are all there is).
+    fn survey(&mut self) -> Option<String> {
+        None
+    }
 
     /// A path that opens network namespace `netns`, to watch its rules' changes;
     /// `None` (fixtures) keeps its rules on the re-read timer.
@@ -444,6 +452,9 @@ impl Namer {
     pub fn poll(&mut self) {
         while let Some(snapshot) = self.worker_snapshot(None) {
             self.absorb(snapshot);
+        }
+        if let Reads::Worker(worker) = &self.reads {
+            self.warnings.extend(worker.notes.try_iter());
         }
     }
 

@@ -138,6 +138,16 @@ impl ConnRecord {
 /// copies a pointer, not the text.
 pub type Name = std::sync::Arc<str>;
 
+/// Which of a Service's endpoint sets the rules picked a connection's backend from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TrafficPolicy {
+    /// Every endpoint of the Service.
+    Cluster,
+    /// The endpoints on the deciding node (a Local traffic policy).
+    Local,
+}
+
 /// One connection that the node's NAT rules DNATed: what the client dialed, which
 /// backend conntrack pinned it to, for how long, and what it carried.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -165,6 +175,15 @@ pub struct ConnRecord {
     /// `false` is a stale pin; null when the service is unknown.
     #[serde(default)]
     pub endpoint_in_rules: Option<bool>,
+    /// `local` when the rules picked the backend from the node's own endpoints for this
+    /// client (externalTrafficPolicy or internalTrafficPolicy Local); absent for the
+    /// cluster-wide endpoints, or when the service is unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<TrafficPolicy>,
+    /// Whether the backend runs on the node that made the DNAT decision (its routing
+    /// table says so); absent when unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub same_node: Option<bool>,
     /// Network namespace (inode) of the conntrack entry: which node made the decision.
     pub netns: u32,
     /// First packet seen.
@@ -620,6 +639,8 @@ impl ConnRecord {
             service: None,
             frontend: None,
             endpoint_in_rules: None,
+            policy: None,
+            same_node: None,
             netns: 4026532301,
             start: Utc.with_ymd_and_hms(2026, 8, 6, 13, 46, 36).unwrap(),
             end: Some(Utc.with_ymd_and_hms(2026, 8, 6, 13, 46, 40).unwrap()),

@@ -33,6 +33,7 @@ use rules::ServiceMap;
 pub mod error;
 pub mod held_connections;
 pub mod legacy_fingerprint;
+pub mod locality;
 pub mod nft_changes;
 mod parsed;
 mod reader;
@@ -388,6 +389,23 @@ impl Namer {
             frontend,
             reason,
         })
+    }
+
+    /// What the rules known now expected of a connection from `client` (the node
+    /// itself, when known) to `original_dst`: the endpoint set its client's case picks
+    /// from. `None` when the namespace's rules name no such frontend.
+    pub fn expect(
+        &self,
+        netns: u32,
+        proto: Proto,
+        original_dst: SocketAddr,
+        client: SocketAddr,
+        client_is_node: Option<bool>,
+    ) -> Option<rules::Expectation> {
+        let space = self.spaces.get(&netns)?;
+        space
+            .map
+            .expect(proto, original_dst, client, client_is_node)
     }
 
     /// The name from the rules known now, without asking for anything.

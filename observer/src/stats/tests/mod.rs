@@ -23,6 +23,8 @@ pub(crate) fn conn(
     ConnRecord {
         service: service.map(Into::into),
         endpoint_in_rules: service.map(|_| true),
+        policy: None,
+        same_node: None,
         duration_ms,
         requests,
         bytes_to_backend: requests * 93,

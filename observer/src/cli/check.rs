@@ -22,9 +22,16 @@ pub struct CheckArgs {
     /// Check only this Service (`ns/name:port`, or `IP:port` for unnamed ones); repeatable.
     #[arg(long, value_name = "NAME")]
     pub service: Vec<String>,
-    /// Fail when a backend got more than R times its expected share of requests.
+    /// Fail when a backend got more than R times its expected share of requests beyond
+    /// chance (a fair DNAT of the same connections would rarely give as much; see
+    /// --confidence), or when even a fair DNAT of these connections would usually
+    /// exceed R (requests ride too few connections).
     #[arg(long, value_name = "R", value_parser = skew_ratio)]
     pub max_skew: Option<f64>,
+    /// How sure --max-skew must be that a skew above R is not chance: a fair DNAT fails
+    /// it at most 1 - C of the time [default: 0.99].
+    #[arg(long, value_name = "C", value_parser = confidence)]
+    pub confidence: Option<f64>,
     /// Fail when fewer than N backends got at least one request.
     #[arg(long, value_name = "N", value_parser = count)]
     pub min_backends: Option<u64>,
@@ -63,6 +70,7 @@ impl CheckArgs {
         Conditions {
             service: self.service.clone(),
             max_skew: self.max_skew,
+            confidence: self.confidence,
             min_backends: self.min_backends,
             max_stale: self.max_stale,
             min_connections: self.min_connections,
@@ -81,6 +89,16 @@ fn skew_ratio(text: &str) -> Result<f64, String> {
     match text.parse::<f64>() {
         Ok(r) if r.is_finite() && r >= 1.0 => Ok(r),
         _ => Err(format!("{text:?} is not a ratio >= 1 (1 = perfectly even)")),
+    }
+}
+
+/// A probability strictly between 0 and 1.
+fn confidence(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(c) if c > 0.0 && c < 1.0 => Ok(c),
+        _ => Err(format!(
+            "`{text}` is not a confidence between 0 and 1 (0.99: 1% false alarms)"
+        )),
     }
 }
 
@@ -205,6 +223,19 @@ mod tests {
             ),
             (Some(0), Some(2), Some(3), Some(0.5))
         );
+        let parsed = Cli::try_parse_from(["observer", "--confidence", "0.999", "x.jsonl"]).unwrap();
+        assert_eq!(parsed.check.conditions().confidence, Some(0.999));
+        for bad in ["1", "0", "1.5", "x"] {
+            let flag = format!("--confidence={bad}");
+            let err = Cli::try_parse_from(["observer", &flag, "x.jsonl"])
+                .err()
+                .unwrap();
+            assert!(
+                err.to_string()
+                    .contains(&format!("`{bad}` is not a confidence between 0 and 1")),
+                "{err}"
+            );
+        }
         for bad in ["0", "-1", "abc", "inf"] {
             let flag = format!("--max-connect-p99={bad}");
             let err = Cli::try_parse_from(["observer", &flag, "x.jsonl"])

@@ -9,7 +9,7 @@
 //! ```text
 //! $ observer check --max-skew 1.5 --min-backends 3 observer/tests/data/logs/keepalive.jsonl
 //! shop/checkout:http: 1 backend got requests < --min-backends 3 (none to 10.244.1.13:8080, 10.244.1.14:8080)
-//! shop/checkout:http: skew 3.00 > --max-skew 1.5 (10.244.1.12:8080 got 100% of requests, expected 33%)
+//! shop/checkout:http: skew 3.00 > --max-skew 1.5 (10.244.1.12:8080 got 100% of requests, expected 33%): pinning: 1 connection carried 30 of 30 requests (a fair DNAT of 1 connection over 3 pods gives skew 3.00 or more half the time)
 //! $ echo $?
 //! 1
 //! $ observer check --max-skew 1.5 --min-backends 3 observer/tests/data/logs/balanced.jsonl
@@ -25,6 +25,14 @@
 //! $ echo $?
 //! 2
 //! ```
+//!
+//! `--max-skew R` judges a skew against what a fair DNAT of the same connections would give
+//! ([`crate::stats::spread::judge`]): it fails when the skew is above R beyond chance (at
+//! `--confidence`, 0.99 by default: a fair DNAT fails at most 1% of the time), saying
+//! whether the rules picked unevenly or busier connections went to one pod; and when even
+//! a fair DNAT of these connections would exceed R at least half the time, saying whether
+//! requests ride too few connections (pinning) or there are too few of them. A skew above R
+//! within chance passes.
 //!
 //! Conditions on Services apply to each Service selected with `--service` (all of them
 //! by default); a `--service` the recording does not have is a violation. Skew, stale
@@ -45,9 +53,14 @@
 use std::fmt;
 
 use crate::model::record::{Outcome, Recording, SummaryRecord};
-use crate::sinks::summary::{rejected_datagrams, skew_cause};
+use crate::sinks::summary::rejected_datagrams;
 use crate::sinks::text::{Digits, latency, plural};
+use crate::sinks::why::skew_violation;
+use crate::stats::spread::{judge, judged_on_stickiness};
 use crate::stats::{Aggregator, ServiceStats};
+
+/// `--confidence`'s default: a fair DNAT fails `--max-skew` at most 1% of the time.
+pub const DEFAULT_CONFIDENCE: f64 = 0.99;
 
 /// What `observer check` asserts; `None` leaves a condition out.
 #[derive(Debug, Clone, Default)]
@@ -55,6 +68,9 @@ pub struct Conditions {
     /// Only these Services (all when empty); a name the recording lacks is a violation.
     pub service: Vec<String>,
     pub max_skew: Option<f64>,
+    /// How sure `--max-skew` must be that a skew is not chance (default
+    /// [`DEFAULT_CONFIDENCE`]).
+    pub confidence: Option<f64>,
     pub min_backends: Option<u64>,
     pub max_stale: Option<u64>,
     pub min_connections: Option<u64>,
@@ -317,8 +333,10 @@ fn service_verdicts(args: &Conditions, s: &ServiceStats) -> Vec<Verdict> {
             .map(|min| verdict("min_requests", min.into(), min_requests(s, min))),
         args.min_backends
             .map(|min| verdict("min_backends", min.into(), min_backends(s, min))),
-        args.max_skew
-            .map(|max| verdict("max_skew", max.into(), max_skew(s, max))),
+        args.max_skew.map(|max| {
+            let alpha = 1.0 - args.confidence.unwrap_or(DEFAULT_CONFIDENCE);
+            verdict("max_skew", max.into(), max_skew(s, max, alpha))
+        }),
         args.max_stale
             .map(|max| verdict("max_stale", max.into(), max_stale(s, max))),
         args.max_refused
@@ -373,13 +391,14 @@ fn listed(before: &str, items: &[String]) -> String {
     }
 }
 
-fn max_skew(s: &ServiceStats, max: f64) -> Option<String> {
-    let detail = s.skew_detail().filter(|d| d.skew > max)?;
-    Some(format!(
-        "skew {:.2} > --max-skew {max} ({})",
-        detail.skew,
-        skew_cause(&detail)
-    ))
+/// Fails when the skew is above `max` beyond chance (at confidence `1 - alpha`), or when
+/// a fair DNAT of the same connections would usually exceed `max` ([`judge`]).
+fn max_skew(s: &ServiceStats, max: f64, alpha: f64) -> Option<String> {
+    if judged_on_stickiness(s) {
+        return None;
+    }
+    let finding = judge(s, max, alpha).filter(|f| f.fails())?;
+    skew_violation(s, max, &finding)
 }
 
 fn max_stale(s: &ServiceStats, max: u64) -> Option<String> {

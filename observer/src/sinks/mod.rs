@@ -12,3 +12,4 @@ pub mod rules_table;
 pub mod summary;
 pub mod text;
 pub mod timeline;
+pub mod why;

@@ -11,6 +11,8 @@ use serde::Serialize;
 
 use crate::model::record::{SummaryRecord, format_time};
 use crate::sinks::text::{Digits, bytes, duration, frontend_kind_text, latency, plural};
+use crate::sinks::why;
+use crate::stats::spread::judge;
 use crate::stats::{BackendStats, ConnectTimes, Percentiles, ServiceStats, SkewDetail};
 
 /// Skew from which a Service gets a marked `! skew` line: one backend got at least 1.5
@@ -189,6 +191,11 @@ fn render_service(s: &ServiceStats) -> String {
         && detail.skew >= SKEW_MARK
     {
         let _ = writeln!(out, "  ! {}", skew_sentence(s, &detail));
+        // Chance or cause, judged as `check --max-skew 1.5` would.
+        let alpha = 1.0 - crate::sinks::check::DEFAULT_CONFIDENCE;
+        if let Some(cause) = judge(s, SKEW_MARK, alpha).and_then(|f| why::cause(s, &f)) {
+            let _ = writeln!(out, "    {cause}");
+        }
     }
     for b in s.backends.iter().filter(|b| !b.in_rules) {
         let _ = writeln!(
@@ -406,6 +413,7 @@ shop/checkout:http (tcp, ClusterIP 10.96.35.226:80): 1 connection, 0 active, 30 
   10.244.1.13:8080      0       0         0     0%  [....................]       33%      -      -      -         0 B           0 B
   10.244.1.14:8080      0       0         0     0%  [....................]       33%      -      -      -         0 B           0 B
   ! skew 3.00x: 10.244.1.12:8080 got 100% of requests, expected 33%
+    pinning: 1 connection carried 30 of 30 requests (a fair DNAT of 1 connection over 3 pods gives skew 3.00 or more half the time)
 ";
         assert_eq!(
             render("keepalive.jsonl", recording.summary.as_ref(), &services),
@@ -480,6 +488,7 @@ shop/checkout:http (tcp, ClusterIP 10.96.35.226:80): 24 connections, 0 active, 1
   10.244.1.13:8080      7         0        7           0       0         0     0%  [....................]       33%  0.1ms   0.1ms   0.1ms            -            -         0 B           0 B
   10.244.1.14:8080      6         0        0           6       0         0     0%  [....................]       33%  3.00s   3.00s   3.00s            -            -         0 B           0 B
   ! skew 3.00x: 10.244.1.12:8080 got 100% of requests, expected 33%
+    busier connections: 10.244.1.12:8080 got 46% of the connections, expected 33%, but 100% of the requests (p = 0.000017); 13 connections to other pods failed (7 refused, 6 unanswered)
   ! 7 refused by 10.244.1.13:8080 (nothing listens)
   ! 6 unanswered by 10.244.1.14:8080 (nothing came back)
 

@@ -4,6 +4,7 @@ use std::collections::hash_map::Entry;
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::net::SocketAddr;
 
+use super::mix::RequestMix;
 use super::outcomes::{ConnectHistogram, FrontendCounts, OutcomeCounts};
 use super::quantiles::{Group, Reservoir, connect_times, lifetime_percentiles};
 use super::{BackendStats, ServiceStats};
@@ -38,6 +39,8 @@ struct Counts {
     by_frontend: FrontendCounts,
     outcomes: OutcomeCounts,
     connect: ConnectHistogram,
+    /// Connections by request count (for chance or cause, `stats::spread`).
+    mix: RequestMix,
 }
 
 impl Counts {
@@ -53,6 +56,7 @@ impl Counts {
         if let Some(ms) = c.connect_ms {
             self.connect.add(ms);
         }
+        self.mix.add(c.requests);
     }
 
     /// Undoes an earlier `add` of the same contribution, so never underflows.
@@ -68,6 +72,7 @@ impl Counts {
         if let Some(ms) = c.connect_ms {
             self.connect.subtract(ms);
         }
+        self.mix.subtract(c.requests);
     }
 }
 
@@ -451,6 +456,7 @@ impl ServiceView<'_> {
             outcomes: b.outcomes,
             connect_ms,
             connect_histogram: b.connect,
+            request_mix: b.mix.clone(),
         }
     }
 

@@ -41,10 +41,13 @@
 //! connect-time samples.
 
 mod aggregator;
+pub mod chance;
 pub mod dns;
+pub mod mix;
 mod outcomes;
 mod quantiles;
 mod service;
+pub mod spread;
 #[cfg(test)]
 pub(crate) mod tests;
 pub mod timeline;

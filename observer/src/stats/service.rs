@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 
 use serde::Serialize;
 
+use super::mix::RequestMix;
 use super::outcomes::{ConnectHistogram, OutcomeCounts};
 use super::{ConnectTimes, Percentiles};
 use crate::model::record::{Frontend, FrontendKind, Proto};
@@ -42,6 +43,9 @@ pub struct BackendStats {
     /// The same connect times in histogram buckets (for metrics).
     #[serde(skip)]
     pub connect_histogram: ConnectHistogram,
+    /// Its connections by request count (what `stats::spread` judges).
+    #[serde(skip)]
+    pub request_mix: RequestMix,
 }
 
 /// One Service port and how its traffic was spread.

@@ -7,7 +7,8 @@ use anyhow::bail;
 
 use super::{FormatArg, Outcome, OutputFormat, emit};
 use crate::model::record::Recording;
-use crate::sinks::summary::{SummaryJson, render, without_pod_names};
+use crate::sinks::summary::{SummaryJson, render_with, without_pod_names};
+use crate::sinks::why::stories;
 use crate::stats::Aggregator;
 use crate::stats::timeline::Timeline;
 
@@ -59,13 +60,10 @@ pub fn run(args: &SummaryArgs) -> anyhow::Result<Outcome> {
             );
         }
     }
+    let stories = stories(&services, &recording);
     match args.output.format {
         OutputFormat::Json => {
-            let json = SummaryJson {
-                file: &file,
-                summary: recording.summary.as_ref(),
-                services: &services,
-            };
+            let json = SummaryJson::new(&file, recording.summary.as_ref(), &services, &stories);
             emit(&(serde_json::to_string(&json)? + "\n"))?;
         }
         OutputFormat::Table => {
@@ -85,7 +83,8 @@ pub fn run(args: &SummaryArgs) -> anyhow::Result<Outcome> {
             if args.addresses {
                 without_pod_names(&mut services);
             }
-            emit(&(render(&file, recording.summary.as_ref(), &services) + &timeline))?
+            let report = render_with(&file, recording.summary.as_ref(), &services, &stories);
+            emit(&(report + &timeline))?
         }
     }
     Ok(Outcome::Success)

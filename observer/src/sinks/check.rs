@@ -9,7 +9,7 @@
 //! ```text
 //! $ observer check --max-skew 1.5 --min-backends 3 observer/tests/data/logs/keepalive.jsonl
 //! shop/checkout:http: 1 backend got requests < --min-backends 3 (none to 10.244.1.13:8080, 10.244.1.14:8080)
-//! shop/checkout:http: skew 3.00 > --max-skew 1.5 (10.244.1.12:8080 got 100% of requests, expected 33%): pinning: 1 connection carried 30 of 30 requests (a fair DNAT of 1 connection over 3 pods gives skew 3.00 or more half the time)
+//! shop/checkout:http: skew 3.00 > --max-skew 1.5 (10.244.1.12:8080 got 100% of requests, expected 33%): pinning: 1 connection carried 30 of 30 requests (a fair DNAT of 1 connection over 3 pods gives skew 3.00 or more half the time); 30 of 10.244.1.12:8080's 30 requests rode 1 keep-alive connection opened 13:46:36
 //! $ echo $?
 //! 1
 //! $ observer check --max-skew 1.5 --min-backends 3 observer/tests/data/logs/balanced.jsonl
@@ -57,6 +57,8 @@ use crate::sinks::summary::rejected_datagrams;
 use crate::sinks::text::{Digits, latency, plural};
 use crate::sinks::why::skew_violation;
 use crate::stats::spread::{judge, judged_on_stickiness};
+use crate::stats::story::Story;
+use crate::stats::timeline::Timeline;
 use crate::stats::{Aggregator, ServiceStats};
 
 /// `--confidence`'s default: a fair DNAT fails `--max-skew` at most 1% of the time.
@@ -116,7 +118,14 @@ pub fn judge_recording(
     args: &Conditions,
 ) -> (Vec<ServiceStats>, Vec<Verdict>) {
     let mut services = Aggregator::from_recording(recording).services();
-    let found = verdicts(args, recording.cut, recording.summary.as_ref(), &services);
+    let timeline = Timeline::from_recording(recording);
+    let found = verdicts_in(
+        args,
+        recording.cut,
+        recording.summary.as_ref(),
+        &services,
+        Some((recording, &timeline)),
+    );
     if !args.service.is_empty() {
         services.retain(|s| args.service.contains(&s.service));
     }
@@ -190,6 +199,20 @@ pub fn verdicts(
     summary: Option<&SummaryRecord>,
     services: &[ServiceStats],
 ) -> Vec<Verdict> {
+    verdicts_in(args, cut, summary, services, None)
+}
+
+/// The recording the Services come from and its endpoints timeline: what tells the
+/// connections behind a skew.
+type Connections<'a> = Option<(&'a Recording, &'a Timeline)>;
+
+fn verdicts_in(
+    args: &Conditions,
+    cut: Option<usize>,
+    summary: Option<&SummaryRecord>,
+    services: &[ServiceStats],
+    connections: Connections<'_>,
+) -> Vec<Verdict> {
     let mut found = vec![Verdict::new(
         RECORDING,
         "complete_log",
@@ -228,7 +251,7 @@ pub fn verdicts(
         .iter()
         .filter(|s| args.service.is_empty() || args.service.contains(&s.service));
     for s in selected {
-        found.extend(service_verdicts(args, s));
+        found.extend(service_verdicts(args, s, connections));
     }
     found
 }
@@ -321,7 +344,11 @@ fn unknown_service(name: &str, services: &[ServiceStats]) -> Option<String> {
 }
 
 /// The per-Service conditions asked for, checked on `s` in a fixed order.
-fn service_verdicts(args: &Conditions, s: &ServiceStats) -> Vec<Verdict> {
+fn service_verdicts(
+    args: &Conditions,
+    s: &ServiceStats,
+    connections: Connections<'_>,
+) -> Vec<Verdict> {
     let subject = label(s);
     let verdict = |condition, limit: serde_json::Value, violation| {
         Verdict::new(&subject, condition, limit, violation)
@@ -335,7 +362,7 @@ fn service_verdicts(args: &Conditions, s: &ServiceStats) -> Vec<Verdict> {
             .map(|min| verdict("min_backends", min.into(), min_backends(s, min))),
         args.max_skew.map(|max| {
             let alpha = 1.0 - args.confidence.unwrap_or(DEFAULT_CONFIDENCE);
-            verdict("max_skew", max.into(), max_skew(s, max, alpha))
+            verdict("max_skew", max.into(), max_skew(s, max, alpha, connections))
         }),
         args.max_stale
             .map(|max| verdict("max_stale", max.into(), max_stale(s, max))),
@@ -393,12 +420,24 @@ fn listed(before: &str, items: &[String]) -> String {
 
 /// Fails when the skew is above `max` beyond chance (at confidence `1 - alpha`), or when
 /// a fair DNAT of the same connections would usually exceed `max` ([`judge`]).
-fn max_skew(s: &ServiceStats, max: f64, alpha: f64) -> Option<String> {
+fn max_skew(
+    s: &ServiceStats,
+    max: f64,
+    alpha: f64,
+    connections: Connections<'_>,
+) -> Option<String> {
     if judged_on_stickiness(s) {
         return None;
     }
     let finding = judge(s, max, alpha).filter(|f| f.fails())?;
-    skew_violation(s, max, &finding)
+    let story = connections.map(|(recording, timeline)| {
+        Story::of(
+            s,
+            recording.conns.iter(),
+            &timeline.service(&s.service, s.proto),
+        )
+    });
+    skew_violation(s, max, &finding, story.as_ref())
 }
 
 fn max_stale(s: &ServiceStats, max: u64) -> Option<String> {

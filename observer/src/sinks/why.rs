@@ -1,21 +1,73 @@
 //! Why a Service is skewed, in words a person acts on: `check --max-skew`'s violations,
 //! `summary`'s reason lines and the live view's.
 
+use std::net::SocketAddr;
+
+use chrono::{DateTime, Utc};
+
+use crate::model::record::{Proto, Recording};
 use crate::sinks::summary::skew_cause;
-use crate::sinks::text::plural;
+use crate::sinks::text::{Digits, duration, plural};
 use crate::stats::ServiceStats;
-use crate::stats::spread::{Carried, ConnectionSkew, Finding};
+use crate::stats::spread::{Carried, ConnectionSkew, Finding, Spread, judge};
+use crate::stats::story::{Story, TopConnection};
+use crate::stats::timeline::Timeline;
 
 fn percent(share: f64) -> String {
     format!("{:.0}%", share * 100.0)
 }
 
 /// The backend at `addr` as sentences name it (its pod where known).
-fn label(s: &ServiceStats, addr: std::net::SocketAddr) -> String {
+fn label(s: &ServiceStats, addr: SocketAddr) -> String {
     s.backends
         .iter()
         .find(|b| b.backend == addr)
         .map_or_else(|| addr.to_string(), |b| b.label(true))
+}
+
+/// The connections behind each Service's skew, by Service (name, proto).
+pub type Stories = std::collections::BTreeMap<(String, Proto), Story>;
+
+/// Every Service's story from a recording (its connections and endpoints timeline).
+pub fn stories(services: &[ServiceStats], recording: &Recording) -> Stories {
+    let timeline = Timeline::from_recording(recording);
+    services
+        .iter()
+        .map(|s| {
+            let changes = timeline.service(&s.service, s.proto);
+            (
+                (s.service.clone(), s.proto),
+                Story::of(s, recording.conns.iter(), &changes),
+            )
+        })
+        .collect()
+}
+
+/// Under a skewed Service's skew line: why (as `check --max-skew 1.5` would judge it, or
+/// the rollout window that carried the excess), the keep-alive story, what the skew is
+/// made of and the busiest connections (pods where known and `names`).
+pub fn reason_lines(s: &ServiceStats, story: Option<&Story>, names: bool) -> Vec<String> {
+    let alpha = 1.0 - crate::sinks::check::DEFAULT_CONFIDENCE;
+    let mut lines = Vec::new();
+    let finding = judge(s, crate::sinks::summary::SKEW_MARK, alpha);
+    let rollout = story.and_then(|story| rollout_cause(s, story));
+    match (&finding, rollout) {
+        (Some(Finding::RulesUneven(_) | Finding::BusierConnections { .. }), Some(rollout)) => {
+            lines.push(rollout);
+        }
+        (Some(finding), rollout) if finding.fails() => {
+            lines.extend(cause(s, finding));
+            lines.extend(rollout.or_else(|| story_line(s, story?)));
+        }
+        _ => {}
+    }
+    lines.extend(Spread::of(s).map(|spread| spread_line(&spread)));
+    // One-request connections are all alike: only busier ones are worth a line.
+    let top = story.map_or(&[][..], |story| &story.top);
+    for c in top.iter().filter(|c| c.requests > 1) {
+        lines.push(format!("busiest: {}", top_line(c, names)));
+    }
+    lines
 }
 
 /// "pinning: 1 connection carried 30 of 30 requests"
@@ -98,9 +150,29 @@ pub fn cause(s: &ServiceStats, finding: &Finding) -> Option<String> {
 /// 100% of requests, expected 33%): pinning: ...", or for a skew under the limit that a
 /// fair DNAT would usually exceed, "skew 1.20 is under --max-skew 1.5 only by luck (...):
 /// too few connections: ...".
-pub fn skew_violation(s: &ServiceStats, limit: f64, finding: &Finding) -> Option<String> {
+pub fn skew_violation(
+    s: &ServiceStats,
+    limit: f64,
+    finding: &Finding,
+    story: Option<&Story>,
+) -> Option<String> {
     let detail = s.skew_detail()?;
-    let cause = cause(s, finding)?;
+    let mut cause = cause(s, finding)?;
+    if let Some(story) = story {
+        match finding {
+            // Beyond chance, and a rollout window carried the excess: that is the cause.
+            Finding::RulesUneven(_) | Finding::BusierConnections { .. } => {
+                if let Some(rollout) = rollout_cause(s, story) {
+                    cause = rollout;
+                }
+            }
+            _ => {
+                if let Some(line) = rollout_cause(s, story).or_else(|| story_line(s, story)) {
+                    cause = format!("{cause}; {line}");
+                }
+            }
+        }
+    }
     let (skew, what) = (detail.skew, skew_cause(&detail));
     Some(if skew > limit {
         format!("skew {skew:.2} > --max-skew {limit} ({what}): {cause}")
@@ -133,3 +205,134 @@ fn busy_connections(s: &ServiceStats) -> u64 {
 fn busy_requests(s: &ServiceStats) -> u64 {
     with_share(s).map(|b| b.requests).sum()
 }
+
+/// A pod as sentences name it: `namespace/pod` where known, else its address.
+fn pod_name(addr: SocketAddr, pod: Option<&String>) -> String {
+    pod.cloned().unwrap_or_else(|| addr.to_string())
+}
+
+fn clock(time: DateTime<Utc>) -> String {
+    time.format("%H:%M:%S").to_string()
+}
+
+fn between(from: DateTime<Utc>, to: DateTime<Utc>) -> String {
+    let ms = (to - from).num_microseconds().unwrap_or(0) as f64 / 1000.0;
+    duration(ms.max(0.0), Digits::Report)
+}
+
+/// "1 keep-alive connection", "3 connections": keep-alive when they carried more than one
+/// request each on average.
+fn connections_noun(connections: u64, requests: u64) -> String {
+    let noun = if requests > connections {
+        "keep-alive connection"
+    } else {
+        "connection"
+    };
+    plural(connections, noun)
+}
+
+/// The keep-alive story in one line: "30 requests on 1 keep-alive connection to
+/// shop/checkout-a, opened 12:03:04, 2.00s before shop/checkout-b became ready" (a
+/// rollout window that explains the skew), or "30 of shop/checkout-a's 30 requests rode
+/// 1 keep-alive connection opened 12:03:04" (the busiest connections carrying most of the
+/// skewed backend's requests). `None` when neither tells it.
+pub fn story_line(s: &ServiceStats, story: &Story) -> Option<String> {
+    if let Some(r) = story.rollout.as_ref().filter(|r| r.explains) {
+        let opened = if r.connections == 1 {
+            format!("opened {}", clock(r.first_opened))
+        } else {
+            format!(
+                "opened {} .. {}",
+                clock(r.first_opened),
+                clock(r.last_opened)
+            )
+        };
+        let missing = pod_name(r.missing, r.missing_pod.as_ref());
+        let when = match (r.left, r.joined) {
+            (_, Some(joined)) => {
+                let last = if r.connections == 1 { "" } else { "the last " };
+                format!(
+                    "{last}{} before {missing} became ready",
+                    between(r.last_opened, joined)
+                )
+            }
+            (Some(left), None) => format!(
+                "{} after {missing} left the rules",
+                between(left, r.first_opened)
+            ),
+            (None, None) => format!("while {missing} was out of the rules"),
+        };
+        return Some(format!(
+            "{} on {} to {}, {opened}, {when}",
+            plural(r.requests, "request"),
+            connections_noun(r.connections, r.requests),
+            pod_name(r.backend, r.backend_pod.as_ref()),
+        ));
+    }
+    let backend = s.skew_detail()?.backend;
+    let busiest: Vec<&TopConnection> = story
+        .top
+        .iter()
+        .filter(|c| c.backend == backend.backend)
+        .collect();
+    let carried: u64 = busiest.iter().map(|c| c.requests).sum();
+    // Only when a few connections carried most of the backend's requests.
+    if busiest.is_empty() || 2 * carried < backend.requests {
+        return None;
+    }
+    let first = busiest.iter().map(|c| c.start).min()?;
+    let count = busiest.len() as u64;
+    Some(format!(
+        "{carried} of {}'s {} rode {} opened {}{}",
+        pod_name(backend.backend, backend.pod.as_ref()),
+        plural(backend.requests, "request"),
+        connections_noun(count, carried),
+        clock(first),
+        if count > 1 { " and later" } else { "" }
+    ))
+}
+
+/// "rollout window: 30 requests on ..." when connections opened while another endpoint
+/// was out of the rules carried the skewed backend's excess.
+pub fn rollout_cause(s: &ServiceStats, story: &Story) -> Option<String> {
+    story.rollout.as_ref().filter(|r| r.explains)?;
+    Some(format!("rollout window: {}", story_line(s, story)?))
+}
+
+/// "spread: 30 requests on 1 connection (1.0 effective, the busiest carried 30); skew
+/// 3.00 = 3.00 from connection counts x 1.00 from requests per connection; a fair DNAT of
+/// these connections: median skew 3.00, p = 1.00": what the skew is made of.
+pub fn spread_line(spread: &Spread) -> String {
+    format!(
+        "spread: {} on {} ({:.1} effective, the busiest carried {}); skew {:.2} = {:.2} from connection counts x {:.2} from requests per connection; a fair DNAT of these connections: median skew {:.2}, {}",
+        plural(spread.requests, "request"),
+        plural(spread.busy_connections, "connection"),
+        spread.effective_connections,
+        spread.busiest_connection,
+        spread.skew,
+        spread.connection_factor,
+        spread.requests_per_connection_factor,
+        spread.fair_median,
+        spread.chance,
+    )
+}
+
+/// "10.244.1.9:45364 -> 10.244.1.12:8080 30 requests since 13:46:36 (open)": one of the
+/// busiest connections (pods where known and `names`).
+pub fn top_line(c: &TopConnection, names: bool) -> String {
+    let side = |addr: SocketAddr, pod: &Option<String>| match pod {
+        Some(pod) if names => pod.clone(),
+        _ => addr.to_string(),
+    };
+    format!(
+        "{} -> {} {} since {}{}",
+        side(c.client, &c.client_pod),
+        side(c.backend, &c.backend_pod),
+        plural(c.requests, "request"),
+        clock(c.start),
+        if c.open { " (open)" } else { "" }
+    )
+}
+
+#[cfg(test)]
+mod tests;

@@ -48,6 +48,7 @@ mod outcomes;
 mod quantiles;
 mod service;
 pub mod spread;
+pub mod story;
 #[cfg(test)]
 pub(crate) mod tests;
 pub mod timeline;

@@ -9,6 +9,10 @@ use crate::model::record::{FrontendKind, Outcome, Proto};
 use crate::model::update::CaptureStats;
 use crate::stats::{BackendStats, CONNECT_BUCKETS_MS, ServiceStats};
 
+#[path = "metrics/spread.rs"]
+mod spread;
+use spread::SpreadFamilies;
+
 /// Escapes a label value: backslash, double quote and newline.
 fn escape(value: &str) -> String {
     value
@@ -49,13 +53,16 @@ impl Family {
 /// Renders every metric. Counters are cumulative since observer started.
 pub fn render(services: &[ServiceStats], capture: &CaptureStats) -> String {
     let mut per_service = ServiceFamilies::new();
+    let mut spread = SpreadFamilies::new();
     for service in services {
         per_service.add(service);
+        spread.add(service);
     }
     let mut out = String::new();
     for family in per_service
         .into_families()
         .iter()
+        .chain(&spread.into_families())
         .chain(&capture_families(capture))
     {
         family.write(&mut out);
@@ -469,6 +476,13 @@ mod tests {
             "observer_dns_malformed_total 0".to_owned(),
             "observer_dns_lost_total 0".to_owned(),
             "# TYPE observer_requests_total counter".to_owned(),
+            // Why it is skewed: one connection carried everything.
+            format!("observer_service_effective_connections{{{svc}}} 1"),
+            format!("observer_service_busiest_connection_requests{{{svc}}} 30"),
+            format!("observer_service_skew_requests_per_connection_factor{{{svc}}} 1"),
+            format!("observer_service_skew_chance{{{svc}}} 1"),
+            format!(r#"observer_service_skew_cause{{{svc},cause="pinning"}} 1"#),
+            "# TYPE observer_service_skew_cause gauge".to_owned(),
         ] {
             assert!(
                 metrics.lines().any(|l| l == line),

@@ -70,6 +70,42 @@ pub fn reason_lines(s: &ServiceStats, story: Option<&Story>, names: bool) -> Vec
     lines
 }
 
+/// The live view's lines (narrow screens): the cause with the keep-alive story where
+/// there is one ("pinning: 30 of shop/checkout-a's 30 requests rode 1 keep-alive
+/// connection opened 13:46:36"), then what the skew is made of, briefly ("3.00 = 3.00
+/// conns x 1.00 req/conn; 1.0 effective conns; fair median 3.00, p = 1.00").
+pub fn screen_lines(s: &ServiceStats, story: Option<&Story>) -> Vec<String> {
+    let alpha = 1.0 - crate::sinks::check::DEFAULT_CONFIDENCE;
+    let mut lines = Vec::new();
+    let finding = judge(s, crate::sinks::summary::SKEW_MARK, alpha);
+    let rollout = story.and_then(|story| rollout_cause(s, story));
+    let told = story.and_then(|story| story_line(s, story));
+    match finding {
+        Some(finding) if finding.fails() => {
+            let headline = match (&finding, rollout, told) {
+                (_, Some(rollout), _) => rollout,
+                (Finding::Pinning { .. }, None, Some(told)) => format!("pinning: {told}"),
+                (finding, _, _) => cause(s, finding).unwrap_or_default(),
+            };
+            lines.push(headline);
+        }
+        Some(Finding::WithinChance(p)) => lines.push(format!("within chance ({p})")),
+        _ => {}
+    }
+    if let Some(spread) = Spread::of(s) {
+        lines.push(format!(
+            "{:.2} = {:.2} conns x {:.2} req/conn; {:.1} effective conns; fair median {:.2}, {}",
+            spread.skew,
+            spread.connection_factor,
+            spread.requests_per_connection_factor,
+            spread.effective_connections,
+            spread.fair_median,
+            spread.chance
+        ));
+    }
+    lines
+}
+
 /// "pinning: 1 connection carried 30 of 30 requests"
 pub fn pinning(half: &Carried, requests: u64) -> String {
     format!(
@@ -233,9 +269,9 @@ fn connections_noun(connections: u64, requests: u64) -> String {
 
 /// The keep-alive story in one line: "30 requests on 1 keep-alive connection to
 /// shop/checkout-a, opened 12:03:04, 2.00s before shop/checkout-b became ready" (a
-/// rollout window that explains the skew), or "30 of shop/checkout-a's 30 requests rode
-/// 1 keep-alive connection opened 12:03:04" (the busiest connections carrying most of the
-/// skewed backend's requests). `None` when neither tells it.
+/// rollout window that explains the skew), or "30 requests on 1 keep-alive connection to
+/// shop/checkout-a, opened 12:03:04" (the busiest connections carrying most of the skewed
+/// backend's requests). `None` when neither tells it.
 pub fn story_line(s: &ServiceStats, story: &Story) -> Option<String> {
     if let Some(r) = story.rollout.as_ref().filter(|r| r.explains) {
         let opened = if r.connections == 1 {
@@ -282,10 +318,17 @@ pub fn story_line(s: &ServiceStats, story: &Story) -> Option<String> {
     }
     let first = busiest.iter().map(|c| c.start).min()?;
     let count = busiest.len() as u64;
+    let pod = pod_name(backend.backend, backend.pod.as_ref());
+    let carried_text = if carried == backend.requests {
+        format!("{} on", plural(carried, "request"))
+    } else {
+        format!(
+            "{carried} of {pod}'s {} on",
+            plural(backend.requests, "request")
+        )
+    };
     Some(format!(
-        "{carried} of {}'s {} rode {} opened {}{}",
-        pod_name(backend.backend, backend.pod.as_ref()),
-        plural(backend.requests, "request"),
+        "{carried_text} {} to {pod}, opened {}{}",
         connections_noun(count, carried),
         clock(first),
         if count > 1 { " and later" } else { "" }

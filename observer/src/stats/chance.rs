@@ -174,8 +174,13 @@ impl FairDnat {
     /// The p-value of an observed skew: the chance that a fair DNAT of these connections
     /// gives `skew` or more.
     pub fn p_value(&self, skew: f64) -> PValue {
-        let chernoff = self.chernoff(skew);
         let reach = self.reach(skew);
+        // Only a simulation's floor (no simulated DNAT reached it) needs the bound.
+        let chernoff = if reach.floor {
+            self.chernoff(skew)
+        } else {
+            1.0
+        };
         if chernoff < reach.upper {
             PValue {
                 value: chernoff,
@@ -466,7 +471,8 @@ impl Reach {
         }
         Reach {
             lower: 1.0 - none,
-            upper: f64::min(sum, 1.0),
+            // Shares that sum to 1 up to rounding make a certainty read 0.9999999999999999.
+            upper: if sum > 1.0 - TOLERANCE { 1.0 } else { sum },
             floor: false,
         }
     }

@@ -91,12 +91,12 @@ pub fn belongs(record: &ConnRecord, service: &str, proto: Proto) -> bool {
         }
 }
 
-/// Windows in which `endpoint` was out of the rules: `(left, joined)`, `None` for before
+/// A window in which an endpoint was out of the rules: `(left, joined)`, `None` for before
 /// the recording and for not yet.
-fn missing(
-    endpoint: SocketAddr,
-    timeline: &ServiceTimeline,
-) -> Vec<(Option<DateTime<Utc>>, Option<DateTime<Utc>>)> {
+type Window = (Option<DateTime<Utc>>, Option<DateTime<Utc>>);
+
+/// The windows in which `endpoint` was out of the rules.
+fn missing(endpoint: SocketAddr, timeline: &ServiceTimeline) -> Vec<Window> {
     let mut changes: Vec<(DateTime<Utc>, bool)> = timeline
         .departures
         .iter()

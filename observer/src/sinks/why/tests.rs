@@ -169,7 +169,7 @@ fn pinning_without_a_rollout_names_the_connection_and_when_it_opened() {
     assert_eq!(
         lines[1..],
         [
-            "30 of shop/checkout-a's 30 requests rode 1 keep-alive connection opened 12:03:04".to_owned(),
+            "30 requests on 1 keep-alive connection to shop/checkout-a, opened 12:03:04".to_owned(),
             "spread: 32 requests on 2 connections (1.1 effective, the busiest carried 30); skew 1.88 = 1.00 from connection counts x 1.88 from requests per connection; a fair DNAT of these connections: median skew 1.88, p = 1.00".to_owned(),
             "busiest: 10.244.2.9:40004 -> 10.244.1.12:8080 30 requests since 12:03:04 (open)".to_owned(),
             "busiest: 10.244.2.9:40005 -> 10.244.1.13:8080 2 requests since 12:03:05".to_owned(),

@@ -3,22 +3,43 @@
 
 use std::path::PathBuf;
 
-use super::args::{FormatArg, OutputFormat, count};
+use super::args::count;
+use super::span::SpanArgs;
 use super::{Outcome, emit};
 use crate::model::record::Recording;
 use crate::sinks::check::{Conditions, judge_recording, render_json};
+use crate::sinks::junit::render_junit;
 use crate::sinks::text::plural;
 
+/// How `check` reports.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum CheckFormat {
+    /// One line per violation, for people.
+    #[default]
+    Table,
+    /// One JSON line per condition and subject, then the verdict.
+    Json,
+    /// JUnit XML: a test case per condition and subject, for CI test reports.
+    Junit,
+}
+
 #[derive(Debug, Clone, Default, clap::Args)]
-#[command(mut_arg("format", |a| a.help(
-    "`table`: one line per violation for people; `json`: one line per condition and Service, then the verdict"
-)))]
 pub struct CheckArgs {
     /// Connection log written by `observer record` (JSON Lines).
     #[arg(value_name = "FILE")]
     pub file: PathBuf,
+    /// `table`: one line per violation for people; `json`: one line per condition and
+    /// Service, then the verdict; `junit`: JUnit XML, a test case per condition and Service.
+    #[arg(
+        short = 'o',
+        long = "output",
+        value_name = "FORMAT",
+        value_enum,
+        default_value_t
+    )]
+    pub format: CheckFormat,
     #[command(flatten)]
-    pub output: FormatArg,
+    pub span: SpanArgs,
     /// Check only this Service (`ns/name:port`, or `IP:port` for unnamed ones); repeatable.
     #[arg(long, value_name = "NAME")]
     pub service: Vec<String>,
@@ -55,6 +76,10 @@ pub struct CheckArgs {
     /// Fail when more than N connections got no answer at all from their backend.
     #[arg(long, value_name = "N", value_parser = count)]
     pub max_unanswered: Option<u64>,
+    /// Fail when more than N answered connections ended with an RST (a backend that
+    /// crashed or reset mid-exchange; refused connections are --max-refused).
+    #[arg(long, value_name = "N", value_parser = count)]
+    pub max_resets: Option<u64>,
     /// Fail when more than N connections were rejected before reaching any backend (the
     /// Service port had no endpoints; UDP: client sockets).
     #[arg(long, value_name = "N", value_parser = count)]
@@ -78,6 +103,7 @@ impl CheckArgs {
             min_requests: self.min_requests,
             max_refused: self.max_refused,
             max_unanswered: self.max_unanswered,
+            max_resets: self.max_resets,
             max_rejected: self.max_rejected,
             max_connect_p99: self.max_connect_p99,
         }
@@ -114,13 +140,17 @@ fn milliseconds(text: &str) -> Result<f64, String> {
 /// json`: every condition checked, then the verdict); an unreadable file is an error
 /// (exit 2).
 pub fn run(args: &CheckArgs) -> anyhow::Result<Outcome> {
-    let recording = Recording::read(&args.file)?;
+    let file = args.file.display().to_string();
+    let mut recording = Recording::read(&args.file)?;
+    if let Some(span) = args.span.span(&recording, &file)? {
+        recording = span.apply(&recording);
+    }
     let (services, verdicts) = judge_recording(&recording, &args.conditions());
     let holds = verdicts.iter().all(|v| v.violation.is_none());
-    let file = args.file.display().to_string();
-    let report = match args.output.format {
-        OutputFormat::Json => render_json(&file, &verdicts, &services),
-        OutputFormat::Table if holds => {
+    let report = match args.format {
+        CheckFormat::Json => render_json(&file, &verdicts, &services),
+        CheckFormat::Junit => render_junit(&file, &verdicts, chrono::Utc::now()),
+        CheckFormat::Table if holds => {
             let connections: u64 = services.iter().map(|s| s.connections).sum();
             format!(
                 "ok: {file}: {}, {}, every condition holds\n",
@@ -128,7 +158,7 @@ pub fn run(args: &CheckArgs) -> anyhow::Result<Outcome> {
                 plural(connections, "connection"),
             )
         }
-        OutputFormat::Table => verdicts
+        CheckFormat::Table => verdicts
             .iter()
             .filter_map(|v| Some(format!("{}: {}\n", v.subject, v.violation.as_ref()?)))
             .collect(),

@@ -80,6 +80,8 @@ pub struct Conditions {
     pub min_requests: Option<u64>,
     pub max_refused: Option<u64>,
     pub max_unanswered: Option<u64>,
+    /// Answered connections that ended with an RST.
+    pub max_resets: Option<u64>,
     pub max_rejected: Option<u64>,
     /// Milliseconds.
     pub max_connect_p99: Option<f64>,
@@ -298,6 +300,7 @@ impl Conditions {
             || self.min_requests.is_some()
             || self.max_refused.is_some()
             || self.max_unanswered.is_some()
+            || self.max_resets.is_some()
             || self.max_rejected.is_some()
             || self.max_connect_p99.is_some()
     }
@@ -370,6 +373,8 @@ fn service_verdicts(
             .map(|max| verdict("max_refused", max.into(), max_refused(s, max))),
         args.max_unanswered
             .map(|max| verdict("max_unanswered", max.into(), max_unanswered(s, max))),
+        args.max_resets
+            .map(|max| verdict("max_resets", max.into(), max_resets(s, max))),
         args.max_rejected
             .map(|max| verdict("max_rejected", max.into(), max_rejected(s, max))),
         args.max_connect_p99
@@ -483,6 +488,25 @@ fn max_refused(s: &ServiceStats, max: u64) -> Option<String> {
 
 fn max_unanswered(s: &ServiceStats, max: u64) -> Option<String> {
     max_outcome(s, Outcome::Unanswered, "--max-unanswered", max)
+}
+
+/// "3 reset > --max-resets 0 (10.244.1.13:8080: 3)": answered connections that ended with an
+/// RST (a backend that crashed or closed mid-request; not one that refused).
+fn max_resets(s: &ServiceStats, max: u64) -> Option<String> {
+    if s.resets <= max {
+        return None;
+    }
+    let per_backend: Vec<String> = s
+        .backends
+        .iter()
+        .filter(|b| b.resets > 0)
+        .map(|b| format!("{}: {}", b.backend, b.resets))
+        .collect();
+    Some(format!(
+        "{} ended with an RST > --max-resets {max} ({})",
+        plural(s.resets, "answered connection"),
+        per_backend.join(", ")
+    ))
 }
 
 fn max_rejected(s: &ServiceStats, max: u64) -> Option<String> {

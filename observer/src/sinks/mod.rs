@@ -6,6 +6,7 @@ pub mod check;
 pub mod conn_line;
 pub mod coverage;
 pub mod dns;
+pub mod junit;
 pub mod log;
 pub mod metrics;
 pub mod rules_table;

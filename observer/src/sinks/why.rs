@@ -319,17 +319,15 @@ pub fn story_line(s: &ServiceStats, story: &Story) -> Option<String> {
     let first = busiest.iter().map(|c| c.start).min()?;
     let count = busiest.len() as u64;
     let pod = pod_name(backend.backend, backend.pod.as_ref());
+    let connections = connections_noun(count, carried);
     let carried_text = if carried == backend.requests {
-        format!("{} on", plural(carried, "request"))
+        format!("{} on {connections} to {pod}", plural(carried, "request"))
     } else {
-        format!(
-            "{carried} of {pod}'s {} on",
-            plural(backend.requests, "request")
-        )
+        let all = plural(backend.requests, "request");
+        format!("{carried} of {pod}'s {all} on {connections}")
     };
     Some(format!(
-        "{carried_text} {} to {pod}, opened {}{}",
-        connections_noun(count, carried),
+        "{carried_text}, opened {}{}",
         clock(first),
         if count > 1 { " and later" } else { "" }
     ))

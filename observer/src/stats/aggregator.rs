@@ -41,6 +41,8 @@ struct Counts {
     connect: ConnectHistogram,
     /// Connections by request count (for chance or cause, `stats::spread`).
     mix: RequestMix,
+    /// Connections that ended with an RST (`close: rst`).
+    resets: u64,
 }
 
 impl Counts {
@@ -57,6 +59,7 @@ impl Counts {
             self.connect.add(ms);
         }
         self.mix.add(c.requests);
+        self.resets += u64::from(c.reset);
     }
 
     /// Undoes an earlier `add` of the same contribution, so never underflows.
@@ -73,6 +76,7 @@ impl Counts {
             self.connect.subtract(ms);
         }
         self.mix.subtract(c.requests);
+        self.resets -= u64::from(c.reset);
     }
 }
 
@@ -121,6 +125,7 @@ pub(super) struct Contribution {
     frontend: Option<FrontendKind>,
     outcome: Outcome,
     connect_ms: Option<f64>,
+    reset: bool,
 }
 
 /// Exact values of a backend's open and recently closed connections.
@@ -193,6 +198,7 @@ impl Aggregator {
             frontend: record.frontend,
             outcome: record.outcome(),
             connect_ms: record.connect_ms,
+            reset: record.close == crate::model::record::Close::Rst,
         };
         let service = &mut self.accs[index];
         service.counts.add(&contribution);
@@ -326,6 +332,7 @@ impl Aggregator {
             rejected_by_frontend: rejects.by_frontend.to_map(),
             backends,
             skew: None,
+            resets: counts.resets,
         };
         stats.skew = stats.skew_detail().map(|d| d.skew);
         stats
@@ -457,6 +464,7 @@ impl ServiceView<'_> {
             connect_ms,
             connect_histogram: b.connect,
             request_mix: b.mix.clone(),
+            resets: b.resets,
         }
     }
 

@@ -46,6 +46,8 @@ pub struct BackendStats {
     /// Its connections by request count (what `stats::spread` judges).
     #[serde(skip)]
     pub request_mix: RequestMix,
+    /// Its connections that ended with an RST after an answer (`close: rst`; not refused).
+    pub resets: u64,
 }
 
 /// One Service port and how its traffic was spread.
@@ -86,6 +88,8 @@ pub struct ServiceStats {
     /// Max over backends of share / expected_share (see the module doc); `None` with no
     /// requests.
     pub skew: Option<f64>,
+    /// Its connections that ended with an RST after an answer (`close: rst`; not refused).
+    pub resets: u64,
 }
 
 /// The backend that determines a Service's skew.

@@ -420,3 +420,44 @@ fn verdicts_that_fail_are_the_violations() {
         assert_eq!(failed, found, "{log}");
     }
 }
+
+/// `--max-resets` counts answered connections that ended with an RST, not refused ones.
+#[test]
+fn max_resets_counts_answered_connections_reset_not_refused_ones() {
+    use crate::model::record::{Close, ConnRecord};
+    let conn = |backend: &str, close| ConnRecord {
+        service: Some(CHECKOUT.into()),
+        endpoint_in_rules: Some(true),
+        close,
+        ..ConnRecord::example(backend)
+    };
+    let recording = Recording {
+        conns: vec![
+            conn("10.244.1.12:8080", Close::Rst),
+            conn("10.244.1.12:8080", Close::Rst),
+            conn("10.244.1.13:8080", Close::Rst),
+            conn("10.244.1.13:8080", Close::Refused),
+            conn("10.244.1.14:8080", Close::Fin),
+        ],
+        summary: Some(SummaryRecord::default()),
+        ..Recording::default()
+    };
+    let check = |max| {
+        let conditions = Conditions {
+            max_resets: Some(max),
+            ..Conditions::default()
+        };
+        check_recording(&recording, &conditions)
+            .1
+            .iter()
+            .map(Violation::to_string)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(check(3), Vec::<String>::new());
+    assert_eq!(
+        check(2),
+        [
+            "shop/checkout:http: 3 answered connections ended with an RST > --max-resets 2 (10.244.1.12:8080: 2, 10.244.1.13:8080: 1)"
+        ]
+    );
+}

@@ -11,10 +11,11 @@
 mod synthetic;
 
 use observer::model::record::Recording;
-use observer::sinks::check::{Conditions, check_recording, violations};
-use observer::stats::mix::RequestMix;
-use observer::stats::{Aggregator, ServiceStats};
-use synthetic::{Mix, Rng, SERVICE, draw, jsonl, recording, recording_of};
+use observer::sinks::check::{Conditions, check_recording};
+use synthetic::{
+    Mix, Rng, SERVICE, Verdict, draw, jsonl, recording, recording_of, service_template,
+    violation_of,
+};
 
 const LOGS: usize = 1_000;
 const FALSE_ALARM_RATE: f64 = 0.01;
@@ -36,35 +37,6 @@ fn skew_violation(recording: &Recording) -> Option<String> {
     })
 }
 
-/// The same from a draw, without building each connection's record: the Service's
-/// figures are `template`'s with the draw's counts (the aggregator's own counting is
-/// checked against it on the first logs of each size).
-fn skew_violation_of(template: &ServiceStats, draw: &[(usize, u64)]) -> Option<String> {
-    let mut service = template.clone();
-    for backend in &mut service.backends {
-        backend.connections = 0;
-        backend.requests = 0;
-        backend.request_mix = RequestMix::default();
-    }
-    for &(pod, requests) in draw {
-        let backend = &mut service.backends[pod];
-        backend.connections += 1;
-        backend.requests += requests;
-        backend.request_mix.add(requests);
-    }
-    service.connections = draw.len() as u64;
-    service.requests = draw.iter().map(|(_, r)| r).sum();
-    for backend in &mut service.backends {
-        backend.request_share = backend.requests as f64 / service.requests as f64;
-    }
-    service.skew = service.skew_detail().map(|d| d.skew);
-    let found = violations(&max_skew(), None, None, &[service]);
-    found
-        .into_iter()
-        .find(|v| v.subject == SERVICE)
-        .map(|v| v.text)
-}
-
 /// What one size came to over `LOGS` fair recordings.
 #[derive(Default, Debug)]
 struct Tally {
@@ -82,12 +54,10 @@ const THROUGH_THE_AGGREGATOR: usize = 10;
 fn tally(pods: usize, connections: usize, mix: Mix, seed: u64) -> Tally {
     let mut rng = Rng(seed);
     let mut tally = Tally::default();
-    let template = Aggregator::from_recording(&recording(&mut rng, pods, pods, Mix::Light, &[]))
-        .services()
-        .remove(0);
+    let template = service_template(pods);
     for index in 0..LOGS {
         let draw = draw(&mut rng, pods, connections, mix, &[]);
-        let found = skew_violation_of(&template, &draw);
+        let found = violation_of(&template, &draw, &max_skew());
         if index < THROUGH_THE_AGGREGATOR {
             // The same verdict; `check` adds the connections behind it from the records.
             let full = skew_violation(&recording_of(pods, &draw));
@@ -96,14 +66,10 @@ fn tally(pods: usize, connections: usize, mix: Mix, seed: u64) -> Tally {
                 assert!(full.starts_with(found.as_str()), "{full}\n{found}");
             }
         }
-        match found {
-            None => tally.passed += 1,
-            Some(text)
-                if text.contains(": too few connections: ") || text.contains(": pinning: ") =>
-            {
-                tally.usually_above += 1
-            }
-            Some(_) => tally.beyond_chance += 1,
+        match Verdict::of(found.as_deref()) {
+            Verdict::Passed => tally.passed += 1,
+            Verdict::UsuallyAbove => tally.usually_above += 1,
+            Verdict::BeyondChance => tally.beyond_chance += 1,
         }
     }
     tally

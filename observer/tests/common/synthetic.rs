@@ -5,6 +5,9 @@
 #![allow(dead_code)]
 
 use observer::model::record::{ConnRecord, LogLine, Recording, ServiceRecord, SummaryRecord};
+use observer::sinks::check::{Conditions, violations};
+use observer::stats::mix::RequestMix;
+use observer::stats::{Aggregator, ServiceStats};
 
 pub const SERVICE: &str = "shop/checkout:http";
 
@@ -91,7 +94,7 @@ fn service_line(pods: usize) -> ServiceRecord {
     .unwrap()
 }
 
-fn template() -> ConnRecord {
+fn conn_template() -> ConnRecord {
     serde_json::from_str(&format!(
         r#"{{"proto":"tcp","client":"10.244.2.9:40000","client_pod":"shop/client","original_dst":"10.96.35.226:80","backend":"10.244.1.10:8080","backend_pod":null,"service":"{SERVICE}","frontend":"cluster_ip","endpoint_in_rules":true,"netns":4026532301,"start":"2026-08-06T13:46:31.000000Z","end":"2026-08-06T13:46:32.000000Z","duration_ms":1000.0,"requests":1,"bytes_to_backend":93,"bytes_from_backend":180,"close":"fin","connect_ms":0.2,"start_seen":true}}"#
     ))
@@ -116,7 +119,7 @@ pub fn draw(
 
 /// The recording of a draw over `pods` pods whose rules give each an equal share.
 pub fn recording_of(pods: usize, draw: &[(usize, u64)]) -> Recording {
-    let template = template();
+    let template = conn_template();
     let conns = draw
         .iter()
         .enumerate()
@@ -168,4 +171,68 @@ pub fn jsonl(recording: &Recording) -> String {
     lines
         .map(|line| serde_json::to_string(&line).unwrap() + "\n")
         .collect()
+}
+
+/// The Service's figures for `pods` pods, from the aggregator, to fill with draws.
+pub fn service_template(pods: usize) -> ServiceStats {
+    let mut rng = Rng(0);
+    Aggregator::from_recording(&recording(&mut rng, pods, pods, Mix::Light, &[]))
+        .services()
+        .remove(0)
+}
+
+/// The violation of `conditions` by a draw, without building each connection's record:
+/// the Service's figures are `template`'s with the draw's counts (what the aggregator
+/// counts from the records; the tests compare the two).
+pub fn violation_of(
+    template: &ServiceStats,
+    draw: &[(usize, u64)],
+    conditions: &Conditions,
+) -> Option<String> {
+    let mut service = template.clone();
+    for backend in &mut service.backends {
+        backend.connections = 0;
+        backend.requests = 0;
+        backend.request_mix = RequestMix::default();
+    }
+    for &(pod, requests) in draw {
+        let backend = &mut service.backends[pod];
+        backend.connections += 1;
+        backend.requests += requests;
+        backend.request_mix.add(requests);
+    }
+    service.connections = draw.len() as u64;
+    service.requests = draw.iter().map(|(_, r)| r).sum();
+    for backend in &mut service.backends {
+        backend.request_share = backend.requests as f64 / service.requests as f64;
+    }
+    service.skew = service.skew_detail().map(|d| d.skew);
+    violations(conditions, None, None, &[service])
+        .into_iter()
+        .find(|v| v.subject == SERVICE)
+        .map(|v| v.text)
+}
+
+/// What a violation of `--max-skew` says the cause is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Passed,
+    /// Above the limit beyond chance.
+    BeyondChance,
+    /// A fair DNAT of these connections usually exceeds the limit.
+    UsuallyAbove,
+}
+
+impl Verdict {
+    pub fn of(violation: Option<&str>) -> Verdict {
+        match violation {
+            None => Verdict::Passed,
+            Some(text)
+                if text.contains(": too few connections: ") || text.contains(": pinning: ") =>
+            {
+                Verdict::UsuallyAbove
+            }
+            Some(_) => Verdict::BeyondChance,
+        }
+    }
 }

@@ -4,35 +4,12 @@
 //! that needs escaping. A document that breaks the schema is refused, so the validator is
 //! known to be working.
 
+mod common;
+
 use std::path::Path;
 use std::process::Command;
 
-const SCHEMA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/junit/junit-10.xsd");
-
-fn python() -> std::path::PathBuf {
-    let home = std::env::var("HOME").expect("HOME");
-    Path::new(&home).join(".local/share/observer-venv/bin/python")
-}
-
-/// Validates `xml` against the schema: `Ok` or xmlschema's complaint.
-fn validate(xml: &str, dir: &Path) -> Result<(), String> {
-    let path = dir.join("report.xml");
-    std::fs::write(&path, xml).unwrap();
-    let out = Command::new(python())
-        .args([
-            "-c",
-            "import sys, xmlschema; xmlschema.XMLSchema(sys.argv[1]).validate(sys.argv[2])",
-            SCHEMA,
-        ])
-        .arg(&path)
-        .output()
-        .expect("python from the venv `cargo xtask setup` makes");
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(String::from_utf8_lossy(&out.stderr).into_owned())
-    }
-}
+use common::junit::validate_junit as validate;
 
 fn check_junit(log: &Path, conditions: &[&str]) -> (Option<i32>, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_observer"))

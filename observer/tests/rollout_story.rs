@@ -19,8 +19,9 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use common::junit::validate_junit;
+use common::synthetic::jsonl;
 use common::{Recorder, only_node, prefix, require_root};
-use observer::model::record::{LogLine, Recording};
 use observer::sinks::text::{Digits, duration};
 use observer_lab::{Lab, LabConfig, RuleMode, Topology};
 
@@ -46,23 +47,6 @@ fn observer(args: &[&str]) -> (Option<i32>, String) {
         out.status.code(),
         String::from_utf8_lossy(&out.stdout).into_owned(),
     )
-}
-
-/// The recording as JSON Lines (only what the lab's node decided: see `only_node`).
-fn write_log(recording: &Recording, path: &Path) {
-    let lines = recording
-        .services
-        .iter()
-        .cloned()
-        .map(LogLine::Service)
-        .chain(recording.endpoints.iter().cloned().map(LogLine::Endpoints))
-        .chain(recording.conns.iter().cloned().map(LogLine::Conn))
-        .chain(recording.marks.iter().cloned().map(LogLine::Mark))
-        .chain(recording.summary.iter().cloned().map(LogLine::Summary));
-    let text: String = lines
-        .map(|line| serde_json::to_string(&line).unwrap() + "\n")
-        .collect();
-    std::fs::write(path, text).unwrap();
 }
 
 fn mark(name: &str, log: &Path) {
@@ -164,7 +148,7 @@ fn a_keep_alive_client_through_a_rollout_is_told_as_the_rollout_window() {
         ),
     );
     let path = dir.path().join("node.jsonl");
-    write_log(&recording, &path);
+    std::fs::write(&path, jsonl(&recording)).unwrap();
     let file = path.to_str().unwrap();
 
     let args = ["check", "--service", &name, "--max-skew", "1.5", file];
@@ -213,30 +197,11 @@ fn a_keep_alive_client_through_a_rollout_is_told_as_the_rollout_window() {
     ]);
     assert_eq!(code, Some(1));
     assert!(xml.contains(&story.replace('>', "&gt;")), "{xml}");
-    validate_junit(&xml, dir.path());
+    if let Err(why) = validate_junit(&xml, dir.path()) {
+        panic!("not valid JUnit: {why}\n{xml}");
+    }
 
     let (code, summary) = observer(&["summary", "--service", &name, file]);
     assert_eq!(code, Some(0));
     assert!(summary.contains(&format!("\n    {story}\n")), "{summary}");
-}
-
-/// Validates against the JUnit schema with xmlschema from the venv `cargo xtask setup` makes.
-fn validate_junit(xml: &str, dir: &Path) {
-    let path = dir.join("report.xml");
-    std::fs::write(&path, xml).unwrap();
-    let home = std::env::var("HOME").unwrap();
-    let out = Command::new(Path::new(&home).join(".local/share/observer-venv/bin/python"))
-        .args([
-            "-c",
-            "import sys, xmlschema; xmlschema.XMLSchema(sys.argv[1]).validate(sys.argv[2])",
-            concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/junit/junit-10.xsd"),
-        ])
-        .arg(&path)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "not valid JUnit: {}\n{xml}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }

@@ -59,7 +59,7 @@ use crate::sinks::why::skew_violation;
 use crate::stats::spread::{judge, judged_on_stickiness};
 use crate::stats::story::Story;
 use crate::stats::timeline::Timeline;
-use crate::stats::{Aggregator, ServiceStats};
+use crate::stats::{Aggregator, BackendStats, ServiceStats};
 
 /// `--confidence`'s default: a fair DNAT fails `--max-skew` at most 1% of the time.
 pub const DEFAULT_CONFIDENCE: f64 = 0.99;
@@ -445,41 +445,38 @@ fn max_skew(
     skew_violation(s, max, &finding, story.as_ref())
 }
 
-fn max_stale(s: &ServiceStats, max: u64) -> Option<String> {
-    if s.stale_pins <= max {
-        return None;
-    }
-    let pinned: Vec<String> = s
+/// "10.244.1.13:8080: 7, 10.244.1.14:8080: 2": the backends whose `count` is not 0.
+fn by_backend(s: &ServiceStats, count: impl Fn(&BackendStats) -> u64) -> String {
+    let counts: Vec<String> = s
         .backends
         .iter()
-        .filter(|b| b.stale_pins > 0)
-        .map(|b| format!("{}: {}", b.backend, b.stale_pins))
+        .filter(|b| count(b) > 0)
+        .map(|b| format!("{}: {}", b.backend, count(b)))
         .collect();
-    Some(format!(
-        "{} > --max-stale {max} ({})",
-        plural(s.stale_pins, "stale pin"),
-        pinned.join(", ")
-    ))
+    counts.join(", ")
+}
+
+fn max_stale(s: &ServiceStats, max: u64) -> Option<String> {
+    (s.stale_pins > max).then(|| {
+        format!(
+            "{} > --max-stale {max} ({})",
+            plural(s.stale_pins, "stale pin"),
+            by_backend(s, |b| b.stale_pins)
+        )
+    })
 }
 
 /// "7 refused > --max-refused 0 (10.244.1.13:8080: 7)": a count of `outcome` over the
 /// Service's backends above `max`, with the backends that have any.
 fn max_outcome(s: &ServiceStats, outcome: Outcome, flag: &str, max: u64) -> Option<String> {
     let total = s.outcomes.get(outcome);
-    if total <= max {
-        return None;
-    }
-    let per_backend: Vec<String> = s
-        .backends
-        .iter()
-        .filter(|b| b.outcomes.get(outcome) > 0)
-        .map(|b| format!("{}: {}", b.backend, b.outcomes.get(outcome)))
-        .collect();
-    Some(format!(
-        "{total} {} > {flag} {max} ({})",
-        outcome.as_str(),
-        per_backend.join(", ")
-    ))
+    (total > max).then(|| {
+        format!(
+            "{total} {} > {flag} {max} ({})",
+            outcome.as_str(),
+            by_backend(s, |b| b.outcomes.get(outcome))
+        )
+    })
 }
 
 fn max_refused(s: &ServiceStats, max: u64) -> Option<String> {
@@ -490,23 +487,16 @@ fn max_unanswered(s: &ServiceStats, max: u64) -> Option<String> {
     max_outcome(s, Outcome::Unanswered, "--max-unanswered", max)
 }
 
-/// "3 reset > --max-resets 0 (10.244.1.13:8080: 3)": answered connections that ended with an
-/// RST (a backend that crashed or closed mid-request; not one that refused).
+/// "3 answered connections ended with an RST > --max-resets 0 (10.244.1.13:8080: 3)": a
+/// backend that crashed or reset mid-exchange (not one that refused).
 fn max_resets(s: &ServiceStats, max: u64) -> Option<String> {
-    if s.resets <= max {
-        return None;
-    }
-    let per_backend: Vec<String> = s
-        .backends
-        .iter()
-        .filter(|b| b.resets > 0)
-        .map(|b| format!("{}: {}", b.backend, b.resets))
-        .collect();
-    Some(format!(
-        "{} ended with an RST > --max-resets {max} ({})",
-        plural(s.resets, "answered connection"),
-        per_backend.join(", ")
-    ))
+    (s.resets > max).then(|| {
+        format!(
+            "{} ended with an RST > --max-resets {max} ({})",
+            plural(s.resets, "answered connection"),
+            by_backend(s, |b| b.resets)
+        )
+    })
 }
 
 fn max_rejected(s: &ServiceStats, max: u64) -> Option<String> {

@@ -166,7 +166,9 @@ pub fn jsonl(recording: &Recording) -> String {
         .iter()
         .cloned()
         .map(LogLine::Service)
+        .chain(recording.endpoints.iter().cloned().map(LogLine::Endpoints))
         .chain(recording.conns.iter().cloned().map(LogLine::Conn))
+        .chain(recording.marks.iter().cloned().map(LogLine::Mark))
         .chain(recording.summary.iter().cloned().map(LogLine::Summary));
     lines
         .map(|line| serde_json::to_string(&line).unwrap() + "\n")

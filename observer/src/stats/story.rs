@@ -148,11 +148,19 @@ impl Story {
         let mine: Vec<&ConnRecord> = conns
             .filter(|c| belongs(c, &service.service, service.proto))
             .collect();
+        // Most requests first, the earlier on ties; only the first `TOP` sorted (the live
+        // view asks every refresh, over thousands of connections).
+        let order = |a: &&ConnRecord, b: &&ConnRecord| {
+            b.requests.cmp(&a.requests).then(a.start.cmp(&b.start))
+        };
         let mut busiest = mine.clone();
-        busiest.sort_by(|a, b| b.requests.cmp(&a.requests).then(a.start.cmp(&b.start)));
+        if busiest.len() > TOP {
+            busiest.select_nth_unstable_by(TOP - 1, order);
+            busiest.truncate(TOP);
+        }
+        busiest.sort_by(order);
         let top = busiest
             .iter()
-            .take(TOP)
             .filter(|c| c.requests > 0)
             .map(|c| TopConnection {
                 client: c.client,

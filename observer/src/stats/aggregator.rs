@@ -4,6 +4,7 @@ use std::collections::hash_map::Entry;
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::net::SocketAddr;
 
+use super::mix::RequestMix;
 use super::outcomes::{ConnectHistogram, FrontendCounts, OutcomeCounts};
 use super::quantiles::{Group, Reservoir, connect_times, lifetime_percentiles};
 use super::{BackendStats, ServiceStats};
@@ -38,6 +39,10 @@ struct Counts {
     by_frontend: FrontendCounts,
     outcomes: OutcomeCounts,
     connect: ConnectHistogram,
+    /// Connections by request count (for chance or cause, `stats::spread`).
+    mix: RequestMix,
+    /// Connections that ended with an RST (`close: rst`).
+    resets: u64,
 }
 
 impl Counts {
@@ -53,6 +58,8 @@ impl Counts {
         if let Some(ms) = c.connect_ms {
             self.connect.add(ms);
         }
+        self.mix.add(c.requests);
+        self.resets += u64::from(c.reset);
     }
 
     /// Undoes an earlier `add` of the same contribution, so never underflows.
@@ -68,6 +75,8 @@ impl Counts {
         if let Some(ms) = c.connect_ms {
             self.connect.subtract(ms);
         }
+        self.mix.subtract(c.requests);
+        self.resets -= u64::from(c.reset);
     }
 }
 
@@ -116,6 +125,7 @@ pub(super) struct Contribution {
     frontend: Option<FrontendKind>,
     outcome: Outcome,
     connect_ms: Option<f64>,
+    reset: bool,
 }
 
 /// Exact values of a backend's open and recently closed connections.
@@ -188,6 +198,7 @@ impl Aggregator {
             frontend: record.frontend,
             outcome: record.outcome(),
             connect_ms: record.connect_ms,
+            reset: record.close == crate::model::record::Close::Rst,
         };
         let service = &mut self.accs[index];
         service.counts.add(&contribution);
@@ -321,6 +332,7 @@ impl Aggregator {
             rejected_by_frontend: rejects.by_frontend.to_map(),
             backends,
             skew: None,
+            resets: counts.resets,
         };
         stats.skew = stats.skew_detail().map(|d| d.skew);
         stats
@@ -451,6 +463,8 @@ impl ServiceView<'_> {
             outcomes: b.outcomes,
             connect_ms,
             connect_histogram: b.connect,
+            request_mix: b.mix.clone(),
+            resets: b.resets,
         }
     }
 

@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 
 use serde::Serialize;
 
+use super::mix::RequestMix;
 use super::outcomes::{ConnectHistogram, OutcomeCounts};
 use super::{ConnectTimes, Percentiles};
 use crate::model::record::{Frontend, FrontendKind, Proto};
@@ -42,6 +43,11 @@ pub struct BackendStats {
     /// The same connect times in histogram buckets (for metrics).
     #[serde(skip)]
     pub connect_histogram: ConnectHistogram,
+    /// Its connections by request count (what `stats::spread` judges).
+    #[serde(skip)]
+    pub request_mix: RequestMix,
+    /// Its connections that ended with an RST after an answer (`close: rst`; not refused).
+    pub resets: u64,
 }
 
 /// One Service port and how its traffic was spread.
@@ -82,6 +88,8 @@ pub struct ServiceStats {
     /// Max over backends of share / expected_share (see the module doc); `None` with no
     /// requests.
     pub skew: Option<f64>,
+    /// Its connections that ended with an RST after an answer (`close: rst`; not refused).
+    pub resets: u64,
 }
 
 /// The backend that determines a Service's skew.

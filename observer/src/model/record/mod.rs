@@ -22,10 +22,12 @@ use serde::{Deserialize, Serialize};
 
 mod conntrack;
 mod dns;
+mod mark;
 mod reject;
 
 pub use conntrack::ConntrackSummary;
 pub use dns::DnsRecord;
+pub use mark::MarkRecord;
 pub use reject::{RejectReason, RejectRecord};
 
 /// Transport protocol of a connection.
@@ -412,6 +414,7 @@ pub enum LogLine {
     Dns(DnsRecord),
     Reject(RejectRecord),
     Summary(SummaryRecord),
+    Mark(MarkRecord),
 }
 
 /// Errors reading a recording.
@@ -445,6 +448,8 @@ pub struct Recording {
     pub dns: Vec<DnsRecord>,
     /// Rejected connections in file order (none in logs written before they existed).
     pub rejects: Vec<RejectRecord>,
+    /// Marks in file order (none when no test wrote any).
+    pub marks: Vec<MarkRecord>,
     pub summary: Option<SummaryRecord>,
     /// The line number of a last line that was cut short (observer killed, disk full):
     /// everything before it was read.
@@ -492,6 +497,7 @@ impl Recording {
                 LogLine::Dns(query) => recording.dns.push(query),
                 LogLine::Reject(reject) => recording.rejects.push(reject),
                 LogLine::Summary(summary) => recording.summary = Some(summary),
+                LogLine::Mark(mark) => recording.marks.push(mark),
             }
         }
         if lines == 0 && recording.cut.is_none() {

@@ -68,7 +68,7 @@ fn worked_example_in_the_module_doc_is_exact() {
         lines(&keepalive),
         [
             "shop/checkout:http: 1 backend got requests < --min-backends 3 (none to 10.244.1.13:8080, 10.244.1.14:8080)",
-            "shop/checkout:http: skew 3.00 > --max-skew 1.5 (10.244.1.12:8080 got 100% of requests, expected 33%)",
+            "shop/checkout:http: skew 3.00 > --max-skew 1.5 (10.244.1.12:8080 got 100% of requests, expected 33%): pinning: 1 connection carried 30 of 30 requests (a fair DNAT of 1 connection over 3 pods gives skew 3.00 or more half the time); 30 requests on 1 keep-alive connection to 10.244.1.12:8080, opened 13:46:36",
         ]
     );
     let balanced = CheckArgs {
@@ -131,7 +131,7 @@ fn max_skew_passes_at_the_limit_and_fails_above() {
     assert_eq!(
         lines(&below),
         [
-            "shop/checkout:http: skew 3.00 > --max-skew 2.99 (10.244.1.12:8080 got 100% of requests, expected 33%)"
+            "shop/checkout:http: skew 3.00 > --max-skew 2.99 (10.244.1.12:8080 got 100% of requests, expected 33%): pinning: 1 connection carried 30 of 30 requests (a fair DNAT of 1 connection over 3 pods gives skew 3.00 or more half the time); 30 requests on 1 keep-alive connection to 10.244.1.12:8080, opened 13:46:36"
         ]
     );
 }
@@ -419,4 +419,45 @@ fn verdicts_that_fail_are_the_violations() {
             .collect();
         assert_eq!(failed, found, "{log}");
     }
+}
+
+/// `--max-resets` counts answered connections that ended with an RST, not refused ones.
+#[test]
+fn max_resets_counts_answered_connections_reset_not_refused_ones() {
+    use crate::model::record::{Close, ConnRecord};
+    let conn = |backend: &str, close| ConnRecord {
+        service: Some(CHECKOUT.into()),
+        endpoint_in_rules: Some(true),
+        close,
+        ..ConnRecord::example(backend)
+    };
+    let recording = Recording {
+        conns: vec![
+            conn("10.244.1.12:8080", Close::Rst),
+            conn("10.244.1.12:8080", Close::Rst),
+            conn("10.244.1.13:8080", Close::Rst),
+            conn("10.244.1.13:8080", Close::Refused),
+            conn("10.244.1.14:8080", Close::Fin),
+        ],
+        summary: Some(SummaryRecord::default()),
+        ..Recording::default()
+    };
+    let check = |max| {
+        let conditions = Conditions {
+            max_resets: Some(max),
+            ..Conditions::default()
+        };
+        check_recording(&recording, &conditions)
+            .1
+            .iter()
+            .map(Violation::to_string)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(check(3), Vec::<String>::new());
+    assert_eq!(
+        check(2),
+        [
+            "shop/checkout:http: 3 answered connections ended with an RST > --max-resets 2 (10.244.1.12:8080: 2, 10.244.1.13:8080: 1)"
+        ]
+    );
 }

@@ -354,6 +354,7 @@ fn from_recording_uses_line_order_ids() {
         endpoints: vec![],
         dns: vec![],
         rejects: vec![],
+        marks: vec![],
         summary: None,
         cut: None,
     };

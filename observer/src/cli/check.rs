@@ -80,6 +80,11 @@ pub struct CheckArgs {
     /// crashed or reset mid-exchange; refused connections are --max-refused).
     #[arg(long, value_name = "N", value_parser = count)]
     pub max_resets: Option<u64>,
+    /// Fail when more than N connections went to a backend on another node than the one
+    /// that decided them (for trafficDistribution: PreferSameNode and Local traffic
+    /// policies; connections whose backend's node is unknown do not count).
+    #[arg(long, value_name = "N", value_parser = count)]
+    pub max_cross_node: Option<u64>,
     /// Fail when more than N connections were rejected before reaching any backend (the
     /// Service port had no endpoints; UDP: client sockets).
     #[arg(long, value_name = "N", value_parser = count)]
@@ -104,6 +109,7 @@ impl CheckArgs {
             max_refused: self.max_refused,
             max_unanswered: self.max_unanswered,
             max_resets: self.max_resets,
+            max_cross_node: self.max_cross_node,
             max_rejected: self.max_rejected,
             max_connect_p99: self.max_connect_p99,
         }

@@ -82,6 +82,9 @@ pub struct Conditions {
     pub max_unanswered: Option<u64>,
     /// Answered connections that ended with an RST.
     pub max_resets: Option<u64>,
+    /// At most this many connections to a backend on another node than the deciding one
+    /// (`trafficDistribution: PreferSameNode`, Local traffic policies).
+    pub max_cross_node: Option<u64>,
     pub max_rejected: Option<u64>,
     /// Milliseconds.
     pub max_connect_p99: Option<f64>,
@@ -301,6 +304,7 @@ impl Conditions {
             || self.max_refused.is_some()
             || self.max_unanswered.is_some()
             || self.max_resets.is_some()
+            || self.max_cross_node.is_some()
             || self.max_rejected.is_some()
             || self.max_connect_p99.is_some()
     }
@@ -375,6 +379,8 @@ fn service_verdicts(
             .map(|max| verdict("max_unanswered", max.into(), max_unanswered(s, max))),
         args.max_resets
             .map(|max| verdict("max_resets", max.into(), max_resets(s, max))),
+        args.max_cross_node
+            .map(|max| verdict("max_cross_node", max.into(), max_cross_node(s, max))),
         args.max_rejected
             .map(|max| verdict("max_rejected", max.into(), max_rejected(s, max))),
         args.max_connect_p99
@@ -432,7 +438,7 @@ fn max_skew(
     connections: Connections<'_>,
 ) -> Option<String> {
     if judged_on_stickiness(s) {
-        return None;
+        return stickiness(s);
     }
     let finding = judge(s, max, alpha).filter(|f| f.fails())?;
     let story = connections.map(|(recording, timeline)| {
@@ -443,6 +449,29 @@ fn max_skew(
         )
     });
     skew_violation(s, max, &finding, story.as_ref())
+}
+
+/// A Service with ClientIP session affinity: each client must stay on one backend
+/// while it keeps connecting within the timeout.
+fn stickiness(s: &ServiceStats) -> Option<String> {
+    let timeout = s.affinity.and_then(|a| a.timeout_s).unwrap_or(10_800);
+    (s.affinity_switches > 0).then(|| {
+        format!(
+            "session affinity broken: {} of {} went to another backend within the {timeout} s timeout",
+            plural(s.affinity_switches, "connection"),
+            plural(s.affinity_clients, "client")
+        )
+    })
+}
+
+fn max_cross_node(s: &ServiceStats, max: u64) -> Option<String> {
+    (s.cross_node > max).then(|| {
+        format!(
+            "{} to a backend on another node > --max-cross-node {max} ({} on the deciding node)",
+            plural(s.cross_node, "connection"),
+            s.same_node
+        )
+    })
 }
 
 /// "10.244.1.13:8080: 7, 10.244.1.14:8080: 2": the backends whose `count` is not 0.

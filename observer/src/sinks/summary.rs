@@ -229,6 +229,18 @@ fn render_service(s: &ServiceStats, story: Option<&Story>) -> String {
             .collect();
         let _ = writeln!(out, "  frontends: {}", frontends.join(", "));
     }
+    if let Some(line) = placement_line(s) {
+        let _ = writeln!(out, "  {line}");
+    }
+    if let Some(affinity) = s.affinity {
+        let _ = writeln!(
+            out,
+            "  session affinity (ClientIP, {} s): {}, {} to another backend within the timeout",
+            affinity.timeout_s.unwrap_or(10_800),
+            plural(s.affinity_clients, "client"),
+            plural(s.affinity_switches, "connection")
+        );
+    }
     if !s.backends.is_empty() {
         out.push_str(&backend_table(s));
     }
@@ -256,6 +268,22 @@ fn render_service(s: &ServiceStats, story: Option<&Story>) -> String {
     out
 }
 
+/// "nodes: 2, each judged by its own rules; same node 12, other nodes 3": where the
+/// Service's connections were decided and whether their backends ran there.
+fn placement_line(s: &ServiceStats) -> Option<String> {
+    let mut parts = Vec::new();
+    if s.nodes > 1 {
+        parts.push(format!("nodes: {}, each judged by its own rules", s.nodes));
+    }
+    if s.same_node + s.cross_node > 0 {
+        parts.push(format!(
+            "same node {}, other nodes {}",
+            s.same_node, s.cross_node
+        ));
+    }
+    (!parts.is_empty()).then(|| parts.join("; "))
+}
+
 /// "7 refused by 10.244.1.13:8080 (nothing listens)", "5 rejected: no endpoints": what
 /// went wrong for the Service's connections, per backend (by pod where known and
 /// `names`), then the rejected ones.
@@ -277,9 +305,34 @@ pub fn failure_lines(s: &ServiceStats, names: bool) -> Vec<String> {
     }
     if s.rejected > 0 {
         let datagrams = rejected_datagrams(s).map_or(String::new(), |d| format!(" ({d})"));
-        lines.push(format!("{} rejected: no endpoints{datagrams}", s.rejected));
+        lines.push(format!(
+            "{} rejected: {}{datagrams}",
+            s.rejected,
+            reasons(s)
+        ));
     }
     lines
+}
+
+/// "no endpoints", "3 no local endpoints, 2 source range": why the rules turned the
+/// Service's connections away (logs without reasons: kube-proxy's usual one).
+fn reasons(s: &ServiceStats) -> String {
+    let known: u64 = s.rejected_by_reason.values().sum();
+    match s.rejected_by_reason.len() {
+        0 => "no endpoints".to_owned(),
+        1 if known == s.rejected => s
+            .rejected_by_reason
+            .keys()
+            .next()
+            .map_or("", |r| r.text())
+            .to_owned(),
+        _ => s
+            .rejected_by_reason
+            .iter()
+            .map(|(reason, n)| format!("{n} {}", reason.text()))
+            .collect::<Vec<_>>()
+            .join(", "),
+    }
 }
 
 /// "4 datagrams from 1 client socket": what a UDP Service's rejected sockets sent.

@@ -48,11 +48,13 @@
 mod aggregator;
 pub mod chance;
 pub mod dns;
+pub mod expectation;
 pub mod mix;
 mod outcomes;
 mod quantiles;
 mod service;
 pub mod spread;
+pub mod stickiness;
 pub mod story;
 #[cfg(test)]
 pub(crate) mod tests;

@@ -98,10 +98,10 @@ impl Finding {
     }
 }
 
-/// Hook for issue 28: a Service with ClientIP session affinity is judged on stickiness,
-/// not on skew (its connections are not independent picks).
-pub fn judged_on_stickiness(_service: &ServiceStats) -> bool {
-    false
+/// A Service with ClientIP session affinity is judged on stickiness, not on skew: its
+/// connections are not independent picks (a client's stay on its first pick).
+pub fn judged_on_stickiness(service: &ServiceStats) -> bool {
+    service.affinity.is_some()
 }
 
 /// The endpoints with an expected share, and their connections' request counts.

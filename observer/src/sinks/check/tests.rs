@@ -461,3 +461,56 @@ fn max_resets_counts_answered_connections_reset_not_refused_ones() {
         ]
     );
 }
+
+/// A Service with ClientIP session affinity is judged on stickiness: one client's 30
+/// connections to one pod pass (no skew verdict); a client switching pods within the
+/// timeout fails, saying so. `--max-cross-node` bounds connections to other nodes.
+#[test]
+fn affinity_is_judged_on_stickiness_and_cross_node_connections_are_bounded() {
+    use crate::model::record::Affinity;
+    use crate::stats::tests::{conn, three_endpoints};
+    let mut service = three_endpoints();
+    service.affinity = Some(Affinity {
+        timeout_s: Some(10_800),
+    });
+    let mut recording = Recording {
+        services: vec![service],
+        summary: Some(crate::model::record::SummaryRecord::default()),
+        ..Recording::default()
+    };
+    for i in 0..30 {
+        let mut c = conn(Some(CHECKOUT), "10.244.1.12:8080", 1, 5.0);
+        c.start += chrono::Duration::seconds(i);
+        c.same_node = Some(i % 3 != 0);
+        recording.conns.push(c);
+    }
+    let conditions = Conditions {
+        max_skew: Some(1.5),
+        max_cross_node: Some(10),
+        ..Conditions::default()
+    };
+    let (_, found) = check_recording(&recording, &conditions);
+    assert!(
+        found.is_empty(),
+        "{:?}",
+        found.iter().map(Violation::to_string).collect::<Vec<_>>()
+    );
+    let mut switched = conn(Some(CHECKOUT), "10.244.1.13:8080", 1, 5.0);
+    switched.start += chrono::Duration::seconds(40);
+    switched.same_node = Some(false);
+    recording.conns.push(switched);
+    let (_, found) = check_recording(&recording, &conditions);
+    let text: Vec<String> = found.iter().map(Violation::to_string).collect();
+    assert_eq!(text.len(), 2, "{text:?}");
+    assert!(
+        text.iter()
+            .any(|t| t.contains("session affinity broken: 1 connection of 1 client")),
+        "{text:?}"
+    );
+    assert!(
+        text.iter().any(
+            |t| t.contains("11 connections to a backend on another node > --max-cross-node 10")
+        ),
+        "{text:?}"
+    );
+}

@@ -67,7 +67,7 @@ fn id(n: u64) -> ConnId {
 const CHECKOUT: &str = "shop/checkout:http";
 const THIRD: f64 = 1.0 / 3.0;
 
-fn three_endpoints() -> ServiceRecord {
+pub(crate) fn three_endpoints() -> ServiceRecord {
     rules(
         CHECKOUT,
         &[

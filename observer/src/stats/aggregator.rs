@@ -204,7 +204,7 @@ impl Aggregator {
             Some(old) => (Some(old), false),
             None => (self.closed.remove(&id).map(|(_, old)| old), true),
         };
-        if !open && !(was_final && old.is_some()) {
+        if !(open || was_final && old.is_some()) {
             self.accs[index]
                 .sticky
                 .observe(record.client.ip(), record.backend, record.start);

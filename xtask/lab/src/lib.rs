@@ -46,7 +46,7 @@
 //!   Every pod (the client too) also runs a pause process in a UTS namespace of its own
 //!   whose hostname is the pod's name, as kubelet sets it; [`Lab::up_without_runtime_bundles`]
 //!   leaves the hostnames as the only source, and [`Lab::set_hostname`] changes one as a pod
-//!   with `CAP_SYS_ADMIN` can. [`Containerd`] runs Debian's containerd
+//!   with `CAP_SYS_ADMIN` can. [`Containerd`] runs Debian's containerd (1.6, 1.7 or 2.x)
 //!   privately and, through its CRI plugin, a real pod sandbox per pod;
 //!   [`Lab::up_in_sandboxes`] builds the lab in those sandboxes' netns, so that only
 //!   containerd's own bundles ([`Containerd::runtime_root`]) name the pods.
@@ -109,7 +109,7 @@ pub use clients::{
     http_keepalive_paced, node_fetch, resolve, udp_queries,
 };
 pub use conntrack::{ConntrackWatch, CtEvent};
-pub use containerd::Containerd;
+pub use containerd::{Containerd, UNPACKED_CONTAINERDS};
 pub use dns::{DnsLab, KUBE_DNS_IP, RESOLV_CONF, ServerQuery};
 pub use flood::{FloodKind, FloodReport};
 pub use node_container::NodeContainer;

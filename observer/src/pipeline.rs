@@ -85,6 +85,8 @@ struct Session {
     namer: Option<Namer>,
     pods: Option<PodNamer>,
     netns_seen: rustc_hash::FxHashSet<u32>,
+    /// Whether backends are on the deciding node, and clients the node itself.
+    locality: crate::naming::services::locality::Locality,
     /// Finished connections waiting (briefly) for their rules to be read.
     held: Hold<ConnId>,
     follower: Option<reconcile::Follower>,
@@ -163,6 +165,7 @@ impl Session {
             namer: options.namer,
             pods: options.pods,
             netns_seen: Default::default(),
+            locality: Default::default(),
             held: Hold::new(NAME_WAIT, FIRST_NAME_WAIT),
             follower: None,
             idle_timeout_ns: options.idle_timeout.as_nanos() as u64,

@@ -46,6 +46,10 @@ enum Task {
     Kernels(kernels::KernelsArgs),
     /// A simulated kind node (network namespaces, kube-proxy rules, pods, a client).
     Lab(observer_lab::cli::LabArgs),
+    /// Print docs/statistics.md's tables: `check --max-skew`'s false alarms on a fair DNAT
+    /// and the connections it takes to catch an uneven one (synthetic recordings, fixed
+    /// seeds; a few minutes).
+    SkewTable,
     /// (benchmark internals) Accept and drop connections.
     #[command(hide = true)]
     BenchSink {
@@ -101,6 +105,19 @@ fn main() -> ExitCode {
         Task::Bench(args) => bench::bench(args),
         Task::Kernels(args) => kernels::kernels(args),
         Task::Lab(args) => observer_lab::cli::run(args),
+        Task::SkewTable => setup::run(
+            std::process::Command::new("cargo")
+                .args([
+                    "run",
+                    "--release",
+                    "--quiet",
+                    "-p",
+                    "observer",
+                    "--example",
+                    "skew_table",
+                ])
+                .current_dir(workspace_root()),
+        ),
         Task::BenchSink { port, echo_port } => load::sink(port, echo_port, 2),
         Task::BenchDestroyListener => load::destroy_listener(),
         Task::BenchClient {

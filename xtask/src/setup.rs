@@ -11,7 +11,8 @@
 //! - For `cargo xtask dist` and its tests: the musl targets (rust-lld, which rustup ships,
 //!   links them: see .cargo/config.toml), qemu user emulation for the aarch64 binary,
 //!   skopeo, umoci and containerd (OCI images), promtool, and kubernetes-validate (Kubernetes
-//!   schemas, from PyPI) in a virtual environment of its own.
+//!   schemas, from PyPI) in a virtual environment of its own; xmlschema (PyPI) there too,
+//!   for the test that validates `check -o junit` against a JUnit schema.
 //! - For the pod-name tests in real pod sandboxes: containerd, runc, the CNI plugins and
 //!   python3-grpcio (the lab's CRI client); and Debian trixie's containerd 1.7 and forky's
 //!   2.x, fetched with apt's own client into a private apt state and unpacked under
@@ -65,6 +66,9 @@ const MUSL_TARGETS: [&str; 2] = ["x86_64-unknown-linux-musl", "aarch64-unknown-l
 
 const KUBERNETES_VALIDATE: &str = "kubernetes-validate==1.37.0";
 
+/// XML Schema validation for `check -o junit`'s test (observer/tests/junit_schema.rs).
+const XMLSCHEMA: &str = "xmlschema==4.3.2";
+
 const BPF_LINKER_VERSION: &str = "0.13.0";
 
 pub fn setup() -> anyhow::Result<()> {
@@ -74,6 +78,7 @@ pub fn setup() -> anyhow::Result<()> {
     bpf_linker()?;
     musl_targets()?;
     kubernetes_validate()?;
+    xmlschema()?;
     for program in ["python3", "node"] {
         if which(program).is_none() {
             bail!(
@@ -194,6 +199,20 @@ fn kubernetes_validate() -> anyhow::Result<()> {
     );
     run(Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
     run(Command::new(venv.join("bin/pip")).args(["install", "--quiet", KUBERNETES_VALIDATE]))
+}
+
+/// xmlschema (PyPI) in the same virtual environment.
+fn xmlschema() -> anyhow::Result<()> {
+    let python = python_venv()?.join("bin/python");
+    let version = XMLSCHEMA.split_once("==").map_or("", |(_, v)| v);
+    let check = "import xmlschema; print(xmlschema.__version__)";
+    if let Ok(out) = output(Command::new(&python).args(["-c", check]))
+        && out == version
+    {
+        return Ok(());
+    }
+    eprintln!("setup: installing {XMLSCHEMA} (PyPI) into the same environment");
+    run(Command::new(python).args(["-m", "pip", "install", "--quiet", XMLSCHEMA]))
 }
 
 fn nightly_sysroot() -> anyhow::Result<PathBuf> {

@@ -3,28 +3,56 @@
 
 use std::path::PathBuf;
 
-use super::args::{FormatArg, OutputFormat, count};
+use super::args::count;
+use super::span::SpanArgs;
 use super::{Outcome, emit};
 use crate::model::record::Recording;
 use crate::sinks::check::{Conditions, judge_recording, render_json};
+use crate::sinks::junit::render_junit;
 use crate::sinks::text::plural;
 
+/// How `check` reports.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum CheckFormat {
+    /// One line per violation, for people.
+    #[default]
+    Table,
+    /// One JSON line per condition and subject, then the verdict.
+    Json,
+    /// JUnit XML: a test case per condition and subject, for CI test reports.
+    Junit,
+}
+
 #[derive(Debug, Clone, Default, clap::Args)]
-#[command(mut_arg("format", |a| a.help(
-    "`table`: one line per violation for people; `json`: one line per condition and Service, then the verdict"
-)))]
 pub struct CheckArgs {
     /// Connection log written by `observer record` (JSON Lines).
     #[arg(value_name = "FILE")]
     pub file: PathBuf,
+    /// `table`: one line per violation for people; `json`: one line per condition and
+    /// Service, then the verdict; `junit`: JUnit XML, a test case per condition and Service.
+    #[arg(
+        short = 'o',
+        long = "output",
+        value_name = "FORMAT",
+        value_enum,
+        default_value_t
+    )]
+    pub format: CheckFormat,
     #[command(flatten)]
-    pub output: FormatArg,
+    pub span: SpanArgs,
     /// Check only this Service (`ns/name:port`, or `IP:port` for unnamed ones); repeatable.
     #[arg(long, value_name = "NAME")]
     pub service: Vec<String>,
-    /// Fail when a backend got more than R times its expected share of requests.
+    /// Fail when a backend got more than R times its expected share of requests beyond
+    /// chance (a fair DNAT of the same connections would rarely give as much; see
+    /// --confidence), or when even a fair DNAT of these connections would usually
+    /// exceed R (requests ride too few connections).
     #[arg(long, value_name = "R", value_parser = skew_ratio)]
     pub max_skew: Option<f64>,
+    /// How sure --max-skew must be that a skew above R is not chance: a fair DNAT fails
+    /// it at most 1 - C of the time [default: 0.99].
+    #[arg(long, value_name = "C", value_parser = confidence)]
+    pub confidence: Option<f64>,
     /// Fail when fewer than N backends got at least one request.
     #[arg(long, value_name = "N", value_parser = count)]
     pub min_backends: Option<u64>,
@@ -48,6 +76,15 @@ pub struct CheckArgs {
     /// Fail when more than N connections got no answer at all from their backend.
     #[arg(long, value_name = "N", value_parser = count)]
     pub max_unanswered: Option<u64>,
+    /// Fail when more than N answered connections ended with an RST (a backend that
+    /// crashed or reset mid-exchange; refused connections are --max-refused).
+    #[arg(long, value_name = "N", value_parser = count)]
+    pub max_resets: Option<u64>,
+    /// Fail when more than N connections went to a backend on another node than the one
+    /// that decided them (for trafficDistribution: PreferSameNode and Local traffic
+    /// policies; connections whose backend's node is unknown do not count).
+    #[arg(long, value_name = "N", value_parser = count)]
+    pub max_cross_node: Option<u64>,
     /// Fail when more than N connections were rejected before reaching any backend (the
     /// Service port had no endpoints; UDP: client sockets).
     #[arg(long, value_name = "N", value_parser = count)]
@@ -63,6 +100,7 @@ impl CheckArgs {
         Conditions {
             service: self.service.clone(),
             max_skew: self.max_skew,
+            confidence: self.confidence,
             min_backends: self.min_backends,
             max_stale: self.max_stale,
             min_connections: self.min_connections,
@@ -70,6 +108,8 @@ impl CheckArgs {
             min_requests: self.min_requests,
             max_refused: self.max_refused,
             max_unanswered: self.max_unanswered,
+            max_resets: self.max_resets,
+            max_cross_node: self.max_cross_node,
             max_rejected: self.max_rejected,
             max_connect_p99: self.max_connect_p99,
         }
@@ -81,6 +121,16 @@ fn skew_ratio(text: &str) -> Result<f64, String> {
     match text.parse::<f64>() {
         Ok(r) if r.is_finite() && r >= 1.0 => Ok(r),
         _ => Err(format!("{text:?} is not a ratio >= 1 (1 = perfectly even)")),
+    }
+}
+
+/// A probability strictly between 0 and 1.
+fn confidence(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(c) if c > 0.0 && c < 1.0 => Ok(c),
+        _ => Err(format!(
+            "`{text}` is not a confidence between 0 and 1 (0.99: 1% false alarms)"
+        )),
     }
 }
 
@@ -96,13 +146,17 @@ fn milliseconds(text: &str) -> Result<f64, String> {
 /// json`: every condition checked, then the verdict); an unreadable file is an error
 /// (exit 2).
 pub fn run(args: &CheckArgs) -> anyhow::Result<Outcome> {
-    let recording = Recording::read(&args.file)?;
+    let file = args.file.display().to_string();
+    let mut recording = Recording::read(&args.file)?;
+    if let Some(span) = args.span.span(&recording, &file)? {
+        recording = span.apply(&recording);
+    }
     let (services, verdicts) = judge_recording(&recording, &args.conditions());
     let holds = verdicts.iter().all(|v| v.violation.is_none());
-    let file = args.file.display().to_string();
-    let report = match args.output.format {
-        OutputFormat::Json => render_json(&file, &verdicts, &services),
-        OutputFormat::Table if holds => {
+    let report = match args.format {
+        CheckFormat::Json => render_json(&file, &verdicts, &services),
+        CheckFormat::Junit => render_junit(&file, &verdicts, chrono::Utc::now()),
+        CheckFormat::Table if holds => {
             let connections: u64 = services.iter().map(|s| s.connections).sum();
             format!(
                 "ok: {file}: {}, {}, every condition holds\n",
@@ -110,7 +164,7 @@ pub fn run(args: &CheckArgs) -> anyhow::Result<Outcome> {
                 plural(connections, "connection"),
             )
         }
-        OutputFormat::Table => verdicts
+        CheckFormat::Table => verdicts
             .iter()
             .filter_map(|v| Some(format!("{}: {}\n", v.subject, v.violation.as_ref()?)))
             .collect(),
@@ -205,6 +259,19 @@ mod tests {
             ),
             (Some(0), Some(2), Some(3), Some(0.5))
         );
+        let parsed = Cli::try_parse_from(["observer", "--confidence", "0.999", "x.jsonl"]).unwrap();
+        assert_eq!(parsed.check.conditions().confidence, Some(0.999));
+        for bad in ["1", "0", "1.5", "x"] {
+            let flag = format!("--confidence={bad}");
+            let err = Cli::try_parse_from(["observer", &flag, "x.jsonl"])
+                .err()
+                .unwrap();
+            assert!(
+                err.to_string()
+                    .contains(&format!("`{bad}` is not a confidence between 0 and 1")),
+                "{err}"
+            );
+        }
         for bad in ["0", "-1", "abc", "inf"] {
             let flag = format!("--max-connect-p99={bad}");
             let err = Cli::try_parse_from(["observer", &flag, "x.jsonl"])

@@ -9,10 +9,12 @@
 mod args;
 mod check;
 mod live;
+mod mark;
 mod record;
 mod rules;
 mod serve;
 mod session;
+mod span;
 mod summary;
 mod verify;
 
@@ -63,6 +65,9 @@ enum Command {
     /// Exit 0 when a recorded log meets every condition, 1 with one line per violation.
     #[command(allow_negative_numbers = true)]
     Check(check::CheckArgs),
+    /// Write a named moment into a log that `observer record` is writing (`check` and
+    /// `summary` take `--since-mark NAME` and `--until-mark NAME`).
+    Mark(mark::MarkArgs),
     /// Serve Prometheus metrics per Service and backend at http://ADDR/metrics (needs
     /// root; for a DaemonSet).
     #[command(allow_negative_numbers = true)]
@@ -93,6 +98,7 @@ pub fn main() -> ExitCode {
         Some(Command::Rules(args)) => rules::run(&args),
         Some(Command::Summary(args)) => summary::run(&args),
         Some(Command::Check(args)) => check::run(&args),
+        Some(Command::Mark(args)) => mark::run(&args),
         Some(Command::Serve(args)) => serve::run(args),
         Some(Command::Verify(args)) => verify::run(args),
         None => live::run(cli.live),

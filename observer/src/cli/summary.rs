@@ -5,9 +5,11 @@ use std::path::PathBuf;
 
 use anyhow::bail;
 
+use super::span::SpanArgs;
 use super::{FormatArg, Outcome, OutputFormat, emit};
 use crate::model::record::Recording;
-use crate::sinks::summary::{SummaryJson, render, without_pod_names};
+use crate::sinks::summary::{SummaryJson, render_with, without_pod_names};
+use crate::sinks::why::stories;
 use crate::stats::Aggregator;
 use crate::stats::timeline::Timeline;
 
@@ -21,6 +23,8 @@ pub struct SummaryArgs {
     pub file: PathBuf,
     #[command(flatten)]
     pub output: FormatArg,
+    #[command(flatten)]
+    pub span: SpanArgs,
     /// Only this Service (`ns/name:port`, or `IP:port` for unnamed ones).
     #[arg(long, value_name = "NAME", conflicts_with = "dns")]
     pub service: Option<String>,
@@ -35,8 +39,11 @@ pub struct SummaryArgs {
 }
 
 pub fn run(args: &SummaryArgs) -> anyhow::Result<Outcome> {
-    let recording = Recording::read(&args.file)?;
+    let mut recording = Recording::read(&args.file)?;
     let file = args.file.display().to_string();
+    if let Some(span) = args.span.span(&recording, &file)? {
+        recording = span.apply(&recording);
+    }
     // A cut log is still worth a report: say so, on stderr so that JSON stays JSON.
     if let Some(warning) = recording.cut_warning(&file) {
         eprintln!("observer: warning: {warning}");
@@ -59,13 +66,10 @@ pub fn run(args: &SummaryArgs) -> anyhow::Result<Outcome> {
             );
         }
     }
+    let stories = stories(&services, &recording);
     match args.output.format {
         OutputFormat::Json => {
-            let json = SummaryJson {
-                file: &file,
-                summary: recording.summary.as_ref(),
-                services: &services,
-            };
+            let json = SummaryJson::new(&file, recording.summary.as_ref(), &services, &stories);
             emit(&(serde_json::to_string(&json)? + "\n"))?;
         }
         OutputFormat::Table => {
@@ -85,7 +89,8 @@ pub fn run(args: &SummaryArgs) -> anyhow::Result<Outcome> {
             if args.addresses {
                 without_pod_names(&mut services);
             }
-            emit(&(render(&file, recording.summary.as_ref(), &services) + &timeline))?
+            let report = render_with(&file, recording.summary.as_ref(), &services, &stories);
+            emit(&(report + &timeline))?
         }
     }
     Ok(Outcome::Success)
@@ -128,6 +133,7 @@ mod tests {
             )
             .into(),
             output: FormatArg::default(),
+            span: SpanArgs::default(),
             service: Some("shop/cart:http".to_owned()),
             dns: false,
             addresses: false,
@@ -148,6 +154,7 @@ mod tests {
             let args = SummaryArgs {
                 file: format!("{dir}/{name}").into(),
                 output: FormatArg::default(),
+                span: SpanArgs::default(),
                 addresses: false,
                 service: None,
                 dns: false,

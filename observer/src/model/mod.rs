@@ -9,6 +9,7 @@ pub type NetMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomSt
 
 pub mod record;
 pub mod rejects;
+pub mod span;
 pub mod tracker;
 pub mod tuple;
 pub mod update;

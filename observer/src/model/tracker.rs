@@ -206,6 +206,8 @@ impl Tracker {
             service: None,
             frontend: None,
             endpoint_in_rules: None,
+            policy: None,
+            same_node: None,
             netns: state.netns,
             start: self.clock.wall(state.start_ns),
             end: (close != Close::Open).then(|| self.clock.wall(end_ns)),

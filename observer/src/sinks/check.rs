@@ -9,7 +9,7 @@
 //! ```text
 //! $ observer check --max-skew 1.5 --min-backends 3 observer/tests/data/logs/keepalive.jsonl
 //! shop/checkout:http: 1 backend got requests < --min-backends 3 (none to 10.244.1.13:8080, 10.244.1.14:8080)
-//! shop/checkout:http: skew 3.00 > --max-skew 1.5 (10.244.1.12:8080 got 100% of requests, expected 33%)
+//! shop/checkout:http: skew 3.00 > --max-skew 1.5 (10.244.1.12:8080 got 100% of requests, expected 33%): pinning: 1 connection carried 30 of 30 requests (a fair DNAT of 1 connection over 3 pods gives skew 3.00 or more half the time); 30 requests on 1 keep-alive connection to 10.244.1.12:8080, opened 13:46:36
 //! $ echo $?
 //! 1
 //! $ observer check --max-skew 1.5 --min-backends 3 observer/tests/data/logs/balanced.jsonl
@@ -25,6 +25,14 @@
 //! $ echo $?
 //! 2
 //! ```
+//!
+//! `--max-skew R` judges a skew against what a fair DNAT of the same connections would give
+//! ([`crate::stats::spread::judge`]): it fails when the skew is above R beyond chance (at
+//! `--confidence`, 0.99 by default: a fair DNAT fails at most 1% of the time), saying
+//! whether the rules picked unevenly or busier connections went to one pod; and when even
+//! a fair DNAT of these connections would exceed R at least half the time, saying whether
+//! requests ride too few connections (pinning) or there are too few of them. A skew above R
+//! within chance passes.
 //!
 //! Conditions on Services apply to each Service selected with `--service` (all of them
 //! by default); a `--service` the recording does not have is a violation. Skew, stale
@@ -45,9 +53,16 @@
 use std::fmt;
 
 use crate::model::record::{Outcome, Recording, SummaryRecord};
-use crate::sinks::summary::{rejected_datagrams, skew_cause};
+use crate::sinks::summary::rejected_datagrams;
 use crate::sinks::text::{Digits, latency, plural};
-use crate::stats::{Aggregator, ServiceStats};
+use crate::sinks::why::skew_violation;
+use crate::stats::spread::{judge, judged_on_stickiness};
+use crate::stats::story::Story;
+use crate::stats::timeline::Timeline;
+use crate::stats::{Aggregator, BackendStats, ServiceStats};
+
+/// `--confidence`'s default: a fair DNAT fails `--max-skew` at most 1% of the time.
+pub const DEFAULT_CONFIDENCE: f64 = 0.99;
 
 /// What `observer check` asserts; `None` leaves a condition out.
 #[derive(Debug, Clone, Default)]
@@ -55,6 +70,9 @@ pub struct Conditions {
     /// Only these Services (all when empty); a name the recording lacks is a violation.
     pub service: Vec<String>,
     pub max_skew: Option<f64>,
+    /// How sure `--max-skew` must be that a skew is not chance (default
+    /// [`DEFAULT_CONFIDENCE`]).
+    pub confidence: Option<f64>,
     pub min_backends: Option<u64>,
     pub max_stale: Option<u64>,
     pub min_connections: Option<u64>,
@@ -62,6 +80,11 @@ pub struct Conditions {
     pub min_requests: Option<u64>,
     pub max_refused: Option<u64>,
     pub max_unanswered: Option<u64>,
+    /// Answered connections that ended with an RST.
+    pub max_resets: Option<u64>,
+    /// At most this many connections to a backend on another node than the deciding one
+    /// (`trafficDistribution: PreferSameNode`, Local traffic policies).
+    pub max_cross_node: Option<u64>,
     pub max_rejected: Option<u64>,
     /// Milliseconds.
     pub max_connect_p99: Option<f64>,
@@ -100,7 +123,14 @@ pub fn judge_recording(
     args: &Conditions,
 ) -> (Vec<ServiceStats>, Vec<Verdict>) {
     let mut services = Aggregator::from_recording(recording).services();
-    let found = verdicts(args, recording.cut, recording.summary.as_ref(), &services);
+    let timeline = Timeline::from_recording(recording);
+    let found = verdicts_in(
+        args,
+        recording.cut,
+        recording.summary.as_ref(),
+        &services,
+        Some((recording, &timeline)),
+    );
     if !args.service.is_empty() {
         services.retain(|s| args.service.contains(&s.service));
     }
@@ -174,6 +204,20 @@ pub fn verdicts(
     summary: Option<&SummaryRecord>,
     services: &[ServiceStats],
 ) -> Vec<Verdict> {
+    verdicts_in(args, cut, summary, services, None)
+}
+
+/// The recording the Services come from and its endpoints timeline: what tells the
+/// connections behind a skew.
+type Connections<'a> = Option<(&'a Recording, &'a Timeline)>;
+
+fn verdicts_in(
+    args: &Conditions,
+    cut: Option<usize>,
+    summary: Option<&SummaryRecord>,
+    services: &[ServiceStats],
+    connections: Connections<'_>,
+) -> Vec<Verdict> {
     let mut found = vec![Verdict::new(
         RECORDING,
         "complete_log",
@@ -212,7 +256,7 @@ pub fn verdicts(
         .iter()
         .filter(|s| args.service.is_empty() || args.service.contains(&s.service));
     for s in selected {
-        found.extend(service_verdicts(args, s));
+        found.extend(service_verdicts(args, s, connections));
     }
     found
 }
@@ -259,6 +303,8 @@ impl Conditions {
             || self.min_requests.is_some()
             || self.max_refused.is_some()
             || self.max_unanswered.is_some()
+            || self.max_resets.is_some()
+            || self.max_cross_node.is_some()
             || self.max_rejected.is_some()
             || self.max_connect_p99.is_some()
     }
@@ -305,7 +351,11 @@ fn unknown_service(name: &str, services: &[ServiceStats]) -> Option<String> {
 }
 
 /// The per-Service conditions asked for, checked on `s` in a fixed order.
-fn service_verdicts(args: &Conditions, s: &ServiceStats) -> Vec<Verdict> {
+fn service_verdicts(
+    args: &Conditions,
+    s: &ServiceStats,
+    connections: Connections<'_>,
+) -> Vec<Verdict> {
     let subject = label(s);
     let verdict = |condition, limit: serde_json::Value, violation| {
         Verdict::new(&subject, condition, limit, violation)
@@ -317,14 +367,20 @@ fn service_verdicts(args: &Conditions, s: &ServiceStats) -> Vec<Verdict> {
             .map(|min| verdict("min_requests", min.into(), min_requests(s, min))),
         args.min_backends
             .map(|min| verdict("min_backends", min.into(), min_backends(s, min))),
-        args.max_skew
-            .map(|max| verdict("max_skew", max.into(), max_skew(s, max))),
+        args.max_skew.map(|max| {
+            let alpha = 1.0 - args.confidence.unwrap_or(DEFAULT_CONFIDENCE);
+            verdict("max_skew", max.into(), max_skew(s, max, alpha, connections))
+        }),
         args.max_stale
             .map(|max| verdict("max_stale", max.into(), max_stale(s, max))),
         args.max_refused
             .map(|max| verdict("max_refused", max.into(), max_refused(s, max))),
         args.max_unanswered
             .map(|max| verdict("max_unanswered", max.into(), max_unanswered(s, max))),
+        args.max_resets
+            .map(|max| verdict("max_resets", max.into(), max_resets(s, max))),
+        args.max_cross_node
+            .map(|max| verdict("max_cross_node", max.into(), max_cross_node(s, max))),
         args.max_rejected
             .map(|max| verdict("max_rejected", max.into(), max_rejected(s, max))),
         args.max_connect_p99
@@ -373,50 +429,83 @@ fn listed(before: &str, items: &[String]) -> String {
     }
 }
 
-fn max_skew(s: &ServiceStats, max: f64) -> Option<String> {
-    let detail = s.skew_detail().filter(|d| d.skew > max)?;
-    Some(format!(
-        "skew {:.2} > --max-skew {max} ({})",
-        detail.skew,
-        skew_cause(&detail)
-    ))
+/// Fails when the skew is above `max` beyond chance (at confidence `1 - alpha`), or when
+/// a fair DNAT of the same connections would usually exceed `max` ([`judge`]).
+fn max_skew(
+    s: &ServiceStats,
+    max: f64,
+    alpha: f64,
+    connections: Connections<'_>,
+) -> Option<String> {
+    if judged_on_stickiness(s) {
+        return stickiness(s);
+    }
+    let finding = judge(s, max, alpha).filter(|f| f.fails())?;
+    let story = connections.map(|(recording, timeline)| {
+        Story::of(
+            s,
+            recording.conns.iter(),
+            &timeline.service(&s.service, s.proto),
+        )
+    });
+    skew_violation(s, max, &finding, story.as_ref())
+}
+
+/// A Service with ClientIP session affinity: each client must stay on one backend
+/// while it keeps connecting within the timeout.
+fn stickiness(s: &ServiceStats) -> Option<String> {
+    let timeout = s.affinity.and_then(|a| a.timeout_s).unwrap_or(10_800);
+    (s.affinity_switches > 0).then(|| {
+        format!(
+            "session affinity broken: {} of {} went to another backend within the {timeout} s timeout",
+            plural(s.affinity_switches, "connection"),
+            plural(s.affinity_clients, "client")
+        )
+    })
+}
+
+fn max_cross_node(s: &ServiceStats, max: u64) -> Option<String> {
+    (s.cross_node > max).then(|| {
+        format!(
+            "{} to a backend on another node > --max-cross-node {max} ({} on the deciding node)",
+            plural(s.cross_node, "connection"),
+            s.same_node
+        )
+    })
+}
+
+/// "10.244.1.13:8080: 7, 10.244.1.14:8080: 2": the backends whose `count` is not 0.
+fn by_backend(s: &ServiceStats, count: impl Fn(&BackendStats) -> u64) -> String {
+    let counts: Vec<String> = s
+        .backends
+        .iter()
+        .filter(|b| count(b) > 0)
+        .map(|b| format!("{}: {}", b.backend, count(b)))
+        .collect();
+    counts.join(", ")
 }
 
 fn max_stale(s: &ServiceStats, max: u64) -> Option<String> {
-    if s.stale_pins <= max {
-        return None;
-    }
-    let pinned: Vec<String> = s
-        .backends
-        .iter()
-        .filter(|b| b.stale_pins > 0)
-        .map(|b| format!("{}: {}", b.backend, b.stale_pins))
-        .collect();
-    Some(format!(
-        "{} > --max-stale {max} ({})",
-        plural(s.stale_pins, "stale pin"),
-        pinned.join(", ")
-    ))
+    (s.stale_pins > max).then(|| {
+        format!(
+            "{} > --max-stale {max} ({})",
+            plural(s.stale_pins, "stale pin"),
+            by_backend(s, |b| b.stale_pins)
+        )
+    })
 }
 
 /// "7 refused > --max-refused 0 (10.244.1.13:8080: 7)": a count of `outcome` over the
 /// Service's backends above `max`, with the backends that have any.
 fn max_outcome(s: &ServiceStats, outcome: Outcome, flag: &str, max: u64) -> Option<String> {
     let total = s.outcomes.get(outcome);
-    if total <= max {
-        return None;
-    }
-    let per_backend: Vec<String> = s
-        .backends
-        .iter()
-        .filter(|b| b.outcomes.get(outcome) > 0)
-        .map(|b| format!("{}: {}", b.backend, b.outcomes.get(outcome)))
-        .collect();
-    Some(format!(
-        "{total} {} > {flag} {max} ({})",
-        outcome.as_str(),
-        per_backend.join(", ")
-    ))
+    (total > max).then(|| {
+        format!(
+            "{total} {} > {flag} {max} ({})",
+            outcome.as_str(),
+            by_backend(s, |b| b.outcomes.get(outcome))
+        )
+    })
 }
 
 fn max_refused(s: &ServiceStats, max: u64) -> Option<String> {
@@ -425,6 +514,18 @@ fn max_refused(s: &ServiceStats, max: u64) -> Option<String> {
 
 fn max_unanswered(s: &ServiceStats, max: u64) -> Option<String> {
     max_outcome(s, Outcome::Unanswered, "--max-unanswered", max)
+}
+
+/// "3 answered connections ended with an RST > --max-resets 0 (10.244.1.13:8080: 3)": a
+/// backend that crashed or reset mid-exchange (not one that refused).
+fn max_resets(s: &ServiceStats, max: u64) -> Option<String> {
+    (s.resets > max).then(|| {
+        format!(
+            "{} ended with an RST > --max-resets {max} ({})",
+            plural(s.resets, "answered connection"),
+            by_backend(s, |b| b.resets)
+        )
+    })
 }
 
 fn max_rejected(s: &ServiceStats, max: u64) -> Option<String> {

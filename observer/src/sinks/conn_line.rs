@@ -14,7 +14,7 @@ use std::net::SocketAddr;
 use chrono::{DateTime, Utc};
 
 use crate::model::record::{
-    Close, ConnRecord, FrontendKind, Proto, TIME_LEN, format_time, write_time,
+    Close, ConnRecord, FrontendKind, Proto, TIME_LEN, TrafficPolicy, format_time, write_time,
 };
 
 /// Writes connection lines, remembering the last second's date and time text.
@@ -60,6 +60,16 @@ impl ConnLine {
             None => out.extend_from_slice(b"null"),
             Some(true) => out.extend_from_slice(b"true"),
             Some(false) => out.extend_from_slice(b"false"),
+        }
+        match record.policy {
+            None => {}
+            Some(TrafficPolicy::Cluster) => out.extend_from_slice(br#","policy":"cluster""#),
+            Some(TrafficPolicy::Local) => out.extend_from_slice(br#","policy":"local""#),
+        }
+        match record.same_node {
+            None => {}
+            Some(true) => out.extend_from_slice(br#","same_node":true"#),
+            Some(false) => out.extend_from_slice(br#","same_node":false"#),
         }
         out.extend_from_slice(br#","netns":"#);
         put_decimal(out, record.netns.into());
@@ -266,6 +276,12 @@ mod tests {
             record.backend = addrs[addrs.len() - 1 - index].parse().unwrap();
             record.service = services[index % 2].clone();
             record.endpoint_in_rules = [None, Some(true), Some(false)][index % 3];
+            record.policy = [
+                None,
+                Some(TrafficPolicy::Local),
+                Some(TrafficPolicy::Cluster),
+            ][index % 3];
+            record.same_node = [Some(true), None, Some(false)][index % 3];
             record.proto = [Proto::Tcp, Proto::Udp][index % 2];
             record.start_seen = index % 2 == 0;
             record.requests = u64::MAX >> index;

@@ -197,6 +197,8 @@ mod tests {
             client: client.parse().unwrap(),
             service: Some("shop/checkout:http".into()),
             endpoint_in_rules: Some(true),
+            policy: None,
+            same_node: None,
             netns: 7,
             end: None,
             duration_ms: 1.0,

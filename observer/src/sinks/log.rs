@@ -80,16 +80,58 @@ impl LogTarget {
                 std::io::stdout(),
             ))
         } else {
-            let file = std::fs::File::create(&path).map_err(|err| {
-                anyhow::anyhow!("cannot write the connection log to {path}: {err}")
-            })?;
-            Box::new(std::io::BufWriter::with_capacity(LOG_BUFFER, file))
+            // Appending, and whole lines per write: a line `observer mark` appends to the
+            // file meanwhile lands between two lines, never inside one.
+            let file = std::fs::OpenOptions::new()
+                .append(true)
+                .create(true)
+                .open(&path)
+                .and_then(|file| file.set_len(0).map(|()| file))
+                .map_err(|err| {
+                    anyhow::anyhow!("cannot write the connection log to {path}: {err}")
+                })?;
+            Box::new(WholeLines {
+                out: file,
+                buffer: Vec::with_capacity(LOG_BUFFER),
+            })
         };
         Ok(LogWriter::new(out, &path))
     }
 
     pub fn name(&self) -> &str {
         &self.path
+    }
+}
+
+/// Buffers whole lines (each `write` is one) and hands them on in a single write when the
+/// buffer is full or on flush, so that no write ends inside a line: with the file opened
+/// for appending, each such write lands whole at the end of the file.
+struct WholeLines<W: Write> {
+    out: W,
+    buffer: Vec<u8>,
+}
+
+impl<W: Write> Write for WholeLines<W> {
+    fn write(&mut self, line: &[u8]) -> std::io::Result<usize> {
+        if !self.buffer.is_empty() && self.buffer.len() + line.len() > LOG_BUFFER {
+            self.flush()?;
+        }
+        self.buffer.extend_from_slice(line);
+        Ok(line.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        if !self.buffer.is_empty() {
+            self.out.write_all(&self.buffer)?;
+            self.buffer.clear();
+        }
+        self.out.flush()
+    }
+}
+
+impl<W: Write> Drop for WholeLines<W> {
+    fn drop(&mut self) {
+        let _ = self.flush();
     }
 }
 
@@ -265,6 +307,7 @@ mod tests {
                     writer.line.push(b'\n');
                 }
                 LogLine::Endpoints(record) => writer.line(&LineRef::Endpoints(&record)).unwrap(),
+                LogLine::Mark(_) => unreachable!("no marks in dns.jsonl"),
             }
             out.extend_from_slice(&writer.line);
         }

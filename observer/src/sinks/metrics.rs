@@ -19,6 +19,10 @@ use crate::model::record::{FrontendKind, Outcome, Proto};
 use crate::model::update::CaptureStats;
 use crate::stats::{BackendStats, CONNECT_BUCKETS_MS, ConnectHistogram, ServiceStats};
 
+#[path = "metrics/spread.rs"]
+mod spread;
+use spread::SpreadFamilies;
+
 /// The `Content-Type` of [`render`]'s text.
 pub use prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
 
@@ -46,13 +50,21 @@ pub fn render(exposition: Exposition) -> String {
 impl Collector for Exposition {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> std::fmt::Result {
         let mut per_service = ServiceFamilies::new();
+        let mut spread = SpreadFamilies::new();
         for service in &self.services {
             per_service.add(service);
+            spread.add(service);
         }
         let families = per_service.into_families();
+        let spread = spread.into_families();
         let capture = capture_families(&self.capture);
         let conntrack = conntrack_families(&self.conntrack);
-        for family in families.iter().chain(&capture).chain(&conntrack) {
+        for family in families
+            .iter()
+            .chain(&spread)
+            .chain(&capture)
+            .chain(&conntrack)
+        {
             family.encode(&mut encoder)?;
         }
         Ok(())
@@ -497,6 +509,13 @@ mod tests {
             "observer_dns_malformed_total 0".to_owned(),
             "observer_dns_lost_total 0".to_owned(),
             "# TYPE observer_requests_total counter".to_owned(),
+            // Why it is skewed: one connection carried everything.
+            format!("observer_service_effective_connections{{{svc}}} 1.0"),
+            format!("observer_service_busiest_connection_requests{{{svc}}} 30.0"),
+            format!("observer_service_skew_requests_per_connection_factor{{{svc}}} 1.0"),
+            format!("observer_service_skew_chance{{{svc}}} 1.0"),
+            format!(r#"observer_service_skew_cause{{{svc},cause="pinning"}} 1.0"#),
+            "# TYPE observer_service_skew_cause gauge".to_owned(),
         ] {
             assert!(
                 metrics.lines().any(|l| l == line),
@@ -692,7 +711,7 @@ mod tests {
             .lines()
             .filter_map(|l| l.strip_prefix("# TYPE "))
             .collect();
-        assert_eq!(types.len(), 13 + 9 + 5, "{metrics}");
+        assert_eq!(types.len(), 13 + 7 + 9 + 5, "{metrics}");
         assert!(types.contains(&"observer_connections_total counter"));
         assert!(types.contains(&"observer_connect_seconds histogram"));
         assert!(types.contains(&"observer_pinning_seconds untyped"));

@@ -11,6 +11,9 @@ use serde::Serialize;
 
 use crate::model::record::{SummaryRecord, format_time};
 use crate::sinks::text::{Digits, bytes, duration, frontend_kind_text, latency, plural};
+use crate::sinks::why::{self, Stories};
+use crate::stats::spread::Spread;
+use crate::stats::story::Story;
 use crate::stats::{BackendStats, ConnectTimes, Percentiles, ServiceStats, SkewDetail};
 
 /// Skew from which a Service gets a marked `! skew` line: one backend got at least 1.5
@@ -26,7 +29,40 @@ pub struct SummaryJson<'a> {
     pub file: &'a str,
     /// The recording's last line; null when the recording did not end cleanly.
     pub summary: Option<&'a SummaryRecord>,
-    pub services: &'a [ServiceStats],
+    pub services: Vec<ServiceJson<'a>>,
+}
+
+/// A Service in `-o json`: its figures, what its skew is made of (`spread`, null without
+/// requests) and the connections behind it (`story`).
+#[derive(Debug, Serialize)]
+pub struct ServiceJson<'a> {
+    #[serde(flatten)]
+    pub stats: &'a ServiceStats,
+    pub spread: Option<Spread>,
+    pub story: Option<&'a Story>,
+}
+
+impl<'a> SummaryJson<'a> {
+    pub fn new(
+        file: &'a str,
+        summary: Option<&'a SummaryRecord>,
+        services: &'a [ServiceStats],
+        stories: &'a Stories,
+    ) -> SummaryJson<'a> {
+        let services = services
+            .iter()
+            .map(|stats| ServiceJson {
+                stats,
+                spread: Spread::of(stats),
+                story: stories.get(&(stats.service.clone(), stats.proto)),
+            })
+            .collect();
+        SummaryJson {
+            file,
+            summary,
+            services,
+        }
+    }
 }
 
 /// `summary --addresses`: the backends as IP addresses only, without the pod column.
@@ -38,6 +74,16 @@ pub fn without_pod_names(services: &mut [ServiceStats]) {
 
 /// The whole text report.
 pub fn render(file: &str, summary: Option<&SummaryRecord>, services: &[ServiceStats]) -> String {
+    render_with(file, summary, services, &Stories::new())
+}
+
+/// The whole text report, with the connections behind each skew where `stories` has them.
+pub fn render_with(
+    file: &str,
+    summary: Option<&SummaryRecord>,
+    services: &[ServiceStats],
+    stories: &Stories,
+) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "{file}");
     match summary {
@@ -96,7 +142,8 @@ pub fn render(file: &str, summary: Option<&SummaryRecord>, services: &[ServiceSt
     }
     for service in services {
         out.push('\n');
-        out.push_str(&render_service(service));
+        let story = stories.get(&(service.service.clone(), service.proto));
+        out.push_str(&render_service(service, story));
     }
     out
 }
@@ -172,7 +219,7 @@ fn skew_sentence(s: &ServiceStats, detail: &SkewDetail<'_>) -> String {
     format!("skew {:.2}x: {}{guess}", detail.skew, skew_cause(detail))
 }
 
-fn render_service(s: &ServiceStats) -> String {
+fn render_service(s: &ServiceStats, story: Option<&Story>) -> String {
     let mut out = heading(s);
     if !s.by_frontend.is_empty() {
         let frontends: Vec<String> = s
@@ -182,6 +229,18 @@ fn render_service(s: &ServiceStats) -> String {
             .collect();
         let _ = writeln!(out, "  frontends: {}", frontends.join(", "));
     }
+    if let Some(line) = placement_line(s) {
+        let _ = writeln!(out, "  {line}");
+    }
+    if let Some(affinity) = s.affinity {
+        let _ = writeln!(
+            out,
+            "  session affinity (ClientIP, {} s): {}, {} to another backend within the timeout",
+            affinity.timeout_s.unwrap_or(10_800),
+            plural(s.affinity_clients, "client"),
+            plural(s.affinity_switches, "connection")
+        );
+    }
     if !s.backends.is_empty() {
         out.push_str(&backend_table(s));
     }
@@ -189,6 +248,10 @@ fn render_service(s: &ServiceStats) -> String {
         && detail.skew >= SKEW_MARK
     {
         let _ = writeln!(out, "  ! {}", skew_sentence(s, &detail));
+        let names = s.backends.iter().any(|b| b.pod.is_some());
+        for line in why::reason_lines(s, story, names) {
+            let _ = writeln!(out, "    {line}");
+        }
     }
     for b in s.backends.iter().filter(|b| !b.in_rules) {
         let _ = writeln!(
@@ -203,6 +266,22 @@ fn render_service(s: &ServiceStats) -> String {
         let _ = writeln!(out, "  ! {line}");
     }
     out
+}
+
+/// "nodes: 2, each judged by its own rules; same node 12, other nodes 3": where the
+/// Service's connections were decided and whether their backends ran there.
+fn placement_line(s: &ServiceStats) -> Option<String> {
+    let mut parts = Vec::new();
+    if s.nodes > 1 {
+        parts.push(format!("nodes: {}, each judged by its own rules", s.nodes));
+    }
+    if s.same_node + s.cross_node > 0 {
+        parts.push(format!(
+            "same node {}, other nodes {}",
+            s.same_node, s.cross_node
+        ));
+    }
+    (!parts.is_empty()).then(|| parts.join("; "))
 }
 
 /// "7 refused by 10.244.1.13:8080 (nothing listens)", "5 rejected: no endpoints": what
@@ -226,9 +305,34 @@ pub fn failure_lines(s: &ServiceStats, names: bool) -> Vec<String> {
     }
     if s.rejected > 0 {
         let datagrams = rejected_datagrams(s).map_or(String::new(), |d| format!(" ({d})"));
-        lines.push(format!("{} rejected: no endpoints{datagrams}", s.rejected));
+        lines.push(format!(
+            "{} rejected: {}{datagrams}",
+            s.rejected,
+            reasons(s)
+        ));
     }
     lines
+}
+
+/// "no endpoints", "3 no local endpoints, 2 source range": why the rules turned the
+/// Service's connections away (logs without reasons: kube-proxy's usual one).
+fn reasons(s: &ServiceStats) -> String {
+    let known: u64 = s.rejected_by_reason.values().sum();
+    match s.rejected_by_reason.len() {
+        0 => "no endpoints".to_owned(),
+        1 if known == s.rejected => s
+            .rejected_by_reason
+            .keys()
+            .next()
+            .map_or("", |r| r.text())
+            .to_owned(),
+        _ => s
+            .rejected_by_reason
+            .iter()
+            .map(|(reason, n)| format!("{n} {}", reason.text()))
+            .collect::<Vec<_>>()
+            .join(", "),
+    }
 }
 
 /// "4 datagrams from 1 client socket": what a UDP Service's rejected sockets sent.
@@ -406,6 +510,8 @@ shop/checkout:http (tcp, ClusterIP 10.96.35.226:80): 1 connection, 0 active, 30 
   10.244.1.13:8080      0       0         0     0%  [....................]       33%      -      -      -         0 B           0 B
   10.244.1.14:8080      0       0         0     0%  [....................]       33%      -      -      -         0 B           0 B
   ! skew 3.00x: 10.244.1.12:8080 got 100% of requests, expected 33%
+    pinning: 1 connection carried 30 of 30 requests (a fair DNAT of 1 connection over 3 pods gives skew 3.00 or more half the time)
+    spread: 30 requests on 1 connection (1.0 effective, the busiest carried 30); skew 3.00 = 3.00 from connection counts x 1.00 from requests per connection; a fair DNAT of these connections: median skew 3.00, p = 1.00
 ";
         assert_eq!(
             render("keepalive.jsonl", recording.summary.as_ref(), &services),
@@ -480,6 +586,8 @@ shop/checkout:http (tcp, ClusterIP 10.96.35.226:80): 24 connections, 0 active, 1
   10.244.1.13:8080      7         0        7           0       0         0     0%  [....................]       33%  0.1ms   0.1ms   0.1ms            -            -         0 B           0 B
   10.244.1.14:8080      6         0        0           6       0         0     0%  [....................]       33%  3.00s   3.00s   3.00s            -            -         0 B           0 B
   ! skew 3.00x: 10.244.1.12:8080 got 100% of requests, expected 33%
+    busier connections: 10.244.1.12:8080 got 46% of the connections, expected 33%, but 100% of the requests (p = 0.000017); 13 connections to other pods failed (7 refused, 6 unanswered)
+    spread: 11 requests on 11 connections (11.0 effective, the busiest carried 1); skew 3.00 = 1.37 from connection counts x 2.18 from requests per connection; a fair DNAT of these connections: median skew 1.36, p = 0.000017
   ! 7 refused by 10.244.1.13:8080 (nothing listens)
   ! 6 unanswered by 10.244.1.14:8080 (nothing came back)
 
@@ -608,11 +716,8 @@ shop/empty:http (tcp, ClusterIP 10.96.200.1:80): 0 connections, 0 active, 0 requ
     /// What `summary -o json` prints for a fixture.
     fn json_of(name: &str) -> serde_json::Value {
         let (recording, services) = fixture(name);
-        let json = SummaryJson {
-            file: name,
-            summary: recording.summary.as_ref(),
-            services: &services,
-        };
+        let stories = Stories::new();
+        let json = SummaryJson::new(name, recording.summary.as_ref(), &services, &stories);
         serde_json::to_value(&json).unwrap()
     }
 
@@ -650,7 +755,8 @@ shop/checkout:http (tcp, ClusterIP 10.96.35.226:80, NodePort :30080): 3 connecti
   backend           pod              conns  active  requests  share                          expected    p50    p90    max  to backend  from backend
   10.244.1.12:8080  shop/checkout-a      2       0         3    75%  [###############.....]       50%  1.00s  1.00s  1.00s       195 B         540 B
   10.244.1.13:8080  shop/checkout-b      1       0         1    25%  [#####...............]       50%  1.00s  1.00s  1.00s        65 B         180 B
-  ! skew 1.50x: shop/checkout-a (10.244.1.12:8080) got 75% of requests, expected 50%"
+  ! skew 1.50x: shop/checkout-a (10.244.1.12:8080) got 75% of requests, expected 50%
+    spread: 4 requests on 3 connections (2.7 effective, the busiest carried 2); skew 1.50 = 1.33 from connection counts x 1.12 from requests per connection; a fair DNAT of these connections: median skew 1.50, p = 0.75"
         );
     }
 

@@ -4,13 +4,19 @@ use std::collections::hash_map::Entry;
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::net::SocketAddr;
 
+use super::mix::RequestMix;
 use super::outcomes::{ConnectHistogram, FrontendCounts, OutcomeCounts};
-use super::quantiles::{Group, Reservoir, connect_times, lifetime_percentiles};
+use super::quantiles::{Group, Reservoir};
 use super::{BackendStats, ServiceStats};
+mod view;
+
+use super::expectation::{Groups, NodeRules};
+use super::stickiness::Stickiness;
 use crate::model::record::{
-    ConnRecord, FrontendKind, Outcome, Proto, Recording, RejectRecord, ServiceRecord,
+    ConnRecord, FrontendKind, Outcome, Proto, Recording, RejectRecord, ServiceRecord, TrafficPolicy,
 };
 use crate::model::update::ConnId;
+use view::ServiceView;
 
 type ServiceKey = (String, Proto);
 
@@ -38,6 +44,15 @@ struct Counts {
     by_frontend: FrontendCounts,
     outcomes: OutcomeCounts,
     connect: ConnectHistogram,
+    /// Connections by request count (for chance or cause, `stats::spread`).
+    mix: RequestMix,
+    /// Connections that ended with an RST (`close: rst`).
+    resets: u64,
+    /// Connections and requests by deciding node and endpoint set.
+    groups: Groups,
+    /// Connections whose backend was on the deciding node, and those elsewhere.
+    same_node: u64,
+    cross_node: u64,
 }
 
 impl Counts {
@@ -53,6 +68,11 @@ impl Counts {
         if let Some(ms) = c.connect_ms {
             self.connect.add(ms);
         }
+        self.mix.add(c.requests);
+        self.resets += u64::from(c.reset);
+        self.groups.add(c.netns, c.policy, c.requests);
+        self.same_node += u64::from(c.same_node == Some(true));
+        self.cross_node += u64::from(c.same_node == Some(false));
     }
 
     /// Undoes an earlier `add` of the same contribution, so never underflows.
@@ -68,6 +88,11 @@ impl Counts {
         if let Some(ms) = c.connect_ms {
             self.connect.subtract(ms);
         }
+        self.mix.subtract(c.requests);
+        self.resets -= u64::from(c.reset);
+        self.groups.subtract(c.netns, c.policy, c.requests);
+        self.same_node -= u64::from(c.same_node == Some(true));
+        self.cross_node -= u64::from(c.same_node == Some(false));
     }
 }
 
@@ -79,6 +104,7 @@ struct Rejects {
     /// The UDP sockets' datagrams.
     datagrams: u64,
     by_frontend: FrontendCounts,
+    by_reason: std::collections::BTreeMap<crate::model::record::RejectReason, u64>,
 }
 
 /// Final records kept by id so that a repeated one replaces instead of adding.
@@ -99,6 +125,8 @@ pub(super) struct ServiceAcc {
     counts: Counts,
     rejects: Rejects,
     pub(super) backends: HashMap<SocketAddr, BackendAcc>,
+    /// Which backend each client stayed on (ClientIP session affinity).
+    sticky: Stickiness,
 }
 
 /// What one connection record added to the totals, kept while the connection is open or
@@ -116,6 +144,11 @@ pub(super) struct Contribution {
     frontend: Option<FrontendKind>,
     outcome: Outcome,
     connect_ms: Option<f64>,
+    reset: bool,
+    /// The deciding node and the endpoint set its rules picked from.
+    netns: u32,
+    policy: TrafficPolicy,
+    same_node: Option<bool>,
 }
 
 /// Exact values of a backend's open and recently closed connections.
@@ -128,8 +161,8 @@ struct Exact {
 /// Running per-Service, per-backend totals; feed it records, read `services()`.
 #[derive(Default)]
 pub struct Aggregator {
-    /// Latest `ServiceRecord` per Service.
-    rules: HashMap<ServiceKey, ServiceRecord>,
+    /// Each node's latest `ServiceRecord` per Service.
+    rules: HashMap<ServiceKey, NodeRules>,
     /// Where each Service's totals are in `accs`.
     index: HashMap<ServiceKey, usize>,
     pub(super) accs: Vec<ServiceAcc>,
@@ -144,11 +177,13 @@ pub struct Aggregator {
 }
 
 impl Aggregator {
-    /// Records a Service's definition; a later one for the same Service replaces it
-    /// (whatever its netns: the latest rules seen win).
+    /// Records a Service's definition on one node; a later one for the same Service and
+    /// node replaces it.
     pub fn add_service(&mut self, service: &ServiceRecord) {
         self.rules
-            .insert((service.service.clone(), service.proto), service.clone());
+            .entry((service.service.clone(), service.proto))
+            .or_default()
+            .insert(service);
     }
 
     /// Inserts the record with this id, or replaces the one applied earlier (live
@@ -165,10 +200,15 @@ impl Aggregator {
             record.original_dst,
             record.proto,
         ));
-        let old = match self.open.remove(&id) {
-            Some(old) => Some(old),
-            None => self.closed.remove(&id).map(|(_, old)| old),
+        let (old, was_final) = match self.open.remove(&id) {
+            Some(old) => (Some(old), false),
+            None => (self.closed.remove(&id).map(|(_, old)| old), true),
         };
+        if !(open || was_final && old.is_some()) {
+            self.accs[index]
+                .sticky
+                .observe(record.client.ip(), record.backend, record.start);
+        }
         if let Some(old) = old {
             let service = &mut self.accs[old.service];
             service.counts.subtract(&old);
@@ -188,6 +228,10 @@ impl Aggregator {
             frontend: record.frontend,
             outcome: record.outcome(),
             connect_ms: record.connect_ms,
+            reset: record.close == crate::model::record::Close::Rst,
+            netns: record.netns,
+            policy: record.policy.unwrap_or(TrafficPolicy::Cluster),
+            same_node: record.same_node,
         };
         let service = &mut self.accs[index];
         service.counts.add(&contribution);
@@ -214,6 +258,9 @@ impl Aggregator {
         rejects.count += 1;
         rejects.datagrams += reject.packets.unwrap_or(0);
         rejects.by_frontend.add(reject.frontend);
+        if let Some(reason) = reject.reason {
+            *rejects.by_reason.entry(reason).or_default() += 1;
+        }
     }
 
     /// Where a Service's totals are, created empty on first sight.
@@ -227,6 +274,7 @@ impl Aggregator {
             counts: Counts::default(),
             rejects: Rejects::default(),
             backends: HashMap::new(),
+            sticky: Stickiness::default(),
         });
         self.index.insert(key, self.accs.len() - 1);
         self.accs.len() - 1
@@ -302,7 +350,9 @@ impl Aggregator {
         let counts = view.counts();
         let no_rejects = Rejects::default();
         let rejects = view.acc.map_or(&no_rejects, |acc| &acc.rejects);
-        let rule = view.rule;
+        let rule = view.rules.and_then(NodeRules::latest);
+        let sticky = view.acc.map(|acc| &acc.sticky);
+        let affinity = view.rules.and_then(NodeRules::affinity);
         let mut stats = ServiceStats {
             service: key.0.clone(),
             named: view.acc.is_none_or(|acc| acc.named),
@@ -319,8 +369,17 @@ impl Aggregator {
             rejected: rejects.count,
             rejected_datagrams: rejects.datagrams,
             rejected_by_frontend: rejects.by_frontend.to_map(),
+            rejected_by_reason: rejects.by_reason.clone(),
             backends,
             skew: None,
+            resets: counts.resets,
+            nodes: view.rules.map_or(0, NodeRules::nodes),
+            same_node: counts.same_node,
+            cross_node: counts.cross_node,
+            affinity,
+            affinity_clients: sticky.map_or(0, Stickiness::clients),
+            affinity_switches: sticky
+                .map_or(0, |s| s.switches_within(affinity.and_then(|a| a.timeout_s))),
         };
         stats.skew = stats.skew_detail().map(|d| d.skew);
         stats
@@ -343,7 +402,7 @@ impl Aggregator {
             })
             .unwrap_or_default();
         ServiceView {
-            rule: self.rules.get(key),
+            rules: self.rules.get(key),
             index,
             acc,
             seen,
@@ -369,104 +428,6 @@ impl Aggregator {
             aggregator.apply(id, conn);
         }
         aggregator
-    }
-}
-
-/// One Service's rules, totals and exact values, read to build its [`ServiceStats`].
-struct ServiceView<'a> {
-    rule: Option<&'a ServiceRecord>,
-    /// Where its totals are in `Aggregator::accs`; `None` for a Service only the rules name.
-    index: Option<usize>,
-    acc: Option<&'a ServiceAcc>,
-    /// Its backends that had a connection.
-    seen: Vec<(&'a SocketAddr, &'a BackendAcc)>,
-    exact: &'a HashMap<(usize, SocketAddr), Exact>,
-    /// The totals of a Service or backend without connections.
-    empty: Counts,
-}
-
-impl ServiceView<'_> {
-    fn counts(&self) -> &Counts {
-        self.acc.map_or(&self.empty, |acc| &acc.counts)
-    }
-
-    /// The backends seen and the endpoints the rules list, in address order.
-    fn backend_addrs(&self) -> BTreeSet<SocketAddr> {
-        let mut addrs: BTreeSet<SocketAddr> = self.seen.iter().map(|(addr, _)| **addr).collect();
-        if let Some(rule) = self.rule {
-            addrs.extend(rule.endpoints.iter().map(|e| e.addr));
-        }
-        addrs
-    }
-
-    fn exact(&self, addr: SocketAddr) -> Option<&Exact> {
-        self.index.and_then(|index| self.exact.get(&(index, addr)))
-    }
-
-    /// The backend's expected share and whether the rules list it; without rules, every
-    /// backend seen is expected to get an even share.
-    fn expected(&self, addr: SocketAddr) -> (Option<f64>, bool) {
-        match self.rule {
-            Some(rule) => {
-                let listed = rule.endpoints.iter().find(|e| e.addr == addr);
-                (listed.map(|e| e.expected_share), listed.is_some())
-            }
-            None => (Some(1.0 / self.seen.len() as f64), true),
-        }
-    }
-
-    fn backend_stats(&self, addr: SocketAddr) -> BackendStats {
-        let backend = self.seen.iter().find(|(a, _)| **a == addr).map(|(_, b)| *b);
-        let (expected_share, in_rules) = self.expected(addr);
-        let b = backend.map_or(&self.empty, |b| &b.counts);
-        let exact = self.exact(addr);
-        let exact_lifetimes = exact.map_or(&[][..], |e| e.lifetimes.as_slice());
-        let lifetime_ms = backend.and_then(|b| lifetime_percentiles(&b.lifetimes, exact_lifetimes));
-        let connect_ms = backend
-            .and_then(|b| connect_times(&[b.connect_times.group(), exact_connect_times(exact)]));
-        let service_requests = self.counts().requests;
-        BackendStats {
-            backend: addr,
-            // From its connections, else from the rules' line for it.
-            pod: backend.and_then(|b| b.pod.clone()).or_else(|| {
-                self.rule
-                    .and_then(|r| r.endpoints.iter().find(|e| e.addr == addr))
-                    .and_then(|e| e.pod.clone())
-            }),
-            connections: b.connections,
-            active: b.active,
-            requests: b.requests,
-            request_share: if service_requests == 0 {
-                0.0
-            } else {
-                b.requests as f64 / service_requests as f64
-            },
-            expected_share,
-            in_rules,
-            stale_pins: b.stale_pins,
-            longest_pinned_ms: lifetime_ms.map_or(0.0, |p| p.max),
-            lifetime_ms,
-            bytes_to_backend: b.bytes_to_backend,
-            bytes_from_backend: b.bytes_from_backend,
-            outcomes: b.outcomes,
-            connect_ms,
-            connect_histogram: b.connect,
-        }
-    }
-
-    /// Over every connect time of the Service: each backend's folded and exact ones.
-    fn connect_ms(&self) -> Option<super::ConnectTimes> {
-        let groups: Vec<Group<'_>> = self
-            .seen
-            .iter()
-            .flat_map(|(addr, b)| {
-                [
-                    b.connect_times.group(),
-                    exact_connect_times(self.exact(**addr)),
-                ]
-            })
-            .collect();
-        connect_times(&groups)
     }
 }
 

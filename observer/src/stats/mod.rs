@@ -32,6 +32,11 @@
 //!   are also counted in fixed histogram buckets (`CONNECT_BUCKETS_MS`) for metrics.
 //! - Rejected connections (`reject` lines) count per Service, keyed like connections;
 //!   they have no backend. A Service that only ever got rejects is listed too.
+//! - Each backend keeps its connections by request count (`mix::RequestMix`): whether a
+//!   skew is chance or cause is judged against a fair DNAT of the same connections
+//!   (`chance`, `spread`; docs/statistics.md), and `story` finds the connections behind it.
+//! - Resets: connections whose record says `close: rst` (answered, then reset; refused
+//!   connections are an outcome of their own).
 //!
 //! [`Aggregator::apply`] keeps running totals, so an update costs a few hash look-ups;
 //! percentiles are computed only when [`Aggregator::services`] is called. Memory stays
@@ -41,10 +46,16 @@
 //! connect-time samples.
 
 mod aggregator;
+pub mod chance;
 pub mod dns;
+pub mod expectation;
+pub mod mix;
 mod outcomes;
 mod quantiles;
 mod service;
+pub mod spread;
+pub mod stickiness;
+pub mod story;
 #[cfg(test)]
 pub(crate) mod tests;
 pub mod timeline;

@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 
 use serde::Serialize;
 
+use super::mix::RequestMix;
 use super::outcomes::{ConnectHistogram, OutcomeCounts};
 use super::{ConnectTimes, Percentiles};
 use crate::model::record::{Frontend, FrontendKind, Proto};
@@ -42,6 +43,11 @@ pub struct BackendStats {
     /// The same connect times in histogram buckets (for metrics).
     #[serde(skip)]
     pub connect_histogram: ConnectHistogram,
+    /// Its connections by request count (what `stats::spread` judges).
+    #[serde(skip)]
+    pub request_mix: RequestMix,
+    /// Its connections that ended with an RST after an answer (`close: rst`; not refused).
+    pub resets: u64,
 }
 
 /// One Service port and how its traffic was spread.
@@ -76,12 +82,30 @@ pub struct ServiceStats {
     /// Rejected connections per kind of frontend they were dialed at; those without a
     /// known frontend are not counted here.
     pub rejected_by_frontend: BTreeMap<FrontendKind, u64>,
+    /// Rejected connections per reason the rules gave (none in logs written before
+    /// reasons existed).
+    pub rejected_by_reason: BTreeMap<crate::model::record::RejectReason, u64>,
     /// Every endpoint of the latest `ServiceRecord` (even with no connections) and every
     /// backend seen, sorted by address.
     pub backends: Vec<BackendStats>,
     /// Max over backends of share / expected_share (see the module doc); `None` with no
     /// requests.
     pub skew: Option<f64>,
+    /// Its connections that ended with an RST after an answer (`close: rst`; not refused).
+    pub resets: u64,
+    /// How many nodes' rules define it (each node's connections are judged against its
+    /// own rules).
+    pub nodes: usize,
+    /// Connections whose backend was on the node that decided them, and elsewhere
+    /// (`same_node`; connections where it is unknown count in neither).
+    pub same_node: u64,
+    pub cross_node: u64,
+    /// ClientIP session affinity, from the rules: judged on stickiness, not skew.
+    pub affinity: Option<crate::model::record::Affinity>,
+    /// Clients seen, and connections that went to another backend than the same
+    /// client's previous one within the affinity timeout.
+    pub affinity_clients: u64,
+    pub affinity_switches: u64,
 }
 
 /// The backend that determines a Service's skew.

@@ -17,8 +17,10 @@ pub mod daemonset;
 pub mod empty_root;
 pub mod host_client;
 pub mod image;
+pub mod junit;
 pub mod metrics;
 pub mod pods;
+pub mod synthetic;
 pub mod tmux;
 pub mod udp_flow;
 

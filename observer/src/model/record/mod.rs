@@ -22,10 +22,12 @@ use serde::{Deserialize, Serialize};
 
 mod conntrack;
 mod dns;
+mod mark;
 mod reject;
 
 pub use conntrack::ConntrackSummary;
 pub use dns::DnsRecord;
+pub use mark::MarkRecord;
 pub use reject::{RejectReason, RejectRecord};
 
 /// Transport protocol of a connection.
@@ -138,6 +140,16 @@ impl ConnRecord {
 /// copies a pointer, not the text.
 pub type Name = std::sync::Arc<str>;
 
+/// Which of a Service's endpoint sets the rules picked a connection's backend from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TrafficPolicy {
+    /// Every endpoint of the Service.
+    Cluster,
+    /// The endpoints on the deciding node (a Local traffic policy).
+    Local,
+}
+
 /// One connection that the node's NAT rules DNATed: what the client dialed, which
 /// backend conntrack pinned it to, for how long, and what it carried.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -165,6 +177,15 @@ pub struct ConnRecord {
     /// `false` is a stale pin; null when the service is unknown.
     #[serde(default)]
     pub endpoint_in_rules: Option<bool>,
+    /// `local` when the rules picked the backend from the node's own endpoints for this
+    /// client (externalTrafficPolicy or internalTrafficPolicy Local); absent for the
+    /// cluster-wide endpoints, or when the service is unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<TrafficPolicy>,
+    /// Whether the backend runs on the node that made the DNAT decision (its routing
+    /// table says so); absent when unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub same_node: Option<bool>,
     /// Network namespace (inode) of the conntrack entry: which node made the decision.
     pub netns: u32,
     /// First packet seen.
@@ -393,6 +414,7 @@ pub enum LogLine {
     Dns(DnsRecord),
     Reject(RejectRecord),
     Summary(SummaryRecord),
+    Mark(MarkRecord),
 }
 
 /// Errors reading a recording.
@@ -426,6 +448,8 @@ pub struct Recording {
     pub dns: Vec<DnsRecord>,
     /// Rejected connections in file order (none in logs written before they existed).
     pub rejects: Vec<RejectRecord>,
+    /// Marks in file order (none when no test wrote any).
+    pub marks: Vec<MarkRecord>,
     pub summary: Option<SummaryRecord>,
     /// The line number of a last line that was cut short (observer killed, disk full):
     /// everything before it was read.
@@ -473,6 +497,7 @@ impl Recording {
                 LogLine::Dns(query) => recording.dns.push(query),
                 LogLine::Reject(reject) => recording.rejects.push(reject),
                 LogLine::Summary(summary) => recording.summary = Some(summary),
+                LogLine::Mark(mark) => recording.marks.push(mark),
             }
         }
         if lines == 0 && recording.cut.is_none() {
@@ -620,6 +645,8 @@ impl ConnRecord {
             service: None,
             frontend: None,
             endpoint_in_rules: None,
+            policy: None,
+            same_node: None,
             netns: 4026532301,
             start: Utc.with_ymd_and_hms(2026, 8, 6, 13, 46, 36).unwrap(),
             end: Some(Utc.with_ymd_and_hms(2026, 8, 6, 13, 46, 40).unwrap()),

@@ -30,6 +30,18 @@ pub enum RejectReason {
 }
 
 impl RejectReason {
+    /// In words: "no endpoints", "source range".
+    pub fn text(self) -> &'static str {
+        match self {
+            RejectReason::NoEndpoints => "no endpoints",
+            RejectReason::NoLocalEndpoints => "no local endpoints",
+            RejectReason::SourceRange => "source range",
+            RejectReason::InvalidPort => "invalid port",
+            RejectReason::UnallocatedIp => "unallocated ClusterIP",
+            RejectReason::Other => "other",
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             RejectReason::NoEndpoints => "no_endpoints",

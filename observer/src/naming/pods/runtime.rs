@@ -165,7 +165,7 @@ fn read_bundle(path: &Path) -> Result<String, BundleReadError> {
 
 /// Why the addresses of a network namespace could not be listed.
 #[derive(Debug, thiserror::Error)]
-pub(super) enum NetnsAddressesError {
+pub enum NetnsAddressesError {
     #[error("cannot open: {0}")]
     Open(std::io::Error),
     #[error("cannot enter the network namespace: {0}")]
@@ -230,7 +230,7 @@ pub(super) fn within(node_root: &Path, path: &Path) -> PathBuf {
 
 /// The addresses of the interfaces in the network namespace at `path`, read on a thread
 /// that enters it (entering changes only the calling thread's namespace).
-pub(super) fn netns_addresses(path: &Path) -> Result<Vec<IpAddr>, NetnsAddressesError> {
+pub fn netns_addresses(path: &Path) -> Result<Vec<IpAddr>, NetnsAddressesError> {
     // Non-blocking: a path that names a FIFO must not stall the scan.
     let file = std::fs::OpenOptions::new()
         .read(true)

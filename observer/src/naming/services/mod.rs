@@ -33,11 +33,13 @@ use rules::ServiceMap;
 pub mod error;
 pub mod held_connections;
 pub mod legacy_fingerprint;
+pub mod locality;
 pub mod nft_changes;
 mod parsed;
 mod reader;
 pub mod rules;
 pub mod source;
+pub mod survey;
 pub mod watch;
 
 pub use error::{RulesPatchError, RulesReadError, WatchError, WatchFailure};
@@ -120,6 +122,13 @@ pub trait DumpSource: Send {
     /// Dumps of kube-proxy's rules in network namespace `netns` (an inode). `Err` names
     /// why nothing could be read at all.
     fn dump(&mut self, netns: u32) -> Result<Dumps, RulesReadError>;
+
+    /// One sentence on what the node's Service datapath hides from observer (no
+    /// kube-proxy rules anywhere, IPVS, a kube-proxy-free BPF datapath), looked at once
+    /// at start; `None` (fixtures, a node where kube-proxy's rules are all there is).
+    fn survey(&mut self) -> Option<String> {
+        None
+    }
 
     /// A path that opens network namespace `netns`, to watch its rules' changes;
     /// `None` (fixtures) keeps its rules on the re-read timer.
@@ -382,6 +391,23 @@ impl Namer {
         })
     }
 
+    /// What the rules known now expected of a connection from `client` (the node
+    /// itself, when known) to `original_dst`: the endpoint set its client's case picks
+    /// from. `None` when the namespace's rules name no such frontend.
+    pub fn expect(
+        &self,
+        netns: u32,
+        proto: Proto,
+        original_dst: SocketAddr,
+        client: SocketAddr,
+        client_is_node: Option<bool>,
+    ) -> Option<rules::Expectation> {
+        let space = self.spaces.get(&netns)?;
+        space
+            .map
+            .expect(proto, original_dst, client, client_is_node)
+    }
+
     /// The name from the rules known now, without asking for anything.
     pub fn cached(
         &self,
@@ -392,8 +418,11 @@ impl Namer {
     ) -> Naming {
         let map = self.spaces.get(&netns).map(|space| &space.map);
         match map.and_then(|map| map.lookup(proto, original_dst, backend)) {
-            Some((port, current)) => Naming::named(port.name.as_str(), current)
-                .via(map.and_then(|map| map.frontend_kind(proto, original_dst))),
+            Some((port, current)) => Naming {
+                service: Some(port.name.as_str().into()),
+                endpoint_in_rules: current,
+                frontend: map.and_then(|map| map.frontend_kind(proto, original_dst)),
+            },
             None => Naming::default(),
         }
     }
@@ -441,6 +470,9 @@ impl Namer {
     pub fn poll(&mut self) {
         while let Some(snapshot) = self.worker_snapshot(None) {
             self.absorb(snapshot);
+        }
+        if let Reads::Worker(worker) = &self.reads {
+            self.warnings.extend(worker.notes.try_iter());
         }
     }
 

@@ -99,7 +99,7 @@ impl RuleReader {
                 }
             },
         };
-        let warnings = warnings
+        let mut warnings: Vec<String> = warnings
             .into_iter()
             .filter(|cause| self.warned.insert((netns, cause.clone())))
             .map(|cause| {
@@ -108,6 +108,12 @@ impl RuleReader {
                 )
             })
             .collect();
+        // Rules the evaluator could not follow: once per namespace and rule.
+        for warning in map.iter().flat_map(|map| map.warnings()) {
+            if self.warned.insert((netns, warning.clone())) {
+                warnings.push(format!("rules of netns {netns}: {warning}"));
+            }
+        }
         let (updates, changes) = match &map {
             Some(map) => self.compare(netns, map, wall),
             None => Default::default(),
@@ -230,6 +236,8 @@ pub enum Request {
 pub struct Worker {
     pub requests: mpsc::Sender<Request>,
     pub snapshots: mpsc::Receiver<Snapshot>,
+    /// What the node's Service datapath hides from observer, said once at start.
+    pub notes: mpsc::Receiver<String>,
     /// Changes the watcher has seen per namespace.
     pub seen: Seen,
 }
@@ -249,6 +257,7 @@ pub fn spawn(reader: RuleReader) -> Result<Worker, Box<RuleReader>> {
     let (requests, requested) = mpsc::channel::<Request>();
     let (publish, snapshots) = mpsc::channel();
     let (hand_over, handed) = mpsc::channel::<RuleReader>();
+    let (note, notes) = mpsc::channel::<String>();
     let again = requests.clone();
     let seen = Seen::default();
     let shared = seen.clone();
@@ -258,6 +267,9 @@ pub fn spawn(reader: RuleReader) -> Result<Worker, Box<RuleReader>> {
             let Ok(mut reader) = handed.recv() else {
                 return;
             };
+            if let Some(sentence) = reader.source.survey() {
+                let _ = note.send(sentence);
+            }
             let mut watches = Watches::new(shared);
             while let Some(batch) = next_batch(&requested) {
                 for (netns, changes) in batch {
@@ -294,6 +306,7 @@ pub fn spawn(reader: RuleReader) -> Result<Worker, Box<RuleReader>> {
             Ok(Worker {
                 requests,
                 snapshots,
+                notes,
                 seen,
             })
         }

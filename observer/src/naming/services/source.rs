@@ -387,6 +387,10 @@ fn missing_capability(netns: Option<&Path>, tools: &[Option<Tool>]) -> Option<Ru
 }
 
 impl DumpSource for SystemSource {
+    fn survey(&mut self) -> Option<String> {
+        super::survey::look(self).sentence()
+    }
+
     fn dump(&mut self, netns: u32) -> Result<Dumps, RulesReadError> {
         let path = self
             .path_of(netns)

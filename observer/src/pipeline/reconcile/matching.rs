@@ -347,6 +347,8 @@ fn record(netns: u32, found: &Found, close: Close, now: DateTime<Utc>) -> ConnRe
         service: None,
         frontend: None,
         endpoint_in_rules: None,
+        policy: None,
+        same_node: None,
         netns,
         start: found.start,
         end: (close != Close::Open).then_some(end),

@@ -68,7 +68,7 @@ fn worked_example_in_the_module_doc_is_exact() {
         lines(&keepalive),
         [
             "shop/checkout:http: 1 backend got requests < --min-backends 3 (none to 10.244.1.13:8080, 10.244.1.14:8080)",
-            "shop/checkout:http: skew 3.00 > --max-skew 1.5 (10.244.1.12:8080 got 100% of requests, expected 33%)",
+            "shop/checkout:http: skew 3.00 > --max-skew 1.5 (10.244.1.12:8080 got 100% of requests, expected 33%): pinning: 1 connection carried 30 of 30 requests (a fair DNAT of 1 connection over 3 pods gives skew 3.00 or more half the time); 30 requests on 1 keep-alive connection to 10.244.1.12:8080, opened 13:46:36",
         ]
     );
     let balanced = CheckArgs {
@@ -131,7 +131,7 @@ fn max_skew_passes_at_the_limit_and_fails_above() {
     assert_eq!(
         lines(&below),
         [
-            "shop/checkout:http: skew 3.00 > --max-skew 2.99 (10.244.1.12:8080 got 100% of requests, expected 33%)"
+            "shop/checkout:http: skew 3.00 > --max-skew 2.99 (10.244.1.12:8080 got 100% of requests, expected 33%): pinning: 1 connection carried 30 of 30 requests (a fair DNAT of 1 connection over 3 pods gives skew 3.00 or more half the time); 30 requests on 1 keep-alive connection to 10.244.1.12:8080, opened 13:46:36"
         ]
     );
 }
@@ -419,4 +419,98 @@ fn verdicts_that_fail_are_the_violations() {
             .collect();
         assert_eq!(failed, found, "{log}");
     }
+}
+
+/// `--max-resets` counts answered connections that ended with an RST, not refused ones.
+#[test]
+fn max_resets_counts_answered_connections_reset_not_refused_ones() {
+    use crate::model::record::{Close, ConnRecord};
+    let conn = |backend: &str, close| ConnRecord {
+        service: Some(CHECKOUT.into()),
+        endpoint_in_rules: Some(true),
+        close,
+        ..ConnRecord::example(backend)
+    };
+    let recording = Recording {
+        conns: vec![
+            conn("10.244.1.12:8080", Close::Rst),
+            conn("10.244.1.12:8080", Close::Rst),
+            conn("10.244.1.13:8080", Close::Rst),
+            conn("10.244.1.13:8080", Close::Refused),
+            conn("10.244.1.14:8080", Close::Fin),
+        ],
+        summary: Some(SummaryRecord::default()),
+        ..Recording::default()
+    };
+    let check = |max| {
+        let conditions = Conditions {
+            max_resets: Some(max),
+            ..Conditions::default()
+        };
+        check_recording(&recording, &conditions)
+            .1
+            .iter()
+            .map(Violation::to_string)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(check(3), Vec::<String>::new());
+    assert_eq!(
+        check(2),
+        [
+            "shop/checkout:http: 3 answered connections ended with an RST > --max-resets 2 (10.244.1.12:8080: 2, 10.244.1.13:8080: 1)"
+        ]
+    );
+}
+
+/// A Service with ClientIP session affinity is judged on stickiness: one client's 30
+/// connections to one pod pass (no skew verdict); a client switching pods within the
+/// timeout fails, saying so. `--max-cross-node` bounds connections to other nodes.
+#[test]
+fn affinity_is_judged_on_stickiness_and_cross_node_connections_are_bounded() {
+    use crate::model::record::Affinity;
+    use crate::stats::tests::{conn, three_endpoints};
+    let mut service = three_endpoints();
+    service.affinity = Some(Affinity {
+        timeout_s: Some(10_800),
+    });
+    let mut recording = Recording {
+        services: vec![service],
+        summary: Some(crate::model::record::SummaryRecord::default()),
+        ..Recording::default()
+    };
+    for i in 0..30 {
+        let mut c = conn(Some(CHECKOUT), "10.244.1.12:8080", 1, 5.0);
+        c.start += chrono::Duration::seconds(i);
+        c.same_node = Some(i % 3 != 0);
+        recording.conns.push(c);
+    }
+    let conditions = Conditions {
+        max_skew: Some(1.5),
+        max_cross_node: Some(10),
+        ..Conditions::default()
+    };
+    let (_, found) = check_recording(&recording, &conditions);
+    assert!(
+        found.is_empty(),
+        "{:?}",
+        found.iter().map(Violation::to_string).collect::<Vec<_>>()
+    );
+    let mut switched = conn(Some(CHECKOUT), "10.244.1.13:8080", 1, 5.0);
+    switched.start += chrono::Duration::seconds(40);
+    switched.same_node = Some(false);
+    recording.conns.push(switched);
+    let (_, found) = check_recording(&recording, &conditions);
+    let text: Vec<String> = found.iter().map(Violation::to_string).collect();
+    assert_eq!(text.len(), 2, "{text:?}");
+    assert!(
+        text.iter()
+            .any(|t| t.contains("session affinity broken: 1 connection of 1 client")),
+        "{text:?}"
+    );
+    assert!(
+        text.iter().any(
+            |t| t.contains("11 connections to a backend on another node > --max-cross-node 10")
+        ),
+        "{text:?}"
+    );
 }

@@ -23,6 +23,8 @@ pub(crate) fn conn(
     ConnRecord {
         service: service.map(Into::into),
         endpoint_in_rules: service.map(|_| true),
+        policy: None,
+        same_node: None,
         duration_ms,
         requests,
         bytes_to_backend: requests * 93,
@@ -65,7 +67,7 @@ fn id(n: u64) -> ConnId {
 const CHECKOUT: &str = "shop/checkout:http";
 const THIRD: f64 = 1.0 / 3.0;
 
-fn three_endpoints() -> ServiceRecord {
+pub(crate) fn three_endpoints() -> ServiceRecord {
     rules(
         CHECKOUT,
         &[
@@ -352,6 +354,7 @@ fn from_recording_uses_line_order_ids() {
         endpoints: vec![],
         dns: vec![],
         rejects: vec![],
+        marks: vec![],
         summary: None,
         cut: None,
     };

@@ -6,7 +6,10 @@ use chrono::{DateTime, Utc};
 
 use super::{App, CONN_ROWS, ServiceKey, millis};
 use crate::model::record::{Close, ConnRecord};
+use crate::sinks::summary::SKEW_MARK;
 use crate::sinks::timeline::{arrival_marker, marker};
+use crate::sinks::why::screen_lines;
+use crate::stats::story::Story;
 
 /// Endpoint changes marked on the Service screen (the latest).
 pub const CHANGE_MARKS: usize = 3;
@@ -94,7 +97,13 @@ pub struct Detail {
     /// The latest endpoint changes, newest first ("10.244.1.13 left 12 s ago, 2
     /// connections still pinned").
     pub changes: Vec<String>,
+    /// Why the Service is skewed, when it is ([`REASON_LINES`] at most): the cause, the
+    /// keep-alive story, what the skew is made of.
+    pub reasons: Vec<String>,
 }
+
+/// Reason lines shown at most on the Service screen.
+pub const REASON_LINES: usize = 2;
 
 impl App {
     /// Bounded work even with many thousands of connections: one pass to filter and
@@ -152,7 +161,28 @@ impl App {
             histogram,
             longest,
             changes: self.changes(key, clock),
+            reasons: self.reasons(key),
         }
+    }
+
+    /// Why Service `key` is skewed, from its figures and the connections kept.
+    fn reasons(&self, key: &ServiceKey) -> Vec<String> {
+        let Some(row) = self.shown.row(key) else {
+            return Vec::new();
+        };
+        let skewed = row.stats.skew.is_some_and(|skew| skew >= SKEW_MARK);
+        if !skewed {
+            return Vec::new();
+        }
+        let conns = self
+            .conns
+            .open()
+            .chain(self.conns.closed())
+            .map(|(_, record)| record);
+        let story = Story::of(&row.stats, conns, &self.timeline.service(&key.0, key.1));
+        let mut reasons = screen_lines(&row.stats, Some(&story));
+        reasons.truncate(REASON_LINES);
+        reasons
     }
 
     /// The latest endpoint changes of Service `key`, newest first.

@@ -80,6 +80,8 @@ fn conn(
         client: addr(client),
         service: Some(name.into()),
         endpoint_in_rules: Some(true),
+        policy: None,
+        same_node: None,
         start: at(start_ms),
         end: (close != Close::Open)
             .then(|| at(start_ms) + TimeDelta::microseconds((duration_ms * 1000.0) as i64)),

@@ -46,6 +46,14 @@ pub(super) fn service_screen(
             yellow,
         ));
     }
+    // Why it is skewed, when it is: the cause and the keep-alive story.
+    let magenta = Style::default().fg(Color::Magenta);
+    for reason in &detail.reasons {
+        lines.push(Line::styled(
+            truncate(&format!("? {reason}"), width),
+            magenta,
+        ));
+    }
     let failures = app
         .shown_service()
         .map(|row| failure_lines(&row.stats, names));

@@ -64,12 +64,20 @@ pub struct ServicePort {
     pub affinity: Option<Affinity>,
     /// Every address any case of any frontend DNATs to.
     reachable: BTreeSet<SocketAddr>,
+    /// Whether some way through the rules to a frontend could not be followed: a
+    /// backend missing from `reachable` may then still be an endpoint.
+    unfollowed: bool,
 }
 
 impl ServicePort {
-    /// Whether `backend` is an endpoint of any of the port's cases.
-    pub fn has_endpoint(&self, backend: SocketAddr) -> bool {
-        self.reachable.contains(&backend)
+    /// Whether `backend` is an endpoint of any of the port's cases; `None` when the
+    /// rules could not be followed all the way and do not have it.
+    pub fn has_endpoint(&self, backend: SocketAddr) -> Option<bool> {
+        match self.reachable.contains(&backend) {
+            true => Some(true),
+            false if self.unfollowed => None,
+            false => Some(false),
+        }
     }
 
     fn absorb(&mut self, other: ServicePort) {
@@ -84,6 +92,7 @@ impl ServicePort {
         }
         self.affinity = self.affinity.or(other.affinity);
         self.reachable.extend(other.reachable);
+        self.unfollowed |= other.unfollowed;
     }
 }
 
@@ -188,7 +197,7 @@ impl ServiceMap {
         let borrowed: Vec<&Program> = programs.iter().map(|p| &**p).collect();
         let (found, mut warnings) = frontends(&borrowed);
         let mut map = ServiceMap::default();
-        let mut unnamed = 0;
+        let mut unnamed = 0u32;
         let mut by_port: BTreeMap<(Proto, String), Vec<FrontendRules>> = BTreeMap::new();
         for mut frontend in found {
             let name = match frontend.name.take() {
@@ -204,10 +213,10 @@ impl ServiceMap {
                 .push(frontend);
         }
         if unnamed > 0 {
-            warnings.push(format!(
-                "{unnamed} Service frontend{} named by no kube-proxy chain or comment: named by address",
-                if unnamed == 1 { " is" } else { "s are" }
-            ));
+            warnings.push(
+                "Service frontends that no kube-proxy chain name or comment names are named by their address"
+                    .to_owned(),
+            );
         }
         for ((proto, name), frontends) in by_port {
             let port = service_port(&name, proto, &frontends);
@@ -283,13 +292,14 @@ impl ServiceMap {
 
     /// The Service port a connection belongs to, by protocol and what the client dialed
     /// (ClusterIP/external/LB address exactly, NodePort by port on any address), and
-    /// whether `backend` is still one of its endpoints (false = stale pin).
+    /// whether `backend` is still one of its endpoints (false = stale pin; `None`: the
+    /// rules could not be followed to tell).
     pub fn lookup(
         &self,
         proto: Proto,
         original_dst: SocketAddr,
         backend: SocketAddr,
-    ) -> Option<(&ServicePort, bool)> {
+    ) -> Option<(&ServicePort, Option<bool>)> {
         let entry = self.entry(proto, original_dst)?;
         let port = self.services.get(&entry.key)?;
         Some((port, port.has_endpoint(backend)))
@@ -440,6 +450,7 @@ fn service_port(name: &str, proto: Proto, frontends: &[FrontendRules]) -> Servic
     let mut sets: Vec<Vec<EndpointShare>> = Vec::new();
     let mut reachable = BTreeSet::new();
     let mut no_local = false;
+    let unfollowed = frontends.iter().any(|f| f.unfollowed);
     for case in frontends.iter().flat_map(|f| &f.cases) {
         reachable.extend(case.endpoints.iter().map(|e| e.addr));
         no_local |= case.turned_away == Some(RejectReason::NoLocalEndpoints);
@@ -469,6 +480,7 @@ fn service_port(name: &str, proto: Proto, frontends: &[FrontendRules]) -> Servic
         local_endpoints,
         affinity: frontends.iter().find_map(|f| f.affinity),
         reachable,
+        unfollowed,
     }
 }
 

@@ -11,16 +11,16 @@
 
 use std::net::{IpAddr, SocketAddr};
 
-use super::{
-    Bytes, CT_STATE_NEW, CmpOp, Cond, Data, Expr, Field, Program, RTN_LOCAL, Set, SetRef, Stmt,
-    Verdict, padded,
-};
+use super::{Bytes, Cond, Data, Expr, Program, SetRef, Stmt, Verdict};
 
+mod compiled;
 mod describe;
-mod inert;
+mod values;
 
+pub use compiled::Compiled;
 pub use describe::describe;
-pub use inert::Inert;
+pub use values::octets;
+use values::{Ctx, Decision};
 
 /// The destination of the first packet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -120,10 +120,9 @@ pub struct Branch {
 }
 
 /// The chains to run, in order, in one program: the next runs when the last accepted.
-pub struct Stage<'p> {
-    pub program: &'p Program,
-    pub roots: Vec<String>,
-    pub inert: &'p Inert,
+pub struct Stage<'c, 'p> {
+    pub compiled: &'c Compiled<'p>,
+    pub roots: &'c [usize],
 }
 
 /// Beyond this many branches per packet observer gives up on the packet (a rule set
@@ -133,7 +132,7 @@ const MAX_BRANCHES: usize = 4096;
 const MAX_DEPTH: usize = 64;
 
 /// Every way `packet` can go through `stages`.
-pub fn evaluate(stages: &[Stage<'_>], packet: Packet) -> Vec<Branch> {
+pub fn evaluate(stages: &[Stage<'_, '_>], packet: Packet) -> Vec<Branch> {
     let mut done = Vec::new();
     let mut pending = vec![Branch {
         guards: Vec::new(),
@@ -143,13 +142,13 @@ pub fn evaluate(stages: &[Stage<'_>], packet: Packet) -> Vec<Branch> {
     }];
     for stage in stages {
         let mut next = Vec::new();
-        for root in &stage.roots {
+        for root in stage.roots {
             let mut passed = Vec::new();
             for branch in pending.drain(..) {
-                run_chain(stage, root, packet, branch, &mut passed, &mut done);
+                run_chain(stage, *root, packet, branch, &mut passed, &mut done);
             }
             if passed.len() + done.len() > MAX_BRANCHES {
-                return vec![too_many(packet)];
+                return vec![too_many()];
             }
             pending = passed;
         }
@@ -160,7 +159,7 @@ pub fn evaluate(stages: &[Stage<'_>], packet: Packet) -> Vec<Branch> {
     done
 }
 
-fn too_many(_packet: Packet) -> Branch {
+fn too_many() -> Branch {
     Branch {
         guards: Vec::new(),
         probability: 1.0,
@@ -172,7 +171,7 @@ fn too_many(_packet: Packet) -> Branch {
 /// Where a walk is: a chain, a rule, a statement.
 #[derive(Clone)]
 struct Position {
-    chain: String,
+    chain: usize,
     rule: usize,
     stmt: usize,
 }
@@ -189,8 +188,8 @@ struct Walk {
 /// Runs one root chain for one branch: branches that accepted go to `passed`, those
 /// that ended (DNAT, drop, reject, not followed) to `done`.
 fn run_chain(
-    stage: &Stage<'_>,
-    root: &str,
+    stage: &Stage<'_, '_>,
+    root: usize,
     packet: Packet,
     branch: Branch,
     passed: &mut Vec<Branch>,
@@ -198,7 +197,7 @@ fn run_chain(
 ) {
     let mut walks = vec![Walk {
         at: Position {
-            chain: root.to_owned(),
+            chain: root,
             rule: 0,
             stmt: 0,
         },
@@ -211,7 +210,7 @@ fn run_chain(
     while let Some(walk) = walks.pop() {
         steps += 1;
         if steps > MAX_BRANCHES * 256 || walks.len() + ended.len() > MAX_BRANCHES {
-            done.push(too_many(packet));
+            done.push(too_many());
             return;
         }
         step(stage, packet, walk, &mut walks, &mut ended);
@@ -228,21 +227,28 @@ fn run_chain(
 /// Advances a walk by one statement: what goes on is pushed to `walks`, what ended to
 /// `ended`.
 fn step(
-    stage: &Stage<'_>,
+    stage: &Stage<'_, '_>,
     packet: Packet,
     mut walk: Walk,
     walks: &mut Vec<Walk>,
     ended: &mut Vec<Branch>,
 ) {
-    let program = stage.program;
-    let Some(chain) = program.chains.get(&walk.at.chain) else {
-        let why = format!("a jump to chain {}, which does not exist", walk.at.chain);
-        return end(walk, Target::Unfollowed(why), ended);
-    };
+    let compiled = stage.compiled;
+    let program = compiled.program;
+    let chain = compiled.chain(walk.at.chain);
+    if walk.at.stmt == 0 {
+        // Straight to the next rule this destination can match.
+        let next = compiled.next_rule(walk.at.chain, walk.at.rule, packet.daddr);
+        if next != walk.at.rule {
+            walk.at.rule = next;
+            walks.push(walk);
+            return;
+        }
+    }
     let Some(rule) = chain.rules.get(walk.at.rule) else {
         return chain_end(walk, walks, ended);
     };
-    if walk.at.stmt == 0 && stage.inert.skips_rule(&walk.at.chain, walk.at.rule) {
+    if walk.at.stmt == 0 && compiled.skips(walk.at.chain, walk.at.rule) {
         return next_rule(walk, walks);
     }
     let Some(stmt) = rule.stmts.get(walk.at.stmt) else {
@@ -331,7 +337,10 @@ fn step(
         }
         Stmt::Verdict(verdict) => {
             note_comment(&mut walk, rule.comment.as_deref());
-            walk.branch.trail.end = Some((walk.at.chain.clone(), rule.comment.clone()));
+            walk.branch.trail.end = Some((
+                compiled.name(walk.at.chain).to_owned(),
+                rule.comment.clone(),
+            ));
             apply(stage, walk, verdict.clone(), walks, ended);
         }
         Stmt::Vmap { key, map } => {
@@ -356,7 +365,10 @@ fn step(
                         if let SetRef::Named(name) = map {
                             fork.branch.trail.sets.push(name.clone());
                         }
-                        fork.branch.trail.end = Some((fork.at.chain.clone(), rule.comment.clone()));
+                        fork.branch.trail.end = Some((
+                            compiled.name(fork.at.chain).to_owned(),
+                            rule.comment.clone(),
+                        ));
                         apply(stage, fork, verdict.clone(), walks, ended);
                     }
                     _ => next_rule(fork, walks),
@@ -499,53 +511,55 @@ fn chain_end(mut walk: Walk, walks: &mut Vec<Walk>, ended: &mut Vec<Branch>) {
 }
 
 fn apply(
-    stage: &Stage<'_>,
+    stage: &Stage<'_, '_>,
     mut walk: Walk,
     verdict: Verdict,
     walks: &mut Vec<Walk>,
     ended: &mut Vec<Branch>,
 ) {
-    match verdict {
-        Verdict::Accept => end(walk, Target::Pass, ended),
-        Verdict::Drop => end(walk, Target::Drop, ended),
-        Verdict::Reject => end(walk, Target::Reject, ended),
-        Verdict::Continue => next_rule(walk, walks),
-        Verdict::Return => chain_end(walk, walks, ended),
-        // A chain that changes nothing a DNAT depends on (masquerade marks): a jump
-        // there goes on with the next rule, a goto returns.
-        Verdict::Jump(chain) if stage.inert.is_inert(&chain) => next_rule(walk, walks),
-        Verdict::Goto(chain) if stage.inert.is_inert(&chain) => chain_end(walk, walks, ended),
-        Verdict::Jump(chain) => {
-            if walk.stack.len() >= MAX_DEPTH {
-                let why = format!("jumps nested deeper than {MAX_DEPTH} at chain {chain}");
-                return end(walk, Target::Unfollowed(why), ended);
-            }
-            walk.branch.trail.chains.push(chain.clone());
-            walk.stack.push(Position {
-                rule: walk.at.rule + 1,
-                stmt: 0,
-                chain: std::mem::take(&mut walk.at.chain),
-            });
-            walk.at = Position {
-                chain,
-                rule: 0,
-                stmt: 0,
-            };
-            walks.push(walk);
-        }
-        Verdict::Goto(chain) => {
-            walk.branch.trail.chains.push(chain.clone());
-            walk.at = Position {
-                chain,
-                rule: 0,
-                stmt: 0,
-            };
-            walks.push(walk);
-        }
+    let compiled = stage.compiled;
+    let (chain, goto) = match &verdict {
+        Verdict::Accept => return end(walk, Target::Pass, ended),
+        Verdict::Drop => return end(walk, Target::Drop, ended),
+        Verdict::Reject => return end(walk, Target::Reject, ended),
+        Verdict::Continue => return next_rule(walk, walks),
+        Verdict::Return => return chain_end(walk, walks, ended),
+        Verdict::Jump(chain) => (chain, false),
+        Verdict::Goto(chain) => (chain, true),
+    };
+    let Some(id) = compiled.id(chain) else {
+        let why = format!("a jump to chain {chain}, which does not exist");
+        return end(walk, Target::Unfollowed(why), ended);
+    };
+    // A chain that changes nothing a DNAT depends on (masquerade marks): a jump there
+    // goes on with the next rule, a goto returns.
+    if compiled.is_inert(id) {
+        return match goto {
+            false => next_rule(walk, walks),
+            true => chain_end(walk, walks, ended),
+        };
     }
+    if !goto {
+        if walk.stack.len() >= MAX_DEPTH {
+            let why = format!("jumps nested deeper than {MAX_DEPTH} at chain {chain}");
+            return end(walk, Target::Unfollowed(why), ended);
+        }
+        walk.stack.push(Position {
+            rule: walk.at.rule + 1,
+            stmt: 0,
+            chain: walk.at.chain,
+        });
+    }
+    walk.branch.trail.chains.push(chain.clone());
+    walk.at = Position {
+        chain: id,
+        rule: 0,
+        stmt: 0,
+    };
+    walks.push(walk);
 }
 
-fn set_name(set: &SetRef) -> &str {
+pub(super) fn set_name(set: &SetRef) -> &str {
     match set {
         SetRef::Named(name) => name,
         SetRef::Inline(_) => "(inline)",
@@ -570,247 +584,4 @@ fn resolve_sets(program: &Program, cond: &Cond) -> Cond {
         },
         _ => cond.clone(),
     }
-}
-
-/// How a match comes out for a packet.
-enum Decision {
-    /// With these probabilities (iptables' `--probability`, `numgen` compared).
-    Known(Vec<(f64, bool)>),
-    /// Depends on the client: both ways, guarded.
-    Guard,
-    /// A lookup of the client in a set the packets fill (session affinity): false for a
-    /// new client; the set's timeout.
-    Affinity(Option<u64>),
-    Unfollowed(String),
-}
-
-/// What a value is, given the packet.
-struct Ctx<'p> {
-    program: &'p Program,
-    packet: Packet,
-    saddr: Option<IpAddr>,
-    saddr_local: Option<bool>,
-    ct_mark: Bytes,
-}
-
-/// The values an expression can take, each with its probability; `None`: a lookup
-/// that found nothing.
-type Values = Vec<(f64, Option<Bytes>)>;
-
-/// Why a value is not known before a connection (its client), or cannot be computed.
-enum Unknown {
-    Client,
-    /// An expression observer does not model, by its text.
-    Opaque(String),
-    Unfollowed(String),
-}
-
-impl From<Unknown> for String {
-    fn from(unknown: Unknown) -> String {
-        match unknown {
-            Unknown::Client => "a value only the connection's client tells".to_owned(),
-            Unknown::Opaque(text) | Unknown::Unfollowed(text) => text,
-        }
-    }
-}
-
-impl Ctx<'_> {
-    fn values(&self, expr: &Expr) -> Result<Values, String> {
-        self.value(expr).map_err(String::from)
-    }
-
-    fn value(&self, expr: &Expr) -> Result<Values, Unknown> {
-        let one = |bytes: Bytes| Ok(vec![(1.0, Some(bytes))]);
-        match expr {
-            Expr::Field(Field::Daddr) => match self.packet.daddr {
-                Daddr::Addr(ip) => one(octets(ip)),
-                Daddr::NodeLocal => Err(Unknown::Client),
-            },
-            Expr::Field(Field::Saddr) => match self.saddr {
-                Some(ip) => one(octets(ip)),
-                None => Err(Unknown::Client),
-            },
-            Expr::Field(Field::L4Proto) => one(vec![self.packet.proto]),
-            Expr::Field(Field::Dport) => one(self.packet.dport.to_be_bytes().to_vec()),
-            Expr::Field(Field::Sport) => Err(Unknown::Client),
-            Expr::CtMark => one(self.ct_mark.clone()),
-            Expr::Mark => one(vec![0; 4]),
-            Expr::CtState => one(CT_STATE_NEW.to_ne_bytes().to_vec()),
-            Expr::FibType { source: false } => match self.packet.daddr {
-                Daddr::NodeLocal => one(RTN_LOCAL.to_ne_bytes().to_vec()),
-                // RTN_UNICAST: a Service address is no address of the node.
-                Daddr::Addr(_) => one(1u32.to_ne_bytes().to_vec()),
-            },
-            Expr::FibType { source: true } => match self.saddr_local {
-                Some(true) => one(RTN_LOCAL.to_ne_bytes().to_vec()),
-                Some(false) => one(1u32.to_ne_bytes().to_vec()),
-                None => Err(Unknown::Client),
-            },
-            Expr::Numgen { modulus, offset } => {
-                if *modulus == 0 {
-                    return Err(Unknown::Unfollowed("numgen mod 0".to_owned()));
-                }
-                let p = 1.0 / f64::from(*modulus);
-                Ok((0..*modulus)
-                    .map(|n| (p, Some(offset.wrapping_add(n).to_ne_bytes().to_vec())))
-                    .collect())
-            }
-            Expr::Const(bytes) => one(bytes.clone()),
-            Expr::Concat(parts) => {
-                let mut out: Values = vec![(1.0, Some(Vec::new()))];
-                for part in parts {
-                    let values = self.value(part)?;
-                    out = out
-                        .iter()
-                        .flat_map(|(p, prefix)| {
-                            values.iter().map(move |(q, value)| {
-                                let joined = prefix.as_ref().zip(value.as_ref()).map(|(a, b)| {
-                                    let mut joined = a.clone();
-                                    joined.extend_from_slice(b);
-                                    joined.resize(a.len() + padded(b.len()), 0);
-                                    joined
-                                });
-                                (p * q, joined)
-                            })
-                        })
-                        .collect();
-                }
-                Ok(out)
-            }
-            Expr::Lookup { key, map } => {
-                let set = self.program.set(map).ok_or_else(|| {
-                    Unknown::Unfollowed(format!("a map {}, which does not exist", set_name(map)))
-                })?;
-                Ok(self
-                    .value(key)?
-                    .into_iter()
-                    .map(|(p, key)| {
-                        let data = key.and_then(|key| match set.find(&key)?.data.as_ref()? {
-                            Data::Value(value) => Some(value.clone()),
-                            Data::Verdict(_) => None,
-                        });
-                        (p, data)
-                    })
-                    .collect())
-            }
-            Expr::Slice { of, offset, len } => Ok(self
-                .value(of)?
-                .into_iter()
-                .map(|(p, value)| {
-                    (
-                        p,
-                        value.and_then(|v| v.get(*offset..offset + len).map(<[u8]>::to_vec)),
-                    )
-                })
-                .collect()),
-            Expr::Bitwise { of, mask, xor } => Ok(self
-                .value(of)?
-                .into_iter()
-                .map(|(p, value)| {
-                    let masked = value.map(|v| {
-                        v.iter()
-                            .enumerate()
-                            .map(|(i, b)| {
-                                (b & mask.get(i).copied().unwrap_or(0))
-                                    ^ xor.get(i).copied().unwrap_or(0)
-                            })
-                            .collect()
-                    });
-                    (p, masked)
-                })
-                .collect()),
-            Expr::Opaque(text) => Err(Unknown::Opaque(text.clone())),
-        }
-    }
-
-    fn decide(&self, cond: &Cond) -> Decision {
-        let test = |left: &Expr, test: &dyn Fn(&[u8]) -> bool| match self.value(left) {
-            Ok(values) => Decision::Known(merge(
-                values
-                    .into_iter()
-                    .map(|(p, value)| (p, value.is_some_and(|v| test(&v)))),
-            )),
-            Err(Unknown::Client | Unknown::Opaque(_)) => Decision::Guard,
-            Err(Unknown::Unfollowed(why)) => Decision::Unfollowed(why),
-        };
-        match cond {
-            Cond::Cmp { left, op, right } => {
-                // A node address is none of the addresses the rules name exactly.
-                if self.packet.daddr == Daddr::NodeLocal
-                    && *left == Expr::Field(Field::Daddr)
-                    && matches!(op, CmpOp::Eq | CmpOp::Ne)
-                {
-                    return Decision::Known(vec![(1.0, *op == CmpOp::Ne)]);
-                }
-                test(left, &|value| compare(value, *op, right))
-            }
-            Cond::Range {
-                left,
-                low,
-                high,
-                negated,
-            } => test(left, &|value| {
-                (low.as_slice() <= value && value <= high.as_slice()) != *negated
-            }),
-            Cond::InSet { left, set, negated } => {
-                let Some(set) = self.program.set(set) else {
-                    return Decision::Unfollowed(format!(
-                        "a set {}, which does not exist",
-                        set_name(set)
-                    ));
-                };
-                if set.dynamic {
-                    return Decision::Affinity(set.timeout);
-                }
-                test(left, &|value| in_set(set, value) != *negated)
-            }
-            Cond::Probability(p) => Decision::Known(merge([(*p, true), (1.0 - p, false)])),
-            Cond::Recent { seconds } => Decision::Affinity(*seconds),
-            Cond::Opaque(_) => Decision::Guard,
-        }
-    }
-}
-
-fn in_set(set: &Set, value: &[u8]) -> bool {
-    set.find(value).is_some()
-}
-
-/// Adds up the probabilities of the same outcome; drops impossible ones.
-fn merge(outcomes: impl IntoIterator<Item = (f64, bool)>) -> Vec<(f64, bool)> {
-    let (mut yes, mut no) = (0.0, 0.0);
-    for (p, holds) in outcomes {
-        if holds {
-            yes += p;
-        } else {
-            no += p;
-        }
-    }
-    [(yes, true), (no, false)]
-        .into_iter()
-        .filter(|(p, _)| *p > 0.0)
-        .collect()
-}
-
-fn compare(value: &[u8], op: CmpOp, right: &[u8]) -> bool {
-    let ordering = value.cmp(right);
-    match op {
-        CmpOp::Eq => ordering.is_eq(),
-        CmpOp::Ne => ordering.is_ne(),
-        CmpOp::Lt => ordering.is_lt(),
-        CmpOp::Gt => ordering.is_gt(),
-        CmpOp::Le => ordering.is_le(),
-        CmpOp::Ge => ordering.is_ge(),
-    }
-}
-
-pub fn octets(ip: IpAddr) -> Bytes {
-    match ip {
-        IpAddr::V4(ip) => ip.octets().to_vec(),
-        IpAddr::V6(ip) => ip.octets().to_vec(),
-    }
-}
-
-/// The chains of a program that change nothing a DNAT decision depends on.
-pub fn inert(program: &Program) -> Inert {
-    Inert::of(program)
 }

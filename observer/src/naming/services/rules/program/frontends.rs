@@ -10,7 +10,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::net::IpAddr;
 
-use super::eval::{Branch, Daddr, Inert, Packet, Stage, evaluate};
+use super::eval::{Branch, Compiled, Daddr, Packet, Stage, evaluate};
 use super::{
     Base, Bytes, ChainType, CmpOp, Cond, Expr, Family, Field, Hook, Program, SetRef, Stmt, padded,
 };
@@ -187,9 +187,10 @@ fn add_keys(
     }
 }
 
-/// The order in which a connection's first packet meets a table's chains.
+/// The order in which a connection's first packet meets a table's chains, each table
+/// prepared once for every packet it runs.
 pub struct Plan<'p> {
-    stages: Vec<(&'p Program, Vec<String>, Inert)>,
+    stages: Vec<(Compiled<'p>, Vec<usize>)>,
 }
 
 impl<'p> Plan<'p> {
@@ -198,23 +199,26 @@ impl<'p> Plan<'p> {
     /// prerouting. iptables: each table's built-in chains, or, where they jump nowhere
     /// (kube-proxy's own test dumps leave them out), the chains nothing jumps to.
     pub fn new(programs: &[&'p Program]) -> Plan<'p> {
-        let mut stages = Vec::new();
-        for program in programs {
-            stages.push((*program, roots(program), Inert::of(program)));
-        }
+        let stages = programs
+            .iter()
+            .map(|program| {
+                let compiled = Compiled::new(program);
+                let roots = roots(program)
+                    .iter()
+                    .filter_map(|name| compiled.id(name))
+                    .collect();
+                (compiled, roots)
+            })
+            .collect();
         Plan { stages }
     }
 
     /// What the rules do with a connection to `packet`.
     pub fn run(&self, packet: Packet) -> Vec<Branch> {
-        let stages: Vec<Stage<'_>> = self
+        let stages: Vec<Stage<'_, 'p>> = self
             .stages
             .iter()
-            .map(|(program, roots, inert)| Stage {
-                program,
-                roots: roots.clone(),
-                inert,
-            })
+            .map(|(compiled, roots)| Stage { compiled, roots })
             .collect();
         evaluate(&stages, packet)
     }

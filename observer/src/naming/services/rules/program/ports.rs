@@ -41,6 +41,8 @@ pub struct FrontendRules {
     pub frontend: Frontend,
     pub cases: Vec<Case>,
     pub affinity: Option<Affinity>,
+    /// Whether some branch met a rule observer could not follow.
+    pub unfollowed: bool,
 }
 
 /// Every Service frontend of a table (or of iptables' tables, in hook order), and one
@@ -71,16 +73,19 @@ pub fn frontends(programs: &[&Program]) -> (Vec<FrontendRules>, Vec<String>) {
         let refuses = branches.iter().any(|b| {
             matches!(b.target, Target::Drop | Target::Reject) && reason(b) != RejectReason::Other
         });
+        let mut lost = false;
         for branch in &branches {
             if let Target::Unfollowed(rule) = &branch.target {
+                lost = true;
                 unfollowed
                     .entry(rule.clone())
                     .or_default()
                     .push(describe_frontend(&name, packet));
             }
         }
-        // Not a Service: nothing DNATs it, nothing names it while turning it away.
-        if !(dnats || refuses && name.is_some()) {
+        // Not a Service: nothing DNATs it, nothing names it while turning it away or on
+        // a way observer cannot follow.
+        if !(dnats || (refuses || lost) && name.is_some()) {
             continue;
         }
         let frontend = Frontend {
@@ -101,16 +106,15 @@ pub fn frontends(programs: &[&Program]) -> (Vec<FrontendRules>, Vec<String>) {
             frontend,
             cases: cases(&branches),
             affinity,
+            unfollowed: lost,
         });
     }
     let warnings = unfollowed
         .into_iter()
         .map(|(rule, frontends)| {
             format!(
-                "cannot follow {rule:?} on the way of {} ({} frontend{}): their connections are not matched to endpoints",
-                frontends[0],
-                frontends.len(),
-                if frontends.len() == 1 { "" } else { "s" }
+                "cannot follow {rule:?}: connections that meet it (to {} first) are not matched to endpoints",
+                frontends[0]
             )
         })
         .collect();

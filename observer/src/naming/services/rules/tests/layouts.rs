@@ -146,7 +146,7 @@ fn a_layout_that_names_nothing_is_named_by_address_with_a_warning() {
     assert_shares(&svc4.endpoints, &[0.5, 0.5]);
     assert_eq!(map.warnings().len(), 1, "{:?}", map.warnings());
     assert!(
-        map.warnings()[0].contains("named by address"),
+        map.warnings()[0].contains("named by their address"),
         "{:?}",
         map.warnings()
     );
@@ -198,4 +198,39 @@ fn refusals_say_why() {
             .map(|(reason, ..)| reason),
         Some(RejectReason::NoLocalEndpoints)
     );
+}
+
+/// A rule the evaluator cannot follow on a Service's way: one warning naming it, the
+/// Service still named, and its backends neither in nor out of the rules (no false
+/// stale pin).
+#[test]
+fn a_rule_that_cannot_be_followed_is_named_in_a_warning() {
+    let mut dump: serde_json::Value =
+        serde_json::from_str(fixture!("nftables/k8s-overall-1.37.json")).unwrap();
+    let rules = dump["nftables"].as_array_mut().unwrap();
+    let dnat = rules
+        .iter_mut()
+        .find(|o| {
+            o["rule"]["chain"] == "service-LAUZTJTB-ns4/svc4/tcp/p80"
+                && o["rule"]["expr"].to_string().contains("dnat")
+        })
+        .unwrap();
+    dnat["rule"]["expr"] = serde_json::json!([{"tproxy": {"family": "ip", "port": 1}}]);
+    let map = ServiceMap::from_nft_json(&dump.to_string()).unwrap();
+    assert_eq!(map.warnings().len(), 1, "{:?}", map.warnings());
+    assert!(
+        map.warnings()[0].starts_with("cannot follow \"{\\\"tproxy\\\""),
+        "{:?}",
+        map.warnings()
+    );
+    assert!(
+        map.warnings()[0].contains("172.30.0.44:80"),
+        "{:?}",
+        map.warnings()
+    );
+    let (port, current) = map
+        .lookup(Proto::Tcp, sa("172.30.0.44:80"), sa("10.180.0.4:80"))
+        .expect("still named");
+    assert_eq!(port.name, "ns4/svc4:p80");
+    assert_eq!(current, None, "neither in nor out of the rules");
 }

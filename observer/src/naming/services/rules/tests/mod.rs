@@ -65,7 +65,7 @@ fn looked_up<'a>(
     backend: &str,
 ) -> Option<(&'a str, bool)> {
     map.lookup(proto, sa(dst), sa(backend))
-        .map(|(port, current)| (port.name.as_str(), current))
+        .map(|(port, current)| (port.name.as_str(), current.expect("rules followed")))
 }
 
 #[test]

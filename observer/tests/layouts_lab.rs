@@ -7,36 +7,45 @@
 //! leave and come back (through the one-endpoint shape); every connection must be named,
 //! matched to the pod that answered (the client's own record), in the rules
 //! (`endpoint_in_rules: true`), and the Service lines must give each endpoint its share.
+//! The same in IPv6 (kind's `ipFamily: ipv6`): `table ip6 kube-proxy` in each layout,
+//! as kube-proxy's IPv6 proxier writes it, the pods named by their IPv6 addresses too.
 
 mod common;
 
 use std::collections::HashMap;
-use std::net::{SocketAddr, SocketAddrV4};
+use std::net::SocketAddr;
 
 use common::{Recorder, only_node, prefix, require_root};
 use observer::model::record::{FrontendKind, Proto, ServiceRecord};
 use observer_lab::spec::NODE_IP;
-use observer_lab::{Answer, Lab, LabConfig, RuleMode, Topology, http_fresh};
+use observer_lab::{Answer, Family, Lab, LabConfig, RuleMode, Topology, http_fresh};
 
 const SERVICE: &str = "shop/checkout:http";
 
-fn layout(rules: RuleMode, tag: &str) {
+/// The layout of `rules` with Services of `family` only.
+fn layout(rules: RuleMode, tag: &str, family: Family) {
     require_root();
-    let mut lab = Lab::up(LabConfig {
+    let config = LabConfig {
         topology: Topology::Bridged,
         rules,
         prefix: prefix(tag),
-    })
-    .expect("lab up");
+    };
+    let mut lab = Lab::up_with_families(config, &[family]).expect("lab up");
     let checkout = lab.service("checkout").unwrap().clone();
-    let cluster = checkout.cluster_addr();
-    let node_port = SocketAddrV4::new(NODE_IP, checkout.node_port.expect("a NodePort"));
+    let cluster = checkout.cluster_addr_in(family);
+    let node_port = SocketAddr::new(family.ip(NODE_IP), checkout.node_port.expect("a NodePort"));
     let pods: Vec<_> = checkout.endpoints.iter().map(|p| p.ip).collect();
     let dir = tempfile::tempdir().unwrap();
-    let recorder = Recorder::start(dir.path(), &[]);
+    // Pods named by the lab's sandbox bundles, which name their netns (whose IPv6
+    // addresses observer reads too).
+    let runtime_root = lab.runtime_root();
+    let recorder = Recorder::start(
+        dir.path(),
+        &["--runtime-root", runtime_root.to_str().unwrap()],
+    );
 
-    let mut answers: Vec<(SocketAddrV4, FrontendKind, Answer)> = Vec::new();
-    let mut dial = |lab: &Lab, to: SocketAddrV4, kind, count| {
+    let mut answers: Vec<(SocketAddr, FrontendKind, Answer)> = Vec::new();
+    let mut dial = |lab: &Lab, to: SocketAddr, kind, count| {
         for answer in http_fresh(lab, to, count).unwrap() {
             answers.push((to, kind, answer));
         }
@@ -49,7 +58,7 @@ fn layout(rules: RuleMode, tag: &str) {
     // Down to one endpoint (1.37 and the dispatch layout DNAT it directly), and back.
     lab.remove_endpoint(SERVICE, pods[1]).unwrap();
     lab.remove_endpoint(SERVICE, pods[2]).unwrap();
-    let one = SocketAddr::new(pods[0].into(), checkout.target_port);
+    let one = SocketAddr::new(family.ip(pods[0]), checkout.target_port);
     assert_eq!(
         full_read(lab.node_ns()),
         [(one, 1.0)],
@@ -74,10 +83,15 @@ fn layout(rules: RuleMode, tag: &str) {
         "{:#?}",
         recording.conns
     );
-    let pod_ips = lab.pod_names();
+    // The lab's pod per address of `family`.
+    let pod_ips: HashMap<std::net::IpAddr, String> = lab
+        .pod_names()
+        .into_iter()
+        .map(|(ip, pod)| (family.ip(ip), pod))
+        .collect();
     for (dialed, kind, answer) in &answers {
         let conn = by_port
-            .get(&(answer.client_port, SocketAddr::V4(*dialed)))
+            .get(&(answer.client_port, *dialed))
             .unwrap_or_else(|| panic!("no record of {answer:?} to {dialed}"));
         assert_eq!(conn.service.as_deref(), Some(SERVICE), "{conn:?}");
         assert_eq!(conn.frontend, Some(*kind), "{conn:?}");
@@ -86,13 +100,17 @@ fn layout(rules: RuleMode, tag: &str) {
             Some(true),
             "no false stale pin: {conn:?}"
         );
-        let SocketAddr::V4(backend) = conn.backend else {
-            panic!("{conn:?}")
-        };
+        let pod = format!("shop/{}", answer.pod);
         assert_eq!(
-            pod_ips.get(backend.ip()).map(String::as_str),
-            Some(format!("shop/{}", answer.pod).as_str()),
+            pod_ips.get(&conn.backend.ip()),
+            Some(&pod),
             "the record's backend is the pod that answered: {conn:?}"
+        );
+        assert_eq!(conn.backend_pod.as_deref(), Some(pod.as_str()), "{conn:?}");
+        assert_eq!(
+            conn.client_pod.as_deref(),
+            Some("default/client"),
+            "{conn:?}"
         );
     }
     // While one endpoint was left, the rules gave it every connection.
@@ -108,7 +126,12 @@ fn layout(rules: RuleMode, tag: &str) {
         .rfind(|s| s.service == SERVICE)
         .expect("a Service line");
     assert_eq!(last.endpoints.len(), 3, "{last:?}");
+    assert!(
+        last.frontends.iter().any(|f| f.ip == Some(cluster.ip())),
+        "{last:?}"
+    );
     for endpoint in &last.endpoints {
+        assert!(pod_ips.contains_key(&endpoint.addr.ip()), "{last:?}");
         assert!(
             (endpoint.expected_share - 1.0 / 3.0).abs() < 1e-9,
             "{last:?}"
@@ -128,7 +151,7 @@ fn layout(rules: RuleMode, tag: &str) {
         .collect();
     let expected: Vec<SocketAddr> = [pods[1], pods[2]]
         .iter()
-        .map(|ip| SocketAddr::new((*ip).into(), checkout.target_port))
+        .map(|ip| SocketAddr::new(family.ip(*ip), checkout.target_port))
         .collect();
     let sorted = |mut v: Vec<SocketAddr>| {
         v.sort();
@@ -178,17 +201,41 @@ fn full_read(node_ns: &str) -> Vec<(SocketAddr, f64)> {
 #[test]
 #[ignore = "root: run by cargo xtask test"]
 fn kube_proxy_1_36_squashed_dnat_map() {
-    layout(RuleMode::Nftables136, "ly36");
+    layout(RuleMode::Nftables136, "ly36", Family::V4);
 }
 
 #[test]
 #[ignore = "root: run by cargo xtask test"]
 fn kube_proxy_1_37_single_endpoint_dnat() {
-    layout(RuleMode::Nftables137, "ly37");
+    layout(RuleMode::Nftables137, "ly37", Family::V4);
 }
 
 #[test]
 #[ignore = "root: run by cargo xtask test"]
 fn proposed_dispatch_chains_and_endpoints_map() {
-    layout(RuleMode::NftablesDispatch, "lydp");
+    layout(RuleMode::NftablesDispatch, "lydp", Family::V4);
+}
+
+#[test]
+#[ignore = "root: run by cargo xtask test"]
+fn ipv6_kube_proxy_1_35_endpoint_chains() {
+    layout(RuleMode::Nftables, "ly6v35", Family::V6);
+}
+
+#[test]
+#[ignore = "root: run by cargo xtask test"]
+fn ipv6_kube_proxy_1_36_squashed_dnat_map() {
+    layout(RuleMode::Nftables136, "ly6v36", Family::V6);
+}
+
+#[test]
+#[ignore = "root: run by cargo xtask test"]
+fn ipv6_kube_proxy_1_37_single_endpoint_dnat() {
+    layout(RuleMode::Nftables137, "ly6v37", Family::V6);
+}
+
+#[test]
+#[ignore = "root: run by cargo xtask test"]
+fn ipv6_proposed_dispatch_chains_and_endpoints_map() {
+    layout(RuleMode::NftablesDispatch, "ly6vdp", Family::V6);
 }

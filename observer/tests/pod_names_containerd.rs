@@ -1,6 +1,7 @@
-//! Root test of pod names from a real container runtime (issue 11, "Pods by name"):
-//! Debian's containerd, through its CRI plugin, runs a real sandbox for every lab pod and
-//! lays out the sandbox bundles itself, as on a kind node: in its own mount namespace,
+//! Root tests of pod names from a real container runtime (issue 11, "Pods by name"; issue
+//! 28, containerd 2.x as kind's node image runs it): Debian's containerd (bookworm's 1.6,
+//! trixie's 1.7 and forky's 2.x), through its CRI plugin, runs a real sandbox for every
+//! lab pod and lays out the sandbox bundles itself, as on a kind node: in its own mount namespace,
 //! `/run/containerd/io.containerd.runtime.v2.task/k8s.io/<id>/config.json` naming the
 //! netns `/var/run/netns/cni-<uuid>`. observer runs with its defaults (no
 //! `--runtime-root`) and reaches them through `/proc/<pid>/root`. The lab writes no
@@ -15,20 +16,58 @@ use std::path::Path;
 use common::pods::{assert_named_by_bundles, record};
 use common::{prefix, require_root};
 use observer_lab::runtime::kube_namespace;
-use observer_lab::{Containerd, Lab, LabConfig, RuleMode, Topology};
+use observer_lab::{Containerd, Lab, LabConfig, RuleMode, Topology, UNPACKED_CONTAINERDS};
 
+/// Bookworm's containerd, installed by `cargo xtask setup`.
 #[test]
 #[ignore = "root: run by cargo xtask test"]
 fn containerd_sandboxes_name_the_pods() {
+    sandboxes_name_the_pods("ctd", None, "1.6.");
+}
+
+/// containerd 1.7 (kind's node images up to kind v0.26): Debian trixie's package.
+#[test]
+#[ignore = "root: run by cargo xtask test"]
+fn containerd_1_7_sandboxes_name_the_pods() {
+    sandboxes_name_the_pods("ctd17", Some("trixie"), "1.7.");
+}
+
+/// containerd 2.x (kind's node images since kind v0.27; v0.32's base image builds
+/// v2.3.1): Debian forky's package. Its CRI plugin is split into `io.containerd.cri.v1.
+/// runtime` and `.images`, yet the default `podsandbox` sandboxer still runs a pause task
+/// whose bundle is where 1.x put it.
+#[test]
+#[ignore = "root: run by cargo xtask test"]
+fn containerd_2_sandboxes_name_the_pods() {
+    sandboxes_name_the_pods("ctd2", Some("forky"), "2.");
+}
+
+/// The containerd installed (`suite` None) or unpacked from Debian's `suite` (by `cargo
+/// xtask setup`), whose version starts with `release`, runs every pod's sandbox; its
+/// bundles alone name them.
+fn sandboxes_name_the_pods(name: &str, suite: Option<&str>, release: &str) {
     require_root();
-    let prefix = prefix("ctd");
-    let mut containerd = Containerd::start(&prefix).expect("containerd starts");
+    let prefix = &prefix(name);
+    let mut containerd = match suite {
+        None => Containerd::start(prefix),
+        Some(suite) => {
+            let (_, root) = UNPACKED_CONTAINERDS
+                .iter()
+                .find(|(s, _)| *s == suite)
+                .unwrap();
+            Containerd::start_unpacked(prefix, Path::new(root))
+        }
+    }
+    .expect("containerd starts");
+    let version = containerd.version().unwrap();
+    assert!(version.starts_with(release), "{version}, not {release}x");
+    eprintln!("containerd {version}");
     // Declared after `containerd`, so dropped first: the lab ends before its runtime.
     let lab = Lab::up_in_sandboxes(
         LabConfig {
             topology: Topology::Bridged,
             rules: RuleMode::Nftables,
-            prefix: prefix.clone(),
+            prefix: prefix.to_owned(),
         },
         |pod| containerd.run_sandbox(pod, kube_namespace(&pod.name)),
     )
@@ -46,6 +85,9 @@ fn containerd_sandboxes_name_the_pods() {
         let annotations = &spec["annotations"];
         assert_eq!(annotations["io.kubernetes.cri.container-type"], "sandbox");
         assert_eq!(annotations["io.kubernetes.cri.sandbox-id"], id.as_str());
+        // New in 2.0 (internal/cri/annotations/annotations.go): a 2.x daemon wrote it.
+        let image = &annotations["io.kubernetes.cri.podsandbox.image-name"];
+        assert_eq!(image.is_string(), release == "2.", "{annotations}");
         let name = annotations["io.kubernetes.cri.sandbox-name"]
             .as_str()
             .unwrap();

@@ -12,7 +12,7 @@
 //! interface. Exits non-zero with one line per failure.
 
 mod check;
-mod debian;
+pub mod debian;
 mod initramfs;
 
 use std::collections::BTreeMap;
@@ -141,7 +141,12 @@ pub fn kernels(args: KernelsArgs) -> anyhow::Result<()> {
         let name = guest.arch.name;
         let one_arch = Instant::now();
         let prepared = observer_binary(guest.arch, args.dist.as_deref()).and_then(|observer| {
-            let apt = debian::Apt::new(&cache.join("apt").join(guest.arch.oci), guest.arch.oci)?;
+            let arch = guest.arch.oci;
+            let apt = debian::Apt::new(
+                &cache.join("apt").join(arch),
+                arch,
+                &debian::kernel_suites(arch),
+            )?;
             let userland = apt.unpacked("userland", &initramfs::USERLAND_PACKAGES)?;
             Ok((observer, apt, userland))
         });

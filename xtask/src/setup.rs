@@ -13,8 +13,10 @@
 //!   skopeo, umoci and containerd (OCI images), promtool, and kubernetes-validate (Kubernetes
 //!   schemas, from PyPI) in a virtual environment of its own; xmlschema (PyPI) there too,
 //!   for the test that validates `check -o junit` against a JUnit schema.
-//! - For the pod-name test in real pod sandboxes: containerd, runc, the CNI plugins and
-//!   python3-grpcio (the lab's CRI client).
+//! - For the pod-name tests in real pod sandboxes: containerd, runc, the CNI plugins and
+//!   python3-grpcio (the lab's CRI client); and Debian trixie's containerd 1.7 and forky's
+//!   2.x, fetched with apt's own client into a private apt state and unpacked under
+//!   `/opt/observer-lab/` (bookworm has only 1.6; their binaries need glibc 2.34).
 
 use std::{
     path::{Path, PathBuf},
@@ -22,6 +24,8 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
+
+use crate::kernels::debian::Apt;
 
 /// Command a package provides, and the Debian package.
 const PACKAGES: [(&str, &str); 22] = [
@@ -69,6 +73,7 @@ const BPF_LINKER_VERSION: &str = "0.13.0";
 
 pub fn setup() -> anyhow::Result<()> {
     debian_packages()?;
+    unpacked_containerds()?;
     nightly_rust_src()?;
     bpf_linker()?;
     musl_targets()?;
@@ -136,6 +141,27 @@ fn debian_packages() -> anyhow::Result<()> {
         .args(["install", "-y", "-qq", "--no-install-recommends"])
         .args(&missing)
         .env("DEBIAN_FRONTEND", "noninteractive"))
+}
+
+/// Each of `observer_lab::UNPACKED_CONTAINERDS` not unpacked yet: the suite's newest
+/// `containerd` package, through a private apt state next to it that is removed after.
+fn unpacked_containerds() -> anyhow::Result<()> {
+    for (suite, root) in observer_lab::UNPACKED_CONTAINERDS {
+        let root = Path::new(root);
+        if root.join(".complete").exists() {
+            continue;
+        }
+        let arch = output(Command::new("dpkg").arg("--print-architecture"))?;
+        let apt_dir = root.with_extension("apt");
+        let apt = Apt::new(&apt_dir, &arch, &[&format!("debian {suite}")])?;
+        let unpacked = apt.unpacked("containerd", &["containerd"])?;
+        let _ = std::fs::remove_dir_all(root);
+        std::fs::rename(&unpacked, root)
+            .with_context(|| format!("cannot move {} to {}", unpacked.display(), root.display()))?;
+        std::fs::remove_dir_all(&apt_dir)
+            .with_context(|| format!("cannot remove {}", apt_dir.display()))?;
+    }
+    Ok(())
 }
 
 fn musl_targets() -> anyhow::Result<()> {

@@ -17,7 +17,10 @@ which local port each request or query used and which pod answered.
                                   stops the sending), then wait for an answer
   resolve NAME...                 look each name up with glibc (getaddrinfo, so the
                                   namespace's resolv.conf applies): [[name, [addr...]]...]
-  probe PROTO:HOST:PORT...        wait until every target answers (lab start-up)
+  probe PROTO:HOST:PORT...        wait until every target answers (lab start-up; an
+                                  IPv6 HOST in brackets)
+
+HOST is an IPv4 or IPv6 address.
 """
 
 import http.client
@@ -38,7 +41,7 @@ def http_fresh(host: str, port: int, count: int) -> list:
         # A client port not used before (see `fresh_socket`): the kernel may give a
         # closed connection's port to the same address again, and then one port would
         # stand for two connections in the client's record.
-        sock = fresh_socket(socket.SOCK_STREAM)
+        sock = fresh_socket(socket.SOCK_STREAM, host)
         sock.settimeout(TIMEOUT)
         sock.connect((host, port))
         conn.sock = sock
@@ -72,11 +75,12 @@ def http_keepalive(host: str, port: int, count: int, pause: float = 0.0) -> list
 CLIENT_PORTS = (20000, 30000)
 
 
-def udp_socket() -> socket.socket:
-    return fresh_socket(socket.SOCK_DGRAM)
+def udp_socket(host: str) -> socket.socket:
+    return fresh_socket(socket.SOCK_DGRAM, host)
 
 
-def fresh_socket(kind: int) -> socket.socket:
+def fresh_socket(kind: int, host: str) -> socket.socket:
+    """A socket of `kind` for talking to `host` (IPv4, or IPv6 if it holds a `:`)."""
     import fcntl
     import os
 
@@ -87,9 +91,10 @@ def fresh_socket(kind: int) -> socket.socket:
         last = int(counter.read() or CLIENT_PORTS[0] - 1)
         for _ in range(CLIENT_PORTS[1] - CLIENT_PORTS[0]):
             last = last + 1 if last + 1 < CLIENT_PORTS[1] else CLIENT_PORTS[0]
-            sock = socket.socket(socket.AF_INET, kind)
+            v6 = ":" in host
+            sock = socket.socket(socket.AF_INET6 if v6 else socket.AF_INET, kind)
             try:
-                sock.bind(("0.0.0.0", last))
+                sock.bind(("::" if v6 else "0.0.0.0", last))
             except OSError:
                 sock.close()
                 continue
@@ -101,7 +106,7 @@ def fresh_socket(kind: int) -> socket.socket:
 
 
 def udp_query(host: str, port: int, tries: int = 3) -> list:
-    sock = udp_socket()
+    sock = udp_socket(host)
     sock.settimeout(TIMEOUT / tries)
     try:
         for _ in range(tries):
@@ -122,7 +127,7 @@ def udp(host: str, port: int, count: int) -> list:
 
 
 def attempt(proto: str, host: str, port: int, timeout: float, datagrams: int) -> list:
-    sock = fresh_socket(socket.SOCK_STREAM if proto == "tcp" else socket.SOCK_DGRAM)
+    sock = fresh_socket(socket.SOCK_STREAM if proto == "tcp" else socket.SOCK_DGRAM, host)
     local_port = sock.getsockname()[1]
     sock.settimeout(timeout)
     started = time.monotonic()
@@ -201,7 +206,10 @@ def probe(targets: list) -> dict:
     deadline = time.monotonic() + 10
     answers = {}
     for target in targets:
-        proto, host, port = target.split(":")
+        # PROTO:HOST:PORT, an IPv6 HOST in brackets.
+        proto, rest = target.split(":", 1)
+        host, port = rest.rsplit(":", 1)
+        host = host.strip("[]")
         while True:
             try:
                 if proto == "tcp":

@@ -14,6 +14,7 @@ def main() -> None:
     ap.add_argument("--http-port", type=int, required=True)
     ap.add_argument("--udp-port", type=int, required=True)
     ap.add_argument("--ready-file", required=True)
+    ap.add_argument("--dual-stack", action="store_true", help="listen on IPv6 and IPv4")
     args = ap.parse_args()
     body = args.name.encode()
 
@@ -30,10 +31,21 @@ def main() -> None:
         def log_message(self, format, *args) -> None:  # noqa: A002
             pass
 
-    ThreadingHTTPServer.daemon_threads = True
-    httpd = ThreadingHTTPServer(("0.0.0.0", args.http_port), Handler)
-    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    udp.bind(("0.0.0.0", args.udp_port))
+    class Server(ThreadingHTTPServer):
+        daemon_threads = True
+        address_family = socket.AF_INET6 if args.dual_stack else socket.AF_INET
+
+        def server_bind(self) -> None:
+            if args.dual_stack:
+                self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            super().server_bind()
+
+    any_address = "::" if args.dual_stack else "0.0.0.0"
+    httpd = Server((any_address, args.http_port), Handler)
+    udp = socket.socket(Server.address_family, socket.SOCK_DGRAM)
+    if args.dual_stack:
+        udp.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    udp.bind((any_address, args.udp_port))
 
     def serve_udp() -> None:
         while True:

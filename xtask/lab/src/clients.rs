@@ -1,7 +1,7 @@
 //! Real clients running in the lab's client namespace, each returning its own record.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddrV4;
+use std::net::SocketAddr;
 
 use anyhow::Context;
 use serde::de::DeserializeOwned;
@@ -33,7 +33,7 @@ fn run_json<T: DeserializeOwned>(
 fn python_client(
     lab: &Lab,
     mode: &str,
-    target: SocketAddrV4,
+    target: SocketAddr,
     count: usize,
     extra: &[String],
 ) -> anyhow::Result<Vec<Answer>> {
@@ -86,11 +86,12 @@ pub struct Attempt {
 pub fn attempts(
     lab: &Lab,
     proto: crate::Proto,
-    target: SocketAddrV4,
+    target: impl Into<SocketAddr>,
     count: usize,
     timeout: std::time::Duration,
     datagrams: usize,
 ) -> anyhow::Result<Vec<Attempt>> {
+    let target = target.into();
     let script = lab.state_dir.join("clients.py");
     let args = vec![
         script.to_string_lossy().into_owned(),
@@ -140,31 +141,35 @@ pub fn resolve(lab: &Lab, names: &[&str]) -> anyhow::Result<Vec<(String, Vec<Str
 
 /// Python: `count` HTTP requests, each on a new TCP connection from a client port never
 /// used before in the lab (so a client port names one connection).
-pub fn http_fresh(lab: &Lab, target: SocketAddrV4, count: usize) -> anyhow::Result<Vec<Answer>> {
-    python_client(lab, "http-fresh", target, count, &[])
+pub fn http_fresh(
+    lab: &Lab,
+    target: impl Into<SocketAddr>,
+    count: usize,
+) -> anyhow::Result<Vec<Answer>> {
+    python_client(lab, "http-fresh", target.into(), count, &[])
 }
 
 /// Python `http.client`: one connection, `count` sequential requests on it.
 pub fn http_keepalive(
     lab: &Lab,
-    target: SocketAddrV4,
+    target: impl Into<SocketAddr>,
     count: usize,
 ) -> anyhow::Result<Vec<Answer>> {
-    python_client(lab, "http-keepalive", target, count, &[])
+    python_client(lab, "http-keepalive", target.into(), count, &[])
 }
 
 /// Python `http.client`: one connection, `count` requests `pause` apart (a pinned,
 /// long-lived keep-alive client for the demo).
 pub fn http_keepalive_paced(
     lab: &Lab,
-    target: SocketAddrV4,
+    target: impl Into<SocketAddr>,
     count: usize,
     pause: std::time::Duration,
 ) -> anyhow::Result<Vec<Answer>> {
     python_client(
         lab,
         "http-keepalive",
-        target,
+        target.into(),
         count,
         &[pause.as_secs_f64().to_string()],
     )
@@ -182,10 +187,11 @@ pub struct ChurnReport {
 /// ports while conntrack still holds their earlier entries.
 pub fn http_churn(
     lab: &Lab,
-    target: SocketAddrV4,
+    target: impl Into<SocketAddr>,
     duration: std::time::Duration,
     threads: usize,
 ) -> anyhow::Result<ChurnReport> {
+    let target = target.into();
     let script = lab.state_dir.join("clients.py");
     let args = [
         script.to_string_lossy().into_owned(),
@@ -199,21 +205,25 @@ pub fn http_churn(
 }
 
 /// Python: `count` UDP queries, each from a new socket.
-pub fn udp_queries(lab: &Lab, target: SocketAddrV4, count: usize) -> anyhow::Result<Vec<Answer>> {
-    python_client(lab, "udp", target, count, &[])
+pub fn udp_queries(
+    lab: &Lab,
+    target: impl Into<SocketAddr>,
+    count: usize,
+) -> anyhow::Result<Vec<Answer>> {
+    python_client(lab, "udp", target.into(), count, &[])
 }
 
 /// Node's `fetch` (undici keep-alive) in a loop in one process: answers per pod.
 pub fn node_fetch(
     lab: &Lab,
-    target: SocketAddrV4,
+    target: impl Into<SocketAddr>,
     count: usize,
 ) -> anyhow::Result<BTreeMap<String, usize>> {
     let node = find_tool("node", "nodejs")?;
     let script = lab.state_dir.join("node_fetch.mjs");
     let args = [
         script.to_string_lossy().into_owned(),
-        format!("http://{target}/"),
+        format!("http://{}/", target.into()),
         count.to_string(),
     ];
     run_json(lab, &node, &args)

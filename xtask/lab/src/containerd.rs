@@ -1,5 +1,6 @@
-//! Real pod sandboxes for the lab's pods: Debian's containerd (1.6) with its CRI plugin,
-//! laid out as on a kind node. containerd runs in a network namespace of its own and in a
+//! Real pod sandboxes for the lab's pods: Debian's containerd with its CRI plugin, laid
+//! out as on a kind node: bookworm's installed 1.6, or trixie's 1.7 or forky's 2.x that
+//! `cargo xtask setup` unpacks ([`UNPACKED_CONTAINERDS`]). containerd runs in a network namespace of its own and in a
 //! private mount namespace whose `/run` is a tmpfs of its own (holding its default state
 //! `/run/containerd` and `/run/netns`), so nothing it mounts or writes there reaches the
 //! host, and a system containerd is never touched; its root, socket, runc root and cgroup
@@ -43,6 +44,24 @@ const LOOPBACK_PLUGIN: &str = "/usr/lib/cni/loopback";
 /// The v2 runtime's task bundles of CRI's `k8s.io` namespace, under the state directory.
 const TASKS: &str = "io.containerd.runtime.v2.task/k8s.io";
 
+/// Debian's containerd packages the lab runs besides bookworm's installed 1.6, by suite,
+/// and where `cargo xtask setup` unpacks each (`usr/bin/containerd`, `ctr`,
+/// `containerd-shim-runc-v2`; bookworm's runc runs their sandboxes): trixie's 1.7 and
+/// forky's 2.x. kind's node images ran 1.7 up to kind v0.26 and run 2.x since v0.27
+/// (`CONTAINERD_VERSION` in kind's `images/base/Dockerfile`).
+pub const UNPACKED_CONTAINERDS: [(&str, &str); 2] = [
+    ("trixie", "/opt/observer-lab/containerd-trixie"),
+    ("forky", "/opt/observer-lab/containerd-forky"),
+];
+
+/// The programs of one containerd release.
+struct Binaries {
+    containerd: PathBuf,
+    ctr: PathBuf,
+    /// Put first in the daemon's PATH, so that it starts this release's shim.
+    bin_dir: Option<PathBuf>,
+}
+
 /// A private containerd; dropping it removes its sandboxes, processes, mounts, cgroups,
 /// namespace and files, also when a test fails.
 pub struct Containerd {
@@ -51,6 +70,7 @@ pub struct Containerd {
     netns: String,
     cgroup_parent: String,
     ip: PathBuf,
+    binaries: Binaries,
     daemon: Option<Child>,
     sandboxes: Vec<String>,
     /// `/run/netns/<pod netns>` bind mounts made here (the lab normally removes them).
@@ -58,8 +78,38 @@ pub struct Containerd {
 }
 
 impl Containerd {
-    /// Starts containerd and imports the pause image; returns once the CRI plugin answers.
+    /// Starts the installed containerd (Debian's package) and imports the pause image;
+    /// returns once the CRI plugin answers.
     pub fn start(prefix: &str) -> anyhow::Result<Containerd> {
+        let binaries = Binaries {
+            containerd: sys::find_tool("containerd", "containerd")?,
+            ctr: sys::find_tool("ctr", "containerd")?,
+            bin_dir: None,
+        };
+        Containerd::start_with(prefix, binaries)
+    }
+
+    /// As [`Containerd::start`], with the containerd of a Debian package unpacked at
+    /// `root` (one of [`UNPACKED_CONTAINERDS`]).
+    pub fn start_unpacked(prefix: &str, root: &Path) -> anyhow::Result<Containerd> {
+        let bin_dir = root.join("usr/bin");
+        let binaries = Binaries {
+            containerd: bin_dir.join("containerd"),
+            ctr: bin_dir.join("ctr"),
+            bin_dir: Some(bin_dir),
+        };
+        for program in [&binaries.containerd, &binaries.ctr] {
+            if !program.is_file() {
+                bail!(
+                    "{} is missing: `cargo xtask setup` unpacks Debian's containerd there",
+                    program.display()
+                );
+            }
+        }
+        Containerd::start_with(prefix, binaries)
+    }
+
+    fn start_with(prefix: &str, binaries: Binaries) -> anyhow::Result<Containerd> {
         let dir = dir_of(prefix);
         if dir.exists() {
             bail!(
@@ -73,6 +123,7 @@ impl Containerd {
             netns: netns_of(prefix),
             cgroup_parent: cgroup_parent_of(prefix),
             ip: sys::find_tool("ip", "iproute2")?,
+            binaries,
             daemon: None,
             sandboxes: Vec::new(),
             bound: Vec::new(),
@@ -89,12 +140,18 @@ impl Containerd {
         ]))?;
         let log = std::fs::File::create(containerd.dir.join("containerd.log"))?;
         // nsenter and unshare exec, so the child is containerd itself.
-        let daemon = Command::new(sys::find_tool("nsenter", "util-linux")?)
+        let mut daemon = Command::new(sys::find_tool("nsenter", "util-linux")?);
+        if let Some(bin_dir) = &containerd.binaries.bin_dir {
+            let path = std::env::var_os("PATH").unwrap_or_default();
+            let dirs = std::iter::once(bin_dir.clone()).chain(std::env::split_paths(&path));
+            daemon.env("PATH", std::env::join_paths(dirs)?);
+        }
+        let daemon = daemon
             .arg(format!("--net=/run/netns/{}", containerd.netns))
             .arg(sys::find_tool("unshare", "util-linux")?)
             .args(["--mount", "--propagation", "private", "/bin/sh", "-c"])
             .arg(PRIVATE_RUN)
-            .arg(sys::find_tool("containerd", "containerd")?)
+            .arg(&containerd.binaries.containerd)
             .arg(containerd.dir.join("config.toml"))
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
@@ -119,6 +176,17 @@ impl Containerd {
         self.node_root()
             .join(STATE.trim_start_matches('/'))
             .join(TASKS)
+    }
+
+    /// The daemon's version, as `containerd --version` prints it (`2.1.9+unknown`).
+    pub fn version(&self) -> anyhow::Result<String> {
+        let out = run(Command::new(&self.binaries.containerd).arg("--version"))?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        // `containerd github.com/containerd/containerd/v2 2.1.9+unknown [revision]`
+        text.split_whitespace()
+            .nth(2)
+            .map(|v| v.trim_start_matches('v').to_owned())
+            .with_context(|| format!("unexpected `containerd --version`: {text}"))
     }
 
     /// The sandboxes run so far, by id.
@@ -242,7 +310,7 @@ impl Containerd {
             &archive.display().to_string(),
             PAUSE_IMAGE,
         ])?;
-        run(Command::new(sys::find_tool("ctr", "containerd")?)
+        run(Command::new(&self.binaries.ctr)
             .args(["--address", &self.socket(), "--namespace", "k8s.io"])
             .args(["images", "import"])
             .arg(&archive))?;

@@ -46,10 +46,13 @@
 //!   Every pod (the client too) also runs a pause process in a UTS namespace of its own
 //!   whose hostname is the pod's name, as kubelet sets it; [`Lab::up_without_runtime_bundles`]
 //!   leaves the hostnames as the only source, and [`Lab::set_hostname`] changes one as a pod
-//!   with `CAP_SYS_ADMIN` can. [`Containerd`] runs Debian's containerd
+//!   with `CAP_SYS_ADMIN` can. [`Containerd`] runs Debian's containerd (1.6, 1.7 or 2.x)
 //!   privately and, through its CRI plugin, a real pod sandbox per pod;
 //!   [`Lab::up_in_sandboxes`] builds the lab in those sandboxes' netns, so that only
 //!   containerd's own bundles ([`Containerd::runtime_root`]) name the pods.
+//! - IPv6: [`Lab::up_with_families`] gives the Services IPv6 ([`Family::V6`], kind's
+//!   `ipFamily: ipv6`, written into `table ip6 kube-proxy`) or both (`dual`); every pod
+//!   and the node then have both addresses ([`Family::ip`] derives the IPv6 one).
 //! - Node containers: [`Lab::up_in_node_container`] puts the node in a kind-like
 //!   [`NodeContainer`] (its own PID namespace holding the pods' processes, a root with the
 //!   node's tools and bundles, cgroup and UTS namespaces); [`NodeContainer::exec`] starts a
@@ -109,12 +112,12 @@ pub use clients::{
     http_keepalive_paced, node_fetch, resolve, udp_queries,
 };
 pub use conntrack::{ConntrackWatch, CtEvent};
-pub use containerd::Containerd;
+pub use containerd::{Containerd, UNPACKED_CONTAINERDS};
 pub use dns::{DnsLab, KUBE_DNS_IP, RESOLV_CONF, ServerQuery};
 pub use flood::{FloodKind, FloodReport};
 pub use node_container::NodeContainer;
 pub use observer::Observer;
-pub use spec::{Pod, Proto, Service};
+pub use spec::{Family, Pod, Proto, Service};
 
 use sys::{Tools, in_netns, is_lab_netns, list_netns, state_dir};
 
@@ -220,8 +223,11 @@ pub struct Lab {
     services: Vec<Service>,
     state_dir: PathBuf,
     servers: Vec<Child>,
-    /// nftables chains a sync left empty, and when: deleted by the next sync a second later.
-    stale_nft_chains: Vec<(String, Instant)>,
+    /// The IP families kube-proxy serves the Services in (a proxier and table each).
+    families: Vec<Family>,
+    /// nftables chains a sync left empty (by table), and when: deleted by the next sync
+    /// a second later.
+    stale_nft_chains: Vec<(Family, String, Instant)>,
     /// Set by `cargo xtask lab up`: the lab outlives this process.
     detached: bool,
     /// Whether the lab writes containerd-style bundles under [`Lab::runtime_root`].
@@ -259,19 +265,38 @@ impl Lab {
     /// Builds the lab and returns once every server answers, directly and through its
     /// Service. Fails if a lab with the same prefix exists.
     pub fn up(config: LabConfig) -> anyhow::Result<Lab> {
-        Lab::up_with(config, true, None, false)
+        Lab::up_with(config, true, None, false, &[Family::V4])
+    }
+
+    /// As [`Lab::up`], with kube-proxy serving the Services in `families` (IPv6: the
+    /// addresses [`Family::ip`] derives, in `table ip6 kube-proxy`; both: dual-stack
+    /// Services). With IPv6, every namespace has IPv6 and every pod and the node both
+    /// addresses (kind's `ipFamily: ipv6` and `dual`); nftables modes only.
+    pub fn up_with_families(config: LabConfig, families: &[Family]) -> anyhow::Result<Lab> {
+        Lab::up_with(config, true, None, false, families)
     }
 
     /// `make_netns`, if given, makes every pod's netns (see [`Lab::up_in_sandboxes`]);
-    /// `in_node_container`: see [`Lab::up_in_node_container`].
+    /// `in_node_container`: see [`Lab::up_in_node_container`]; `families`: see
+    /// [`Lab::up_with_families`].
     pub(crate) fn up_with(
         config: LabConfig,
         runtime_bundles: bool,
         make_netns: Option<&mut MakeNetns<'_>>,
         in_node_container: bool,
+        families: &[Family],
     ) -> anyhow::Result<Lab> {
         check_root()?;
         check_prefix(&config.prefix)?;
+        if families.is_empty() {
+            bail!("the lab's Services need an IP family");
+        }
+        if families.contains(&Family::V6) && config.rules.nft_layout().is_none() {
+            bail!(
+                "IPv6 Services in the lab need an nftables mode, not {}",
+                config.rules
+            );
+        }
         let tools = Tools::find()?;
         let prefix = config.prefix.clone();
         let existing: Vec<String> = list_netns(&tools.ip)?
@@ -300,6 +325,7 @@ impl Lab {
             services,
             state_dir: dir,
             servers: Vec::new(),
+            families: families.to_vec(),
             stale_nft_chains: Vec::new(),
             detached: false,
             runtime_bundles,
@@ -327,6 +353,11 @@ impl Lab {
 
     pub fn client_ns(&self) -> &str {
         &self.client_ns
+    }
+
+    /// The IP families kube-proxy serves the Services in.
+    pub fn families(&self) -> &[Family] {
+        &self.families
     }
 
     /// The Service ports with their current endpoints.
@@ -431,11 +462,18 @@ impl Lab {
             return Err(e);
         }
         if proto == Proto::Udp {
-            // conntrack exits 1 when no entry matched: that is fine.
-            let _ = in_netns(&self.tools.ip, &self.node_ns, &self.tools.conntrack)
-                .args(["-D", "-p", "udp", "--orig-dst", &cluster_ip.to_string()])
-                .args(["--reply-src", &pod_ip.to_string()])
-                .output();
+            for family in &self.families {
+                let name = match family {
+                    Family::V4 => "ipv4",
+                    Family::V6 => "ipv6",
+                };
+                // conntrack exits 1 when no entry matched: that is fine.
+                let _ = in_netns(&self.tools.ip, &self.node_ns, &self.tools.conntrack)
+                    .args(["-D", "-f", name, "-p", "udp"])
+                    .args(["--orig-dst", &family.ip(cluster_ip).to_string()])
+                    .args(["--reply-src", &family.ip(pod_ip).to_string()])
+                    .output();
+            }
         }
         Ok(())
     }

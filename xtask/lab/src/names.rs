@@ -66,17 +66,19 @@ pub fn nft_service_base(namespace: &str, name: &str, proto: &str, port_name: &st
     nft_hash_and_truncate(&format!("{namespace}/{name}/{proto}/{port_name}"))
 }
 
-/// nftables `servicePortEndpointChainNameBase`: `HASH-ns/name/proto/port__ip/port`.
+/// nftables `servicePortEndpointChainNameBase`: `HASH-ns/name/proto/port__ip/port`, an
+/// IPv6 endpoint's `:` written `.` (chain names may not hold `:`).
 pub fn nft_endpoint_base(
     namespace: &str,
     name: &str,
     proto: &str,
     port_name: &str,
-    endpoint: std::net::SocketAddrV4,
+    endpoint: impl Into<std::net::SocketAddr>,
 ) -> String {
+    let endpoint = endpoint.into();
+    let ip = endpoint.ip().to_string().replace(':', ".");
     nft_hash_and_truncate(&format!(
-        "{namespace}/{name}/{proto}/{port_name}__{}/{}",
-        endpoint.ip(),
+        "{namespace}/{name}/{proto}/{port_name}__{ip}/{}",
         endpoint.port()
     ))
 }
@@ -138,10 +140,20 @@ mod tests {
                 "svc1",
                 "tcp",
                 "p80",
-                "10.180.0.1:80".parse().unwrap()
+                "10.180.0.1:80".parse::<std::net::SocketAddrV4>().unwrap()
             ),
             "5OJB2KTY-ns1/svc1/tcp/p80__10.180.0.1/80"
         );
+        let v6 = nft_endpoint_base(
+            "ns1",
+            "svc1",
+            "tcp",
+            "p80",
+            "[fd00:10:180::1]:80"
+                .parse::<std::net::SocketAddr>()
+                .unwrap(),
+        );
+        assert!(v6.ends_with("-ns1/svc1/tcp/p80__fd00.10.180..1/80"), "{v6}");
     }
 
     #[test]

@@ -31,6 +31,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use nix::sched::CloneFlags;
 
+use crate::spec::Family;
 use crate::{Lab, LabConfig, sys};
 
 /// Where the host's cgroup hierarchies are mounted.
@@ -385,13 +386,13 @@ impl Lab {
     /// namespace, and the pods' sandbox bundles are in its root where containerd keeps
     /// them (`/run/containerd/io.containerd.runtime.v2.task/k8s.io`).
     pub fn up_in_node_container(config: LabConfig) -> anyhow::Result<Lab> {
-        Lab::up_with(config, true, None, true)
+        Lab::up_with(config, true, None, true, &[Family::V4])
     }
 
     /// [`Lab::up_in_node_container`] without sandbox bundles: pods are named only by
     /// their hostnames.
     pub fn up_in_node_container_without_runtime_bundles(config: LabConfig) -> anyhow::Result<Lab> {
-        Lab::up_with(config, false, None, true)
+        Lab::up_with(config, false, None, true, &[Family::V4])
     }
 
     /// The node container, for a lab built with [`Lab::up_in_node_container`].

@@ -5,12 +5,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
-use crate::spec::Service;
+use crate::spec::{Family, Service};
 use crate::sys::{in_netns, run, run_with_input};
 use crate::{Lab, RuleMode, iptables, nftables};
 
 impl Lab {
-    /// The node's NAT rules: `iptables-save -t nat`, or `nft -j list table ip kube-proxy`.
+    /// The node's NAT rules: `iptables-save -t nat`, or `nft -j list table ip kube-proxy`
+    /// (`ip6` when the Services are IPv6 only).
     pub fn rules_dump(&self) -> anyhow::Result<String> {
         let out = match self.config.rules {
             RuleMode::Iptables => {
@@ -24,7 +25,7 @@ impl Lab {
                     "-j",
                     "list",
                     "table",
-                    "ip",
+                    self.families[0].nft(),
                     "kube-proxy",
                 ]),
             )?,
@@ -70,6 +71,18 @@ impl Lab {
     }
 
     fn sync_nftables(&mut self, previous: Option<&[Service]>) -> anyhow::Result<()> {
+        for family in self.families.clone() {
+            self.sync_nftables_family(family, previous)?;
+        }
+        Ok(())
+    }
+
+    /// One proxier's sync: `table ip kube-proxy` or `table ip6 kube-proxy`.
+    fn sync_nftables_family(
+        &mut self,
+        family: Family,
+        previous: Option<&[Service]>,
+    ) -> anyhow::Result<()> {
         let ip = self.tools.ip.clone();
         let nft_f = || {
             let mut cmd = in_netns(&ip, &self.node_ns, &self.tools.nft);
@@ -79,18 +92,22 @@ impl Lab {
         let second_ago = Instant::now() - Duration::from_secs(1);
         let (old, young): (Vec<_>, Vec<_>) = std::mem::take(&mut self.stale_nft_chains)
             .into_iter()
-            .partition(|(_, t)| *t < second_ago);
+            .partition(|(f, _, t)| *f == family && *t < second_ago);
         self.stale_nft_chains = young;
         if !old.is_empty() {
-            let chains: Vec<String> = old.into_iter().map(|(c, _)| c).collect();
-            run_with_input(&mut nft_f(), &nftables::delete_chains(&chains))
+            let chains: Vec<String> = old.into_iter().map(|(_, c, _)| c).collect();
+            run_with_input(&mut nft_f(), &nftables::delete_chains(family, &chains))
                 .context("could not delete stale nftables chains")?;
         }
         let existing = match previous {
             None => Vec::new(),
             Some(_) => {
-                let list = run(in_netns(&ip, &self.node_ns, &self.tools.nft)
-                    .args(["-j", "list", "chains", "ip"]))?;
+                let list = run(in_netns(&ip, &self.node_ns, &self.tools.nft).args([
+                    "-j",
+                    "list",
+                    "chains",
+                    family.nft(),
+                ]))?;
                 nftables::chains_in_json(&String::from_utf8_lossy(&list.stdout))
                     .context("could not read `nft -j list chains`")?
             }
@@ -100,15 +117,19 @@ impl Lab {
             .rules
             .nft_layout()
             .unwrap_or(nftables::Layout::V1_35);
-        let sync = nftables::sync(&self.services, previous, &existing, layout);
+        let sync = nftables::sync_family(family, &self.services, previous, &existing, layout);
         run_with_input(&mut nft_f(), &sync.script)
             .context("could not load kube-proxy's nftables rules")?;
         let now = Instant::now();
         // A chain still waiting for its deletion is listed stale again by every sync
         // until then: it keeps its first date (deleting it twice would fail).
         for chain in sync.stale_chains {
-            if !self.stale_nft_chains.iter().any(|(c, _)| *c == chain) {
-                self.stale_nft_chains.push((chain, now));
+            if !self
+                .stale_nft_chains
+                .iter()
+                .any(|(f, c, _)| *f == family && *c == chain)
+            {
+                self.stale_nft_chains.push((family, chain, now));
             }
         }
         Ok(())

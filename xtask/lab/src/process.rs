@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
-use crate::spec::{NODE_IP, Pod};
+use crate::spec::{Family, NODE_IP, Pod};
 use crate::sys::{self, end_process, in_netns, list_netns, run};
 use crate::{Lab, LabState};
 
@@ -51,6 +51,11 @@ impl Lab {
             ])
             .arg("--ready-file")
             .arg(self.ready_file(pod))
+            .args(
+                self.families
+                    .contains(&Family::V6)
+                    .then_some("--dual-stack"),
+            )
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
@@ -150,19 +155,24 @@ impl Lab {
                 std::thread::sleep(Duration::from_millis(10));
             }
         }
-        // Every pod directly, then every Service through the node's rules.
+        // Every pod directly, then every Service through the node's rules, in each
+        // family the Services have.
         let mut targets: Vec<(String, Option<&str>)> = Vec::new();
-        for pod in &self.pods {
-            targets.push((format!("tcp:{}:{}", pod.ip, pod.http_port), Some(&pod.name)));
-            targets.push((format!("udp:{}:{}", pod.ip, pod.udp_port), Some(&pod.name)));
-        }
-        for svc in &self.services {
-            targets.push((
-                format!("{}:{}:{}", svc.proto, svc.cluster_ip, svc.port),
-                None,
-            ));
-            if let Some(np) = svc.node_port {
-                targets.push((format!("{}:{NODE_IP}:{np}", svc.proto), None));
+        for family in &self.families {
+            for pod in &self.pods {
+                let ip = family.ip(pod.ip);
+                let http = std::net::SocketAddr::new(ip, pod.http_port);
+                let udp = std::net::SocketAddr::new(ip, pod.udp_port);
+                targets.push((format!("tcp:{http}"), Some(&pod.name)));
+                targets.push((format!("udp:{udp}"), Some(&pod.name)));
+            }
+            for svc in &self.services {
+                let cluster = svc.cluster_addr_in(*family);
+                targets.push((format!("{}:{cluster}", svc.proto), None));
+                if let Some(np) = svc.node_port {
+                    let node_port = std::net::SocketAddr::new(family.ip(NODE_IP), np);
+                    targets.push((format!("{}:{node_port}", svc.proto), None));
+                }
             }
         }
         let script = self.state_dir.join("clients.py");
@@ -184,8 +194,13 @@ impl Lab {
         // The probes' entries (UDP ones live 30 s) are no test's connections: a lab
         // starts with an empty conntrack table, so that what observer finds at start
         // is only what a test made.
-        run(in_netns(&self.tools.ip, &self.node_ns, &self.tools.conntrack).arg("-F"))
+        for family in ["ipv4", "ipv6"] {
+            run(
+                in_netns(&self.tools.ip, &self.node_ns, &self.tools.conntrack)
+                    .args(["-F", "-f", family]),
+            )
             .context("cannot flush the node's conntrack table")?;
+        }
         Ok(())
     }
 

@@ -13,14 +13,14 @@ use anyhow::Context;
 use sha2::{Digest, Sha256};
 
 use crate::Lab;
-use crate::spec::Pod;
+use crate::spec::{Family, Pod};
 
 impl Lab {
     /// [`Lab::up`] without runtime bundles: [`Lab::runtime_root`] stays absent, so pods
     /// can only be named by their hostnames (each pod's pause process has its own UTS
     /// namespace with the pod's name as hostname, as kubelet sets it).
     pub fn up_without_runtime_bundles(config: crate::LabConfig) -> anyhow::Result<Lab> {
-        Lab::up_with(config, false, None, false)
+        Lab::up_with(config, false, None, false, &[Family::V4])
     }
 
     /// [`Lab::up`] in pod sandboxes a real runtime made (see [`crate::Containerd`]):
@@ -31,7 +31,7 @@ impl Lab {
         config: crate::LabConfig,
         mut make_netns: impl FnMut(&Pod) -> anyhow::Result<()>,
     ) -> anyhow::Result<Lab> {
-        Lab::up_with(config, false, Some(&mut make_netns), false)
+        Lab::up_with(config, false, Some(&mut make_netns), false, &[Family::V4])
     }
 
     /// The client pod (not a server).

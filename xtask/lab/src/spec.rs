@@ -1,7 +1,9 @@
 //! The simulated cluster: which pods and Services the lab builds. Addresses are kind's:
-//! pod CIDR 10.244.1.0/24 on the node, Service CIDR 10.96.0.0/16, cluster CIDR 10.244.0.0/16.
+//! pod CIDR 10.244.1.0/24 on the node, Service CIDR 10.96.0.0/16, cluster CIDR 10.244.0.0/16;
+//! with IPv6 ([`Family::V6`]), those of kind's `ipFamily: ipv6`/`dual` clusters (pods
+//! fd00:10:244::/56, Services fd00:10:96::/112), each derived from the IPv4 one.
 
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4};
 
 /// The node's address on the pod network: the bridge (bridged) or every host-side veth
 /// (routed), the pods' gateway, and the address NodePorts answer on.
@@ -16,6 +18,68 @@ pub const SERVICE_CIDR: &str = "10.96.0.0/16";
 pub const HTTP_PORT: u16 = 8080;
 /// Every pod's UDP responder port.
 pub const UDP_PORT: u16 = 5353;
+
+/// kind's IPv6 cluster CIDR (`podSubnet`) and Service CIDR (`serviceSubnet`).
+pub const CLUSTER_CIDR_V6: &str = "fd00:10:244::/56";
+pub const SERVICE_CIDR_V6: &str = "fd00:10:96::/112";
+
+/// An IP family kube-proxy runs a proxier for (one `ip` or `ip6` table each).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Family {
+    V4,
+    V6,
+}
+
+impl Family {
+    /// nftables' family and address match prefix (`ip daddr`, `ip6 daddr`).
+    pub fn nft(self) -> &'static str {
+        match self {
+            Family::V4 => "ip",
+            Family::V6 => "ip6",
+        }
+    }
+
+    /// The family's address in the lab: the IPv4 one itself, or the IPv6 one derived
+    /// from it. 10.244.X.Y (pods) is fd00:10:244:X::Y, 10.96.A.B (ClusterIPs)
+    /// fd00:10:96::AB (its low 16 bits); anything else fd00:ffff:: and its 32 bits.
+    pub fn ip(self, v4: Ipv4Addr) -> IpAddr {
+        match self {
+            Family::V4 => IpAddr::V4(v4),
+            Family::V6 => IpAddr::V6(v6_of(v4)),
+        }
+    }
+
+    pub fn socket(self, v4: SocketAddrV4) -> SocketAddr {
+        SocketAddr::new(self.ip(*v4.ip()), v4.port())
+    }
+
+    /// kube-proxy's `--cluster-cidr` for this family (its local-traffic detector).
+    pub fn cluster_cidr(self) -> &'static str {
+        match self {
+            Family::V4 => CLUSTER_CIDR,
+            Family::V6 => CLUSTER_CIDR_V6,
+        }
+    }
+
+    pub fn service_cidr(self) -> &'static str {
+        match self {
+            Family::V4 => SERVICE_CIDR,
+            Family::V6 => SERVICE_CIDR_V6,
+        }
+    }
+}
+
+fn v6_of(v4: Ipv4Addr) -> Ipv6Addr {
+    let [a, b, c, d] = v4.octets();
+    match (a, b) {
+        (10, 244) => Ipv6Addr::new(0xfd00, 0x10, 0x244, c.into(), 0, 0, 0, d.into()),
+        (10, 96) => Ipv6Addr::new(0xfd00, 0x10, 0x96, 0, 0, 0, 0, u16::from_be_bytes([c, d])),
+        _ => {
+            let [hi, lo] = [u16::from_be_bytes([a, b]), u16::from_be_bytes([c, d])];
+            Ipv6Addr::new(0xfd00, 0xffff, 0, 0, 0, 0, hi, lo)
+        }
+    }
+}
 
 /// Transport protocol of a Service port.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -92,6 +156,23 @@ impl Service {
             .collect();
         addrs.sort_by_key(|a| a.to_string());
         addrs
+    }
+
+    /// The endpoints in `family`, in kube-proxy's order (by their string form,
+    /// `[fd00:10:244:1::c]:8080` for IPv6).
+    pub fn endpoint_addrs_in(&self, family: Family) -> Vec<SocketAddr> {
+        let mut addrs: Vec<SocketAddr> = self
+            .endpoints
+            .iter()
+            .map(|p| SocketAddr::new(family.ip(p.ip), self.target_port))
+            .collect();
+        addrs.sort_by_key(|a| a.to_string());
+        addrs
+    }
+
+    /// The ClusterIP in `family`, and the port.
+    pub fn cluster_addr_in(&self, family: Family) -> SocketAddr {
+        family.socket(self.cluster_addr())
     }
 }
 
@@ -188,6 +269,40 @@ mod tests {
         assert_eq!(
             eps,
             ["10.244.1.100:8080", "10.244.1.13:8080", "10.244.1.14:8080"]
+        );
+    }
+
+    #[test]
+    fn ipv6_addresses_are_kinds_and_derived_from_ipv4() {
+        let svc = services(&pods("x")).remove(0);
+        assert_eq!(
+            svc.cluster_addr_in(Family::V6).to_string(),
+            "[fd00:10:96::23e2]:80"
+        );
+        let eps: Vec<String> = svc
+            .endpoint_addrs_in(Family::V6)
+            .iter()
+            .map(|a| a.to_string())
+            .collect();
+        assert_eq!(
+            eps,
+            [
+                "[fd00:10:244:1::c]:8080",
+                "[fd00:10:244:1::d]:8080",
+                "[fd00:10:244:1::e]:8080"
+            ]
+        );
+        assert_eq!(Family::V6.ip(NODE_IP).to_string(), "fd00:10:244:1::1");
+        assert_eq!(
+            Family::V6.ip(Ipv4Addr::new(192, 0, 2, 1)).to_string(),
+            "fd00:ffff::c000:201"
+        );
+        assert_eq!(
+            svc.endpoint_addrs_in(Family::V4),
+            svc.endpoint_addrs()
+                .into_iter()
+                .map(SocketAddr::V4)
+                .collect::<Vec<_>>()
         );
     }
 

@@ -1,7 +1,7 @@
-//! Debian's packages, fetched with apt's own client into a private apt state per
-//! architecture under `target/kernels/apt/ARCH` (the host's apt sources stay untouched;
-//! bullseye is one more suite there), unpacked with `dpkg-deb -x`; and the kernel's BTF
-//! taken out of its `vmlinuz`.
+//! Debian's packages, fetched with apt's own client into a private apt state (for the
+//! kernels one per architecture under `target/kernels/apt/ARCH`, with bullseye as one
+//! more suite; the host's apt sources stay untouched), unpacked with `dpkg-deb -x`; and the
+//! kernel's BTF taken out of its `vmlinuz`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -11,13 +11,11 @@ use anyhow::{Context as _, bail};
 
 use crate::setup::run;
 
-/// The suites searched: bookworm (6.1, 6.12, the guest's userland) and bullseye (5.10),
-/// with their security updates, all signed by the keys in Debian's archive keyring.
-/// bullseye-security's arm64 kernels are listed but their files answer 404 on
-/// deb.debian.org (measured 2026-12-02), so arm64 leaves that suite out and tests
-/// bullseye's own newest 5.10.
-fn sources(arch: &str) -> String {
-    let keyring = "[signed-by=/usr/share/keyrings/debian-archive-keyring.gpg]";
+/// The suites the kernels come from: bookworm (6.1, 6.12, the guest's userland) and
+/// bullseye (5.10), with their security updates. bullseye-security's arm64 kernels are
+/// listed but their files answer 404 on deb.debian.org (measured 2026-12-02), so arm64
+/// leaves that suite out and tests bullseye's own newest 5.10.
+pub fn kernel_suites(arch: &str) -> Vec<&'static str> {
     [
         "debian bookworm",
         "debian-security bookworm-security",
@@ -26,11 +24,20 @@ fn sources(arch: &str) -> String {
     ]
     .into_iter()
     .filter(|suite| arch != "arm64" || !suite.ends_with("bullseye-security"))
-    .map(|suite| {
-        let (archive, suite) = suite.split_once(' ').expect("archive and suite");
-        format!("deb {keyring} http://deb.debian.org/{archive} {suite} main\n")
-    })
     .collect()
+}
+
+/// apt's sources for `suites` (each `archive suite`, such as `debian-security
+/// bookworm-security`), all signed by the keys in Debian's archive keyring.
+fn sources(suites: &[&str]) -> String {
+    let keyring = "[signed-by=/usr/share/keyrings/debian-archive-keyring.gpg]";
+    suites
+        .iter()
+        .map(|suite| {
+            let (archive, suite) = suite.split_once(' ').expect("archive and suite");
+            format!("deb {keyring} http://deb.debian.org/{archive} {suite} main\n")
+        })
+        .collect()
 }
 
 /// Package lists younger than this are reused (reruns need no network).
@@ -46,8 +53,9 @@ pub struct Apt {
 }
 
 impl Apt {
-    /// Prepares the private apt state and refreshes its package lists when they are old.
-    pub fn new(dir: &Path, arch: &str) -> anyhow::Result<Apt> {
+    /// Prepares the private apt state for `suites` (see [`sources`]) and refreshes its
+    /// package lists when they are old.
+    pub fn new(dir: &Path, arch: &str, suites: &[&str]) -> anyhow::Result<Apt> {
         let apt = Apt {
             dir: dir.to_path_buf(),
             arch: arch.to_owned(),
@@ -60,12 +68,16 @@ impl Apt {
         let fresh = std::fs::metadata(&stamp)
             .and_then(|m| m.modified())
             .is_ok_and(|t| SystemTime::now().duration_since(t).unwrap_or_default() < LISTS_MAX_AGE);
-        let wanted = sources(arch);
+        let wanted = sources(suites);
         if fresh && std::fs::read_to_string(&list_file).is_ok_and(|s| s == wanted) {
             return Ok(apt);
         }
         std::fs::write(&list_file, wanted)?;
-        eprintln!("kernels: updating the {arch} package lists of Debian bookworm and bullseye");
+        let names: Vec<&str> = suites.iter().filter_map(|s| s.split(' ').nth(1)).collect();
+        eprintln!(
+            "updating the {arch} package lists of Debian {}",
+            names.join(", ")
+        );
         run(apt.command("apt-get").args(["update", "-qq"]))?;
         std::fs::write(&stamp, "")?;
         Ok(apt)
@@ -131,7 +143,7 @@ impl Apt {
             }
         }
         if !missing.is_empty() {
-            eprintln!("kernels: downloading {} ({})", missing.join(" "), self.arch);
+            eprintln!("downloading {} ({})", missing.join(" "), self.arch);
             run(self
                 .command("apt-get")
                 .args(["download", "-qq"])
@@ -310,8 +322,8 @@ mod tests {
 
     #[test]
     fn arm64_leaves_out_bullseye_security_only() {
-        assert_eq!(sources("amd64").lines().count(), 4);
-        let arm64 = sources("arm64");
+        assert_eq!(sources(&kernel_suites("amd64")).lines().count(), 4);
+        let arm64 = sources(&kernel_suites("arm64"));
         assert_eq!(arm64.lines().count(), 3);
         assert!(!arm64.contains("bullseye-security"));
         assert!(arm64.contains("http://deb.debian.org/debian bullseye main"));

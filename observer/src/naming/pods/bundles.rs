@@ -10,6 +10,7 @@
 //!   `config.json` under `/run/containerd/io.containerd.runtime.v2.task/k8s.io/<id>/`.
 //!   The spec's `linux.namespaces` entry of type `network` carries the path of the netns
 //!   that the CNI plugin configured (`/var/run/netns/cni-<uuid>`).
+//!   containerd 1.6, 1.7 and 2.x lay it out alike (`containerd_tests`).
 //! - CRI-O writes `io.kubernetes.cri-o.ContainerType: sandbox`, `io.kubernetes.pod.name`
 //!   and `io.kubernetes.pod.namespace` into the same OCI spec, kept as
 //!   `/run/containers/storage/overlay-containers/<id>/userdata/config.json`.

@@ -178,4 +178,6 @@ fn store(shared: &Mutex<Shared>, scan: PodScan) {
 }
 
 #[cfg(test)]
+mod containerd_tests;
+#[cfg(test)]
 mod tests;

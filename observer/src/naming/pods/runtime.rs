@@ -14,7 +14,7 @@ use super::bundles::{BundleError, PodScan, parse_bundle};
 use super::hostnames;
 use crate::netns::{self, EnterError, Kind};
 
-/// Where containerd (kind's runtime) and CRI-O keep their sandbox bundles.
+/// Where containerd (kind's runtime, 1.x and 2.x) and CRI-O keep their sandbox bundles.
 pub const DEFAULT_RUNTIME_ROOTS: [&str; 2] = [
     "/run/containerd/io.containerd.runtime.v2.task/k8s.io",
     "/run/containers/storage/overlay-containers",

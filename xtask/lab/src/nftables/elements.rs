@@ -1,8 +1,8 @@
 //! What a Service port puts into kube-proxy's sets and maps, and its chains' names.
 
-use super::{ENDPOINTS_MAP, Layout, REJECT_CHAIN, TABLE};
+use super::{ENDPOINTS_MAP, Layout, REJECT_CHAIN};
 use crate::names::{nft_endpoint_base, nft_service_base};
-use crate::spec::Service;
+use crate::spec::{Family, Service};
 
 /// One element of a set or map: what kube-proxy's `ensureElem` is handed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -14,7 +14,8 @@ pub(super) struct Element {
 }
 
 impl Element {
-    pub(super) fn add(&self) -> String {
+    /// `add element` into `table` (such as `ip kube-proxy`).
+    pub(super) fn add(&self, table: &str) -> String {
         let comment = self
             .comment
             .as_ref()
@@ -26,13 +27,13 @@ impl Element {
             .map(|v| format!(" : {v}"))
             .unwrap_or_default();
         format!(
-            "add element {TABLE} {} {{ {}{comment}{value} }}",
+            "add element {table} {} {{ {}{comment}{value} }}",
             self.container, self.key
         )
     }
 
-    pub(super) fn delete(container: &str, key: &str) -> String {
-        format!("delete element {TABLE} {container} {{ {key} }}")
+    pub(super) fn delete(table: &str, container: &str, key: &str) -> String {
+        format!("delete element {table} {container} {{ {key} }}")
     }
 }
 
@@ -40,17 +41,17 @@ impl Element {
 pub(super) struct Names {
     pub(super) service: String,
     pub(super) external: String,
-    pub(super) endpoints: Vec<(std::net::SocketAddrV4, String)>,
+    pub(super) endpoints: Vec<(std::net::SocketAddr, String)>,
 }
 
-pub(super) fn names(svc: &Service) -> Names {
+pub(super) fn names(svc: &Service, family: Family) -> Names {
     let proto = svc.proto.as_str();
     let base = nft_service_base(&svc.namespace, &svc.name, proto, &svc.port_name);
     Names {
         service: format!("service-{base}"),
         external: format!("external-{base}"),
         endpoints: svc
-            .endpoint_addrs()
+            .endpoint_addrs_in(family)
             .into_iter()
             .map(|ep| {
                 let b = nft_endpoint_base(&svc.namespace, &svc.name, proto, &svc.port_name, ep);
@@ -61,20 +62,21 @@ pub(super) fn names(svc: &Service) -> Names {
 }
 
 /// The elements a Service port puts into kube-proxy's sets and maps.
-pub(super) fn elements(svc: &Service, layout: Layout) -> Vec<Element> {
-    let n = names(svc);
+pub(super) fn elements(svc: &Service, family: Family, layout: Layout) -> Vec<Element> {
+    let n = names(svc, family);
+    let cluster_ip = family.ip(svc.cluster_ip);
     let proto = svc.proto.as_str();
     let has_endpoints = !svc.endpoints.is_empty();
     let spn = svc.port_name_string();
-    let ip_key = format!("{} . {proto} . {}", svc.cluster_ip, svc.port);
+    let ip_key = format!("{cluster_ip} . {proto} . {}", svc.port);
     let mut out = vec![Element {
         container: "cluster-ips",
-        key: svc.cluster_ip.to_string(),
+        key: cluster_ip.to_string(),
         value: None,
         comment: None,
     }];
     if has_endpoints && layout == Layout::Dispatch {
-        let endpoints = svc.endpoint_addrs();
+        let endpoints = svc.endpoint_addrs_in(family);
         for (i, ep) in endpoints.iter().enumerate() {
             out.push(Element {
                 container: ENDPOINTS_MAP,

@@ -1,18 +1,23 @@
 //! kube-proxy's nftables mode, as an `nft -f` transaction: what `syncProxyRules` in
 //! pkg/proxy/nftables/proxier.go sends through knftables for our Services (Cluster traffic
 //! policies, no session affinity, `--cluster-cidr` local detection, NodePorts on every
-//! local address, kind's Service CIDR known), in the [`Layout`] of a kube-proxy version.
+//! local address, kind's Service CIDR known), in the [`Layout`] of a kube-proxy version,
+//! by the proxier of one IP family: `table ip kube-proxy`, or `table ip6 kube-proxy` with
+//! proxier.go's IPv6 branches (`ip6` matches, `ipv6_addr` keys, `ip6 daddr != ::1`, an
+//! endpoint chain named with its address's `:` as `.`, `dnat to [IP]:port`).
 
 mod elements;
 mod setup;
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::spec::{CLUSTER_CIDR, Service};
+use crate::spec::{Family, Service};
 use elements::{Element, Names, elements, names};
 
-/// kube-proxy's table, in the `ip` family.
-pub const TABLE: &str = "ip kube-proxy";
+/// kube-proxy's table in `family`: `ip kube-proxy` or `ip6 kube-proxy`.
+pub fn table(family: Family) -> String {
+    format!("{} kube-proxy", family.nft())
+}
 /// `fmt.Sprintf("%#08x", 1<<14)`: kube-proxy's default masquerade bit.
 const MASQ_MARK: &str = "0x004000";
 const MARK_MASQ_CHAIN: &str = "mark-for-masquerade";
@@ -61,54 +66,66 @@ pub struct NftSync {
     pub stale_chains: Vec<String>,
 }
 
-/// kube-proxy's `syncProxyRules` transaction.
-///
-/// `previous` is the state the last sync wrote: `None` makes the first, full sync (table,
-/// base chains, maps); otherwise a partial sync that rewrites only the chains of Services
-/// that changed and adds or deletes only the map elements that changed.
-/// `existing_chains` are the table's chains now (`nft list chains`): Service chains among
-/// them that are no longer used are flushed and reported in [`NftSync::stale_chains`].
+/// kube-proxy's `syncProxyRules` transaction of its IPv4 proxier ([`sync_family`]).
 pub fn sync(
     services: &[Service],
     previous: Option<&[Service]>,
     existing_chains: &[String],
     layout: Layout,
 ) -> NftSync {
+    sync_family(Family::V4, services, previous, existing_chains, layout)
+}
+
+/// kube-proxy's `syncProxyRules` transaction of the proxier of `family`.
+///
+/// `previous` is the state the last sync wrote: `None` makes the first, full sync (table,
+/// base chains, maps); otherwise a partial sync that rewrites only the chains of Services
+/// that changed and adds or deletes only the map elements that changed.
+/// `existing_chains` are the table's chains now (`nft list chains`): Service chains among
+/// them that are no longer used are flushed and reported in [`NftSync::stale_chains`].
+pub fn sync_family(
+    family: Family,
+    services: &[Service],
+    previous: Option<&[Service]>,
+    existing_chains: &[String],
+    layout: Layout,
+) -> NftSync {
+    let t = table(family);
     let mut out = Vec::new();
     if previous.is_none() {
-        setup::setup(&mut out, layout);
+        setup::setup(&mut out, family, layout);
     }
     if layout == Layout::Dispatch {
-        dispatch_chains(services, &mut out);
+        dispatch_chains(family, services, &mut out);
     }
     // What the element storages hold from the last sync.
     let mut leftover: Leftover = previous
         .unwrap_or_default()
         .iter()
-        .flat_map(|svc| elements(svc, layout))
+        .flat_map(|svc| elements(svc, family, layout))
         .map(|e| ((e.container, e.key), e.value))
         .collect();
     let mut active: BTreeSet<String> = BTreeSet::new();
     for svc in services {
-        let n = names(svc);
+        let n = names(svc, family);
         let skip = previous.is_some_and(|prev| prev.contains(svc));
-        ensure_chains(svc, &n, skip, layout, &mut active, &mut out);
-        update_elements(svc, layout, &mut leftover, &mut out);
+        ensure_chains(svc, &n, skip, (&t, layout), &mut active, &mut out);
+        update_elements(svc, family, layout, &mut leftover, &mut out);
         if !skip {
-            service_rules(svc, &n, layout, &mut out);
+            service_rules(svc, &n, family, layout, &mut out);
         }
     }
     // Service chains (their names have a "/") that nothing uses any more: flushed now.
     let mut stale_chains = Vec::new();
     for chain in existing_chains {
         if chain.contains('/') && !active.contains(chain) {
-            out.push(format!("flush chain {TABLE} {chain}"));
+            out.push(format!("flush chain {t} {chain}"));
             stale_chains.push(chain.clone());
         }
     }
     for name in containers(layout) {
         for (container, key) in leftover.keys().filter(|(c, _)| *c == name) {
-            out.push(Element::delete(container, key));
+            out.push(Element::delete(&t, container, key));
         }
     }
     let mut script = out.join("\n");
@@ -129,17 +146,18 @@ fn containers(layout: Layout) -> Vec<&'static str> {
 }
 
 /// The shared `dispatch-N` chains, one per endpoint count in use.
-fn dispatch_chains(services: &[Service], out: &mut Vec<String>) {
+fn dispatch_chains(family: Family, services: &[Service], out: &mut Vec<String>) {
+    let (t, ipx) = (table(family), family.nft());
     let counts: BTreeSet<usize> = services
         .iter()
         .map(|s| s.endpoints.len())
         .filter(|n| *n > 0)
         .collect();
     for n in counts {
-        out.push(format!("add chain {TABLE} dispatch-{n}"));
-        out.push(format!("flush chain {TABLE} dispatch-{n}"));
+        out.push(format!("add chain {t} dispatch-{n}"));
+        out.push(format!("flush chain {t} dispatch-{n}"));
         out.push(format!(
-            "add rule {TABLE} dispatch-{n} ct mark set numgen random mod {n} dnat ip addr . port to ip daddr . meta l4proto . th dport . ct mark map @{ENDPOINTS_MAP}"
+            "add rule {t} dispatch-{n} ct mark set numgen random mod {n} dnat {ipx} addr . port to {ipx} daddr . meta l4proto . th dport . ct mark map @{ENDPOINTS_MAP}"
         ));
     }
 }
@@ -153,15 +171,15 @@ fn ensure_chains(
     svc: &Service,
     n: &Names,
     skip: bool,
-    layout: Layout,
+    (t, layout): (&str, Layout),
     active: &mut BTreeSet<String>,
     out: &mut Vec<String>,
 ) {
     let has_endpoints = !svc.endpoints.is_empty();
     let mut ensure_chain = |out: &mut Vec<String>, chain: &str| {
         if active.insert(chain.to_string()) && !skip {
-            out.push(format!("add chain {TABLE} {chain}"));
-            out.push(format!("flush chain {TABLE} {chain}"));
+            out.push(format!("add chain {t} {chain}"));
+            out.push(format!("flush chain {t} {chain}"));
         }
     };
     if layout == Layout::V1_35 {
@@ -179,21 +197,29 @@ fn ensure_chains(
 
 /// Adds the Service port's elements that are new or changed since the last sync; what
 /// stays in `leftover` is deleted at the end.
-fn update_elements(svc: &Service, layout: Layout, leftover: &mut Leftover, out: &mut Vec<String>) {
-    for e in elements(svc, layout) {
+fn update_elements(
+    svc: &Service,
+    family: Family,
+    layout: Layout,
+    leftover: &mut Leftover,
+    out: &mut Vec<String>,
+) {
+    let t = table(family);
+    for e in elements(svc, family, layout) {
         match leftover.remove(&(e.container, e.key.clone())) {
             Some(old) if old == e.value => {}
             Some(_) => {
-                out.push(Element::delete(e.container, &e.key));
-                out.push(e.add());
+                out.push(Element::delete(&t, e.container, &e.key));
+                out.push(e.add(&t));
             }
-            None => out.push(e.add()),
+            None => out.push(e.add(&t)),
         }
     }
 }
 
 /// The rules of a Service port's chains: masquerade, the numgen dispatch, the DNATs.
-fn service_rules(svc: &Service, n: &Names, layout: Layout, out: &mut Vec<String>) {
+fn service_rules(svc: &Service, n: &Names, family: Family, layout: Layout, out: &mut Vec<String>) {
+    let (t, ipx) = (table(family), family.nft());
     let proto = svc.proto.as_str();
     let has_endpoints = !svc.endpoints.is_empty();
     let masquerade = match layout {
@@ -202,21 +228,21 @@ fn service_rules(svc: &Service, n: &Names, layout: Layout, out: &mut Vec<String>
     };
     if has_endpoints {
         out.push(format!(
-            "add rule {TABLE} {} ip daddr {} {proto} dport {} ip saddr != {CLUSTER_CIDR} {masquerade}",
-            n.service, svc.cluster_ip, svc.port
+            "add rule {t} {} {ipx} daddr {} {proto} dport {} {ipx} saddr != {} {masquerade}",
+            n.service,
+            family.ip(svc.cluster_ip),
+            svc.port,
+            family.cluster_cidr()
         ));
     }
     if has_endpoints && svc.node_port.is_some() {
-        out.push(format!("add rule {TABLE} {} {masquerade}", n.external));
-        out.push(format!(
-            "add rule {TABLE} {} goto {}",
-            n.external, n.service
-        ));
+        out.push(format!("add rule {t} {} {masquerade}", n.external));
+        out.push(format!("add rule {t} {} goto {}", n.external, n.service));
     }
     if !has_endpoints {
         return;
     }
-    let endpoints = svc.endpoint_addrs();
+    let endpoints = svc.endpoint_addrs_in(family);
     match layout {
         Layout::V1_35 => {
             let vmap: Vec<String> = n
@@ -226,24 +252,24 @@ fn service_rules(svc: &Service, n: &Names, layout: Layout, out: &mut Vec<String>
                 .map(|(i, (_, c))| format!("{i} : goto {c}"))
                 .collect();
             out.push(format!(
-                "add rule {TABLE} {} numgen random mod {} vmap {{ {} }}",
+                "add rule {t} {} numgen random mod {} vmap {{ {} }}",
                 n.service,
                 n.endpoints.len(),
                 vmap.join(" , ")
             ));
             for (ep, chain) in &n.endpoints {
                 out.push(format!(
-                    "add rule {TABLE} {chain} ip saddr {} jump {MARK_MASQ_CHAIN}",
+                    "add rule {t} {chain} {ipx} saddr {} jump {MARK_MASQ_CHAIN}",
                     ep.ip()
                 ));
                 out.push(format!(
-                    "add rule {TABLE} {chain} meta l4proto {proto} dnat to {ep}"
+                    "add rule {t} {chain} meta l4proto {proto} dnat to {ep}"
                 ));
             }
         }
         Layout::V1_37 | Layout::Dispatch if endpoints.len() == 1 => {
             out.push(format!(
-                "add rule {TABLE} {} meta l4proto {proto} dnat to {}",
+                "add rule {t} {} meta l4proto {proto} dnat to {}",
                 n.service, endpoints[0]
             ));
         }
@@ -254,7 +280,7 @@ fn service_rules(svc: &Service, n: &Names, layout: Layout, out: &mut Vec<String>
                 .map(|(i, ep)| format!("{i} : {} . {}", ep.ip(), ep.port()))
                 .collect();
             out.push(format!(
-                "add rule {TABLE} {} meta l4proto {proto} dnat ip addr . port to numgen random mod {} map {{ {} }}",
+                "add rule {t} {} meta l4proto {proto} dnat {ipx} addr . port to numgen random mod {} map {{ {} }}",
                 n.service,
                 endpoints.len(),
                 map.join(" , ")
@@ -264,10 +290,11 @@ fn service_rules(svc: &Service, n: &Names, layout: Layout, out: &mut Vec<String>
 }
 
 /// The transaction that deletes stale chains (kube-proxy's next sync, a second later).
-pub fn delete_chains(chains: &[String]) -> String {
+pub fn delete_chains(family: Family, chains: &[String]) -> String {
+    let t = table(family);
     chains
         .iter()
-        .map(|c| format!("delete chain {TABLE} {c}\n"))
+        .map(|c| format!("delete chain {t} {c}\n"))
         .collect()
 }
 
@@ -297,16 +324,17 @@ mod tests {
     const SVC: &str = "service-2EUJKCR2-shop/checkout/tcp/http";
 
     fn ep_chain(ip: &str) -> String {
-        let base = nft_endpoint_base("shop", "checkout", "tcp", "http", ip.parse().unwrap());
+        let endpoint: std::net::SocketAddrV4 = ip.parse().unwrap();
+        let base = nft_endpoint_base("shop", "checkout", "tcp", "http", endpoint);
         format!("endpoint-{base}")
     }
 
     #[test]
     fn service_chain_name_has_hash_and_readable_name() {
         let svcs = services(&pods("t"));
-        assert_eq!(names(&svcs[0]).service, SVC);
+        assert_eq!(names(&svcs[0], Family::V4).service, SVC);
         assert_eq!(
-            names(&svcs[0]).external,
+            names(&svcs[0], Family::V4).external,
             SVC.replacen("service-", "external-", 1)
         );
     }
@@ -418,7 +446,7 @@ mod tests {
         assert!(!flip.script.contains("kube-dns"));
         assert!(!flip.script.contains("add table"));
         assert_eq!(
-            delete_chains(&flip.stale_chains),
+            delete_chains(Family::V4, &flip.stale_chains),
             format!("delete chain ip kube-proxy {b}\n")
         );
     }
@@ -445,3 +473,6 @@ mod tests {
         assert!(chains_in_json("not json").is_err());
     }
 }
+
+#[cfg(test)]
+mod ipv6_tests;

@@ -3,8 +3,8 @@
 
 use std::collections::BTreeSet;
 
-use super::{CONTAINERS, ENDPOINTS_MAP, Layout, MARK_MASQ_CHAIN, MASQ_MARK, REJECT_CHAIN, TABLE};
-use crate::spec::SERVICE_CIDR;
+use super::{CONTAINERS, ENDPOINTS_MAP, Layout, MARK_MASQ_CHAIN, MASQ_MARK, REJECT_CHAIN, table};
+use crate::spec::Family;
 
 /// (name, type, hook, priority) of kube-proxy's base chains.
 const BASE_CHAINS: [(&str, &str, &str, i32); 8] = [
@@ -38,30 +38,31 @@ const JUMP_CHAINS: [(&str, &str, &str); 11] = [
 ];
 
 /// `setupNFTables` on kube-proxy's first sync (`flushed` still false).
-pub(super) fn setup(out: &mut Vec<String>, layout: Layout) {
+pub(super) fn setup(out: &mut Vec<String>, family: Family, layout: Layout) {
+    let t = table(family);
     out.push(format!(
-        "add table {TABLE} {{ comment \"rules for kube-proxy\" ; }}"
+        "add table {t} {{ comment \"rules for kube-proxy\" ; }}"
     ));
     for (name, ..) in BASE_CHAINS {
-        out.push(format!("add chain {TABLE} {name}"));
-        out.push(format!("delete chain {TABLE} {name}"));
+        out.push(format!("add chain {t} {name}"));
+        out.push(format!("delete chain {t} {name}"));
     }
     for (name, kind, hook, prio) in BASE_CHAINS {
         out.push(format!(
-            "add chain {TABLE} {name} {{ type {kind} hook {hook} priority {prio} ; }}"
+            "add chain {t} {name} {{ type {kind} hook {hook} priority {prio} ; }}"
         ));
-        out.push(format!("flush chain {TABLE} {name}"));
+        out.push(format!("flush chain {t} {name}"));
     }
     let mut created: BTreeSet<&str> = BTreeSet::new();
     let mut ensure = |out: &mut Vec<String>, chain: &'static str| {
         if created.insert(chain) {
-            out.push(format!("add chain {TABLE} {chain}"));
-            out.push(format!("flush chain {TABLE} {chain}"));
+            out.push(format!("add chain {t} {chain}"));
+            out.push(format!("flush chain {t} {chain}"));
         }
     };
     for (dst, src, extra) in JUMP_CHAINS {
         ensure(out, dst);
-        out.push(format!("add rule {TABLE} {src} {extra}jump {dst}"));
+        out.push(format!("add rule {t} {src} {extra}jump {dst}"));
     }
     for chain in ["services", "cluster-ips-check", "masquerading"] {
         ensure(out, chain);
@@ -69,74 +70,88 @@ pub(super) fn setup(out: &mut Vec<String>, layout: Layout) {
     if layout == Layout::V1_35 {
         ensure(out, MARK_MASQ_CHAIN);
         out.push(format!(
-            "add rule {TABLE} {MARK_MASQ_CHAIN} mark set mark or {MASQ_MARK}"
+            "add rule {t} {MARK_MASQ_CHAIN} mark set mark or {MASQ_MARK}"
         ));
     }
-    out.extend(masquerading_and_maps());
+    out.extend(masquerading_and_maps(family));
     for (kind, name) in CONTAINERS {
-        out.push(format!("flush {kind} {TABLE} {name}"));
+        out.push(format!("flush {kind} {t} {name}"));
     }
     if layout == Layout::Dispatch {
+        let addr = addr_type(family);
         out.push(format!(
-            "add map {TABLE} {ENDPOINTS_MAP} {{ type ipv4_addr . inet_proto . inet_service . mark : ipv4_addr . inet_service ; comment \"endpoints of every Service, by ClusterIP, protocol, port and a random bucket\" ; }}"
+            "add map {t} {ENDPOINTS_MAP} {{ type {addr} . inet_proto . inet_service . mark : {addr} . inet_service ; comment \"endpoints of every Service, by ClusterIP, protocol, port and a random bucket\" ; }}"
         ));
-        out.push(format!("flush map {TABLE} {ENDPOINTS_MAP}"));
+        out.push(format!("flush map {t} {ENDPOINTS_MAP}"));
+    }
+}
+
+/// proxier.go's `ipvX_addr`.
+fn addr_type(family: Family) -> &'static str {
+    match family {
+        Family::V4 => "ipv4_addr",
+        Family::V6 => "ipv6_addr",
     }
 }
 
 /// The masquerading rules, the ClusterIP checks and the sets and maps with the rules
 /// that consult them.
-fn masquerading_and_maps() -> [String; 21] {
+fn masquerading_and_maps(family: Family) -> [String; 21] {
+    let (t, ipx, addr) = (table(family), family.nft(), addr_type(family));
+    // proxier.go's `noLocalhost`.
+    let no_localhost = match family {
+        Family::V4 => "ip daddr != 127.0.0.0/8",
+        Family::V6 => "ip6 daddr != ::1",
+    };
+    let service_cidr = family.service_cidr();
     [
-        format!("add rule {TABLE} masquerading mark and {MASQ_MARK} == 0 return"),
-        format!("add rule {TABLE} masquerading mark set mark xor {MASQ_MARK}"),
-        format!("add rule {TABLE} masquerading masquerade fully-random"),
+        format!("add rule {t} masquerading mark and {MASQ_MARK} == 0 return"),
+        format!("add rule {t} masquerading mark set mark xor {MASQ_MARK}"),
+        format!("add rule {t} masquerading masquerade fully-random"),
+        format!("add set {t} cluster-ips {{ type {addr} ; comment \"Active ClusterIPs\" ; }}"),
         format!(
-            "add set {TABLE} cluster-ips {{ type ipv4_addr ; comment \"Active ClusterIPs\" ; }}"
+            "add rule {t} cluster-ips-check {ipx} daddr @ cluster-ips reject comment \"Reject traffic to invalid ports of ClusterIPs\""
         ),
         format!(
-            "add rule {TABLE} cluster-ips-check ip daddr @ cluster-ips reject comment \"Reject traffic to invalid ports of ClusterIPs\""
-        ),
-        format!(
-            "add rule {TABLE} cluster-ips-check ip daddr {{ {SERVICE_CIDR} }} drop comment \"Drop traffic to unallocated ClusterIPs\""
+            "add rule {t} cluster-ips-check {ipx} daddr {{ {service_cidr} }} drop comment \"Drop traffic to unallocated ClusterIPs\""
         ),
         // NodePorts on every local address: the set is created and removed again.
         format!(
-            "add set {TABLE} nodeport-ips {{ type ipv4_addr ; comment \"IPs that accept NodePort traffic\" ; }}"
+            "add set {t} nodeport-ips {{ type {addr} ; comment \"IPs that accept NodePort traffic\" ; }}"
         ),
-        format!("delete set {TABLE} nodeport-ips"),
+        format!("delete set {t} nodeport-ips"),
         format!(
-            "add map {TABLE} no-endpoint-services {{ type ipv4_addr . inet_proto . inet_service : verdict ; comment \"vmap to drop or reject packets to services with no endpoints\" ; }}"
-        ),
-        format!(
-            "add map {TABLE} no-endpoint-nodeports {{ type inet_proto . inet_service : verdict ; comment \"vmap to drop or reject packets to service nodeports with no endpoints\" ; }}"
+            "add map {t} no-endpoint-services {{ type {addr} . inet_proto . inet_service : verdict ; comment \"vmap to drop or reject packets to services with no endpoints\" ; }}"
         ),
         format!(
-            "add chain {TABLE} {REJECT_CHAIN} {{ comment \"helper for @no-endpoint-services / @no-endpoint-nodeports\" ; }}"
-        ),
-        format!("flush chain {TABLE} {REJECT_CHAIN}"),
-        format!("add rule {TABLE} {REJECT_CHAIN} reject"),
-        format!(
-            "add rule {TABLE} service-endpoints-check ip daddr . meta l4proto . th dport vmap @ no-endpoint-services"
+            "add map {t} no-endpoint-nodeports {{ type inet_proto . inet_service : verdict ; comment \"vmap to drop or reject packets to service nodeports with no endpoints\" ; }}"
         ),
         format!(
-            "add rule {TABLE} nodeport-endpoints-check ip daddr != 127.0.0.0/8 meta l4proto . th dport vmap @ no-endpoint-nodeports"
+            "add chain {t} {REJECT_CHAIN} {{ comment \"helper for @no-endpoint-services / @no-endpoint-nodeports\" ; }}"
+        ),
+        format!("flush chain {t} {REJECT_CHAIN}"),
+        format!("add rule {t} {REJECT_CHAIN} reject"),
+        format!(
+            "add rule {t} service-endpoints-check {ipx} daddr . meta l4proto . th dport vmap @ no-endpoint-services"
         ),
         format!(
-            "add map {TABLE} firewall-ips {{ type ipv4_addr . inet_proto . inet_service : verdict ; comment \"destinations that are subject to LoadBalancerSourceRanges\" ; }}"
+            "add rule {t} nodeport-endpoints-check {no_localhost} meta l4proto . th dport vmap @ no-endpoint-nodeports"
         ),
         format!(
-            "add rule {TABLE} firewall-check ip daddr . meta l4proto . th dport vmap @ firewall-ips"
+            "add map {t} firewall-ips {{ type {addr} . inet_proto . inet_service : verdict ; comment \"destinations that are subject to LoadBalancerSourceRanges\" ; }}"
         ),
         format!(
-            "add map {TABLE} service-ips {{ type ipv4_addr . inet_proto . inet_service : verdict ; comment \"ClusterIP, ExternalIP and LoadBalancer IP traffic\" ; }}"
+            "add rule {t} firewall-check {ipx} daddr . meta l4proto . th dport vmap @ firewall-ips"
         ),
         format!(
-            "add map {TABLE} service-nodeports {{ type inet_proto . inet_service : verdict ; comment \"NodePort traffic\" ; }}"
+            "add map {t} service-ips {{ type {addr} . inet_proto . inet_service : verdict ; comment \"ClusterIP, ExternalIP and LoadBalancer IP traffic\" ; }}"
         ),
-        format!("add rule {TABLE} services ip daddr . meta l4proto . th dport vmap @ service-ips"),
         format!(
-            "add rule {TABLE} services fib daddr type local ip daddr != 127.0.0.0/8 meta l4proto . th dport vmap @ service-nodeports"
+            "add map {t} service-nodeports {{ type inet_proto . inet_service : verdict ; comment \"NodePort traffic\" ; }}"
+        ),
+        format!("add rule {t} services {ipx} daddr . meta l4proto . th dport vmap @ service-ips"),
+        format!(
+            "add rule {t} services fib daddr type local {no_localhost} meta l4proto . th dport vmap @ service-nodeports"
         ),
     ]
 }

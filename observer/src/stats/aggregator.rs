@@ -70,7 +70,8 @@ impl Counts {
         }
         self.mix.add(c.requests);
         self.resets += u64::from(c.reset);
-        self.groups.add(c.netns, c.policy, c.requests);
+        self.groups
+            .add(c.netns, c.policy, c.backend.is_ipv6(), c.requests);
         self.same_node += u64::from(c.same_node == Some(true));
         self.cross_node += u64::from(c.same_node == Some(false));
     }
@@ -90,7 +91,8 @@ impl Counts {
         }
         self.mix.subtract(c.requests);
         self.resets -= u64::from(c.reset);
-        self.groups.subtract(c.netns, c.policy, c.requests);
+        self.groups
+            .subtract(c.netns, c.policy, c.backend.is_ipv6(), c.requests);
         self.same_node -= u64::from(c.same_node == Some(true));
         self.cross_node -= u64::from(c.same_node == Some(false));
     }

@@ -16,24 +16,29 @@ pub struct NodeRules {
     by_netns: BTreeMap<u32, ServiceRecord>,
 }
 
-/// Connections and their requests per deciding node and endpoint set.
+/// Which of a dual-stack Service's families a connection used: each family's endpoints
+/// share its connections (shares add up to 1 per family).
+pub type V6 = bool;
+
+/// Connections and their requests per deciding node, endpoint set and address family.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct Groups(BTreeMap<(u32, TrafficPolicy), (u64, u64)>);
+pub struct Groups(BTreeMap<(u32, TrafficPolicy, V6), (u64, u64)>);
 
 impl Groups {
-    pub fn add(&mut self, netns: u32, policy: TrafficPolicy, requests: u64) {
-        let entry = self.0.entry((netns, policy)).or_default();
+    pub fn add(&mut self, netns: u32, policy: TrafficPolicy, v6: V6, requests: u64) {
+        let entry = self.0.entry((netns, policy, v6)).or_default();
         entry.0 += 1;
         entry.1 += requests;
     }
 
     /// Undoes an earlier `add`.
-    pub fn subtract(&mut self, netns: u32, policy: TrafficPolicy, requests: u64) {
-        if let Some(entry) = self.0.get_mut(&(netns, policy)) {
+    pub fn subtract(&mut self, netns: u32, policy: TrafficPolicy, v6: V6, requests: u64) {
+        let key = (netns, policy, v6);
+        if let Some(entry) = self.0.get_mut(&key) {
             entry.0 -= 1;
             entry.1 -= requests;
             if entry.0 == 0 {
-                self.0.remove(&(netns, policy));
+                self.0.remove(&key);
             }
         }
     }
@@ -98,27 +103,34 @@ impl NodeRules {
                 .find(|e| e.addr == addr)
                 .map_or(0.0, |e| e.expected_share)
         };
-        let usable: Vec<(&ServiceRecord, TrafficPolicy, (u64, u64))> = groups
+        // Groups of the other family carry none of this backend's share.
+        let usable: Vec<(&ServiceRecord, TrafficPolicy, bool, (u64, u64))> = groups
             .0
             .iter()
-            .filter_map(|((netns, policy), weights)| {
-                self.by_netns.get(netns).map(|r| (r, *policy, *weights))
+            .filter_map(|((netns, policy, v6), weights)| {
+                self.by_netns
+                    .get(netns)
+                    .map(|r| (r, *policy, *v6 == addr.is_ipv6(), *weights))
             })
             .collect();
-        let by_requests = usable.iter().any(|(_, _, (_, requests))| *requests > 0);
+        let by_requests = usable.iter().any(|(_, _, _, (_, requests))| *requests > 0);
         let weight = |(connections, requests): (u64, u64)| {
             (if by_requests { requests } else { connections }) as f64
         };
-        let total: f64 = usable.iter().map(|(_, _, w)| weight(*w)).sum();
+        let total: f64 = usable.iter().map(|(_, _, _, w)| weight(*w)).sum();
         if total == 0.0 {
-            let share = self
-                .latest()
-                .map_or(0.0, |latest| share_in(latest, TrafficPolicy::Cluster));
+            // Before any connection: the latest rules, each family an equal part.
+            let share = self.latest().map_or(0.0, |latest| {
+                let families = latest.endpoints.iter().any(|e| e.addr.is_ipv4()) as u8
+                    + latest.endpoints.iter().any(|e| e.addr.is_ipv6()) as u8;
+                share_in(latest, TrafficPolicy::Cluster) / f64::from(families.max(1))
+            });
             return (Some(share), true);
         }
         let mixed: f64 = usable
             .iter()
-            .map(|(record, policy, w)| weight(*w) * share_in(record, *policy))
+            .filter(|(_, _, same_family, _)| *same_family)
+            .map(|(record, policy, _, w)| weight(*w) * share_in(record, *policy))
             .sum();
         (Some(mixed / total), true)
     }
@@ -175,11 +187,11 @@ mod tests {
         let mut groups = Groups::default();
         // Before any connection: the latest rules (node 2's).
         assert_eq!(rules.expected(&groups, a), (Some(0.0), true));
-        groups.add(1, TrafficPolicy::Cluster, 30);
-        groups.add(2, TrafficPolicy::Cluster, 10);
+        groups.add(1, TrafficPolicy::Cluster, false, 30);
+        groups.add(2, TrafficPolicy::Cluster, false, 10);
         assert_eq!(rules.expected(&groups, a), (Some(0.375), true));
         assert_eq!(rules.expected(&groups, b), (Some(0.625), true));
-        groups.subtract(2, TrafficPolicy::Cluster, 10);
+        groups.subtract(2, TrafficPolicy::Cluster, false, 10);
         assert_eq!(rules.expected(&groups, b), (Some(0.5), true));
         assert_eq!(
             rules.expected(&groups, "10.0.0.9:80".parse().unwrap()),
@@ -196,10 +208,37 @@ mod tests {
             Some(&[("10.0.0.1:80", 1.0)]),
         ));
         let mut groups = Groups::default();
-        groups.add(1, TrafficPolicy::Local, 4);
+        groups.add(1, TrafficPolicy::Local, false, 4);
         let a: SocketAddr = "10.0.0.1:80".parse().unwrap();
         assert_eq!(rules.expected(&groups, a), (Some(1.0), true));
-        groups.add(1, TrafficPolicy::Cluster, 4);
+        groups.add(1, TrafficPolicy::Cluster, false, 4);
         assert_eq!(rules.expected(&groups, a), (Some(0.75), true));
+    }
+
+    /// A dual-stack Service: each family's endpoints share that family's connections.
+    #[test]
+    fn each_family_shares_its_own_connections() {
+        let mut rules = NodeRules::default();
+        rules.insert(&record(
+            1,
+            &[
+                ("10.0.0.1:80", 0.5),
+                ("10.0.0.2:80", 0.5),
+                ("[fd00::1]:80", 1.0),
+            ],
+            None,
+        ));
+        let v4: SocketAddr = "10.0.0.1:80".parse().unwrap();
+        let v6: SocketAddr = "[fd00::1]:80".parse().unwrap();
+        let mut groups = Groups::default();
+        assert_eq!(
+            rules.expected(&groups, v4),
+            (Some(0.25), true),
+            "half the Service's share"
+        );
+        groups.add(1, TrafficPolicy::Cluster, false, 30);
+        groups.add(1, TrafficPolicy::Cluster, true, 10);
+        assert_eq!(rules.expected(&groups, v4), (Some(0.375), true));
+        assert_eq!(rules.expected(&groups, v6), (Some(0.25), true));
     }
 }

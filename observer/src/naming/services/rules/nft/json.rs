@@ -26,11 +26,13 @@ pub(super) fn path_err(path: String, message: impl Into<String>) -> RulesError {
 /// in serde_json (optimized in every build, see Cargo.toml), not in observer: a 5,000
 /// Service dump is 17 MB.
 pub(super) fn objects(text: &str) -> Result<Vec<Value>, RulesError> {
-    let mut dump: Value = text.parse().map_err(|e: serde_json::Error| RulesError::NftSyntax {
-        line: e.line(),
-        column: e.column(),
-        message: e.to_string(),
-    })?;
+    let mut dump: Value = text
+        .parse()
+        .map_err(|e: serde_json::Error| RulesError::NftSyntax {
+            line: e.line(),
+            column: e.column(),
+            message: e.to_string(),
+        })?;
     match dump.get_mut("nftables").map(Value::take) {
         Some(Value::Array(objects)) => Ok(objects),
         _ => Err(RulesError::NftSyntax {

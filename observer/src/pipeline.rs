@@ -231,6 +231,11 @@ impl Session {
             lost_rejects: stats.lost_rejects,
             conntrack: self.pressure.summary(),
             conntrack_ends,
+            blind_spots: self
+                .namer
+                .as_ref()
+                .map(|namer| namer.blind_spots().to_vec())
+                .unwrap_or_default(),
             started,
             ended: Utc::now(),
         };
@@ -379,6 +384,10 @@ impl Session {
             lost_rejects: counters.rejects_dropped + self.rejects.malformed,
             hooks_attached: self.capture.hooks_attached(),
             netns_seen: self.netns_seen.len() as u32,
+            blind_spots: self
+                .namer
+                .as_ref()
+                .map_or(0, |namer| namer.blind_spots().len() as u64),
             live_connections: self.tracker.open_count() as u64,
             recording: self.output.recording(),
         }

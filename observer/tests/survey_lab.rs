@@ -69,5 +69,10 @@ fn a_node_without_kube_proxy_rules_is_said_to_be_one() {
         said[0].contains("observer will show no Service"),
         "{said:?}"
     );
-    recorder.stop();
+    let recording = recorder.stop();
+    let summary = recording.summary.expect("a summary line");
+    assert!(
+        summary.blind_spots.iter().any(|s| s.contains(SENTENCE)),
+        "the summary line keeps it: {summary:?}"
+    );
 }

@@ -48,6 +48,8 @@ pub struct CaptureStats {
     pub hooks_attached: u32,
     /// Distinct network namespaces whose conntrack entries were seen.
     pub netns_seen: u32,
+    /// Sentences on what observer cannot see or follow (`SummaryRecord::blind_spots`).
+    pub blind_spots: u64,
     /// Connections currently tracked by the kernel.
     pub live_connections: u64,
     /// Where the connection log is being written, if anywhere.

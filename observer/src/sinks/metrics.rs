@@ -354,7 +354,7 @@ fn frontend_label(frontend: FrontendKind) -> String {
 }
 
 /// The capture counters, one unlabelled sample each.
-fn capture_families(capture: &CaptureStats) -> [Family; 9] {
+fn capture_families(capture: &CaptureStats) -> [Family; 10] {
     use MetricType::{Counter, Gauge};
     let families = [
         (
@@ -410,6 +410,12 @@ fn capture_families(capture: &CaptureStats) -> [Family; 9] {
             Gauge,
             "Connections the kernel programs are following.",
             capture.live_connections,
+        ),
+        (
+            "observer_blind_spots",
+            Gauge,
+            "What observer cannot see or follow of the node's Service datapath (a rule it cannot follow, frontends named by address, no kube-proxy rules, IPVS, a kube-proxy-free datapath): one each, said in its warnings.",
+            capture.blind_spots,
         ),
     ];
     families.map(|(name, kind, help, value)| {
@@ -711,7 +717,7 @@ mod tests {
             .lines()
             .filter_map(|l| l.strip_prefix("# TYPE "))
             .collect();
-        assert_eq!(types.len(), 13 + 7 + 9 + 5, "{metrics}");
+        assert_eq!(types.len(), 13 + 7 + 10 + 5, "{metrics}");
         assert!(types.contains(&"observer_connections_total counter"));
         assert!(types.contains(&"observer_connect_seconds histogram"));
         assert!(types.contains(&"observer_pinning_seconds untyped"));

@@ -129,6 +129,9 @@ pub fn render_with(
                     plural(s.lost_rejects, "report")
                 );
             }
+            for blind_spot in &s.blind_spots {
+                let _ = writeln!(out, "WARNING: {blind_spot}");
+            }
         }
         None => {
             let _ = writeln!(

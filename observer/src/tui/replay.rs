@@ -55,6 +55,7 @@ pub fn replay_updates(recording: &Recording) -> Vec<Update> {
         lost_rejects: summary.lost_rejects,
         hooks_attached: 0,
         netns_seen: u32::try_from(netns.len()).unwrap_or(u32::MAX),
+        blind_spots: summary.blind_spots.len() as u64,
         live_connections: open,
         recording: None,
     }));

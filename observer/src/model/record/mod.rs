@@ -282,6 +282,11 @@ pub struct SummaryRecord {
     /// in older logs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub conntrack_ends: Option<ConntrackEnds>,
+    /// What observer could not see or follow of the node's Service datapath, one sentence
+    /// each: rules it could not follow, frontends named by address, no kube-proxy rules,
+    /// IPVS, a kube-proxy-free datapath. Absent when there was nothing to say.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub blind_spots: Vec<String>,
     #[serde(with = "micros")]
     pub started: DateTime<Utc>,
     #[serde(with = "micros")]

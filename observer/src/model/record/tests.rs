@@ -106,6 +106,7 @@ fn times_are_written_as_chrono_writes_them() {
         let chrono = time.to_rfc3339_opts(SecondsFormat::Micros, true);
         assert_eq!(format_time(&time), chrono);
         let line = serde_json::to_string(&SummaryRecord {
+            blind_spots: Vec::new(),
             started: time,
             ended: time,
             ..Default::default()

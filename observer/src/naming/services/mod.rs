@@ -243,6 +243,8 @@ pub struct Namer {
     updates: Vec<ServiceRecord>,
     changes: Vec<EndpointsRecord>,
     warnings: Vec<String>,
+    /// Sentences on what observer cannot see or follow, for the summary line.
+    blind_spots: Vec<String>,
 }
 
 impl Namer {
@@ -271,6 +273,7 @@ impl Namer {
             updates: Vec::new(),
             changes: Vec::new(),
             warnings: Vec::new(),
+            blind_spots: Vec::new(),
         }
     }
 
@@ -471,8 +474,13 @@ impl Namer {
         while let Some(snapshot) = self.worker_snapshot(None) {
             self.absorb(snapshot);
         }
-        if let Reads::Worker(worker) = &self.reads {
-            self.warnings.extend(worker.notes.try_iter());
+        let notes: Vec<String> = match &self.reads {
+            Reads::Worker(worker) => worker.notes.try_iter().collect(),
+            Reads::Inline(_) => Vec::new(),
+        };
+        for note in notes {
+            self.note_blind_spot(note.clone());
+            self.warnings.push(note);
         }
     }
 
@@ -526,7 +534,24 @@ impl Namer {
         );
         self.updates.extend(snapshot.updates);
         self.changes.extend(snapshot.changes);
+        for warning in &snapshot.warnings {
+            if warning.starts_with("rules of netns ") {
+                self.note_blind_spot(warning.clone());
+            }
+        }
         self.warnings.extend(snapshot.warnings);
+    }
+
+    /// Keeps a sentence on what observer cannot see or follow, once.
+    fn note_blind_spot(&mut self, sentence: String) {
+        if self.blind_spots.len() < 100 && !self.blind_spots.contains(&sentence) {
+            self.blind_spots.push(sentence);
+        }
+    }
+
+    /// What observer could not see or follow of the node's Service datapath so far.
+    pub fn blind_spots(&self) -> &[String] {
+        &self.blind_spots
     }
 
     /// Services first seen, or whose frontends or endpoints changed, since the last call.

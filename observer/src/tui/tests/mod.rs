@@ -149,6 +149,7 @@ fn stats() -> CaptureStats {
         lost_rejects: 0,
         hooks_attached: 3,
         netns_seen: 2,
+        blind_spots: 0,
         live_connections: 1,
         recording: None,
     }

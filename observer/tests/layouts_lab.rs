@@ -176,23 +176,11 @@ fn wait_for_service_line(log: &std::path::Path) {
 
 /// The checkout Service's endpoints and shares, as `observer rules` reads the node.
 fn full_read(node_ns: &str) -> Vec<(SocketAddr, f64)> {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_observer"))
-        .args(["rules", "--output", "json", "--netns"])
-        .arg(format!("/run/netns/{node_ns}"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(|line| serde_json::from_str::<ServiceRecord>(line).unwrap())
+    common::rules_of(node_ns)
+        .into_iter()
         .find(|s| s.service == SERVICE)
         .expect("the Service in `observer rules`")
-        .endpoints
+.endpoints
         .iter()
         .map(|e| (e.addr, e.expected_share))
         .collect()

@@ -64,21 +64,9 @@ fn logged(log: &std::path::Path, netns: u32) -> BTreeMap<String, Definition> {
 
 /// What a full read of the node's rules says, through `observer rules`.
 fn full_read(node_ns: &str) -> BTreeMap<String, Definition> {
-    let out = Command::new(env!("CARGO_BIN_EXE_observer"))
-        .args(["rules", "--output", "json", "--netns"])
-        .arg(format!("/run/netns/{node_ns}"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(|line| serde_json::from_str::<ServiceRecord>(line).unwrap())
-        .map(|s| (s.service.clone(), definition(&s)))
+    common::rules_of(node_ns)
+        .iter()
+        .map(|s| (s.service.clone(), definition(s)))
         .collect()
 }
 

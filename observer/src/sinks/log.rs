@@ -86,7 +86,14 @@ impl LogTarget {
                 .append(true)
                 .create(true)
                 .open(&path)
-                .and_then(|file| file.set_len(0).map(|()| file))
+                .and_then(|file| {
+                    // A regular file is emptied; a device or pipe (/dev/null, a FIFO)
+                    // cannot be truncated and needs not be.
+                    if file.metadata()?.is_file() {
+                        file.set_len(0)?;
+                    }
+                    Ok(file)
+                })
                 .map_err(|err| {
                     anyhow::anyhow!("cannot write the connection log to {path}: {err}")
                 })?;

@@ -143,3 +143,22 @@ pub fn service_line<'a>(
         .find(|s| s.netns == inode && s.service == name)
         .unwrap_or_else(|| panic!("no service line for {name} in netns {inode}: {services:?}"))
 }
+
+/// Every Service of the lab node `node_ns` as a full read says, through `observer rules`.
+pub fn rules_of(node_ns: &str) -> Vec<ServiceRecord> {
+    let out = Command::new(env!("CARGO_BIN_EXE_observer"))
+        .args(["rules", "--output", "json", "--netns"])
+        .arg(format!("/run/netns/{node_ns}"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str::<ServiceRecord>(line).unwrap())
+        .collect()
+}

@@ -45,6 +45,7 @@ fn echo_service(lab: &Lab) -> Service {
         port: 5353,
         target_port: 5353,
         node_port: None,
+        traffic: Default::default(),
         endpoints: checkout.endpoints.clone(),
     }
 }
@@ -373,6 +374,7 @@ fn udp_and_syn_floods_cost_no_connection_record() {
         port,
         target_port,
         node_port: None,
+        traffic: Default::default(),
         endpoints: vec![
             lab.pods()
                 .iter()

@@ -180,7 +180,7 @@ fn full_read(node_ns: &str) -> Vec<(SocketAddr, f64)> {
         .into_iter()
         .find(|s| s.service == SERVICE)
         .expect("the Service in `observer rules`")
-.endpoints
+        .endpoints
         .iter()
         .map(|e| (e.addr, e.expected_share))
         .collect()

@@ -32,6 +32,7 @@ fn many(lab: &Lab) -> Vec<Service> {
             port: 80,
             target_port: checkout.target_port,
             node_port: None,
+            traffic: Default::default(),
             endpoints: checkout.endpoints.clone(),
         })
         .collect()

@@ -52,6 +52,7 @@ fn without_endpoints(
         port,
         target_port: port,
         node_port: None,
+        traffic: Default::default(),
         endpoints: Vec::new(),
     }
 }

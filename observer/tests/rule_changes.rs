@@ -38,6 +38,7 @@ fn extra_service(lab: &Lab, i: usize) -> Service {
         port: 80,
         target_port: checkout.target_port,
         node_port: None,
+        traffic: Default::default(),
         endpoints: checkout.endpoints.clone(),
     }
 }

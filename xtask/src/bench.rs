@@ -260,6 +260,7 @@ fn sink_lab(xtask: &Path) -> anyhow::Result<(Lab, Targets, Children)> {
         port: SINK_PORT,
         target_port: SINK_PORT,
         node_port: None,
+        traffic: Default::default(),
         endpoints: checkout.endpoints.clone(),
     };
     let echo = Service {

@@ -79,6 +79,7 @@ fn many(checkout: &Service, count: usize) -> Vec<Service> {
             port: 80,
             target_port: checkout.target_port,
             node_port: None,
+            traffic: Default::default(),
             endpoints: checkout.endpoints.clone(),
         })
         .collect()

@@ -136,6 +136,7 @@ fn empty_service() -> lab::Service {
         port: 80,
         target_port: 8080,
         node_port: None,
+        traffic: Default::default(),
         endpoints: Vec::new(),
     }
 }

@@ -21,7 +21,16 @@ fn run_json<T: DeserializeOwned>(
     program: &std::path::Path,
     args: &[String],
 ) -> anyhow::Result<T> {
-    let out = run(in_netns(&lab.tools.ip, lab.client_ns(), program).args(args))?;
+    run_json_in(lab, lab.client_ns(), program, args)
+}
+
+fn run_json_in<T: DeserializeOwned>(
+    lab: &Lab,
+    netns: &str,
+    program: &std::path::Path,
+    args: &[String],
+) -> anyhow::Result<T> {
+    let out = run(in_netns(&lab.tools.ip, netns, program).args(args))?;
     serde_json::from_slice(&out.stdout).with_context(|| {
         format!(
             "unexpected client output: {}",
@@ -37,6 +46,17 @@ fn python_client(
     count: usize,
     extra: &[String],
 ) -> anyhow::Result<Vec<Answer>> {
+    python_client_in(lab, lab.client_ns(), mode, target, count, extra)
+}
+
+fn python_client_in(
+    lab: &Lab,
+    netns: &str,
+    mode: &str,
+    target: SocketAddr,
+    count: usize,
+    extra: &[String],
+) -> anyhow::Result<Vec<Answer>> {
     let script = lab.state_dir.join("clients.py");
     let mut args = vec![
         script.to_string_lossy().into_owned(),
@@ -46,7 +66,7 @@ fn python_client(
         count.to_string(),
     ];
     args.extend_from_slice(extra);
-    let raw: Vec<(u16, String)> = run_json(lab, &lab.tools.python3, &args)?;
+    let raw: Vec<(u16, String)> = run_json_in(lab, netns, &lab.tools.python3, &args)?;
     Ok(raw
         .into_iter()
         .map(|(client_port, pod)| Answer { client_port, pod })
@@ -147,6 +167,17 @@ pub fn http_fresh(
     count: usize,
 ) -> anyhow::Result<Vec<Answer>> {
     python_client(lab, "http-fresh", target.into(), count, &[])
+}
+
+/// [`http_fresh`] from another of the lab's namespaces (e.g. [`Lab::peer_ns`]: an
+/// external client).
+pub fn http_fresh_from(
+    lab: &Lab,
+    netns: &str,
+    target: impl Into<SocketAddr>,
+    count: usize,
+) -> anyhow::Result<Vec<Answer>> {
+    python_client_in(lab, netns, "http-fresh", target.into(), count, &[])
 }
 
 /// Python `http.client`: one connection, `count` sequential requests on it.

@@ -87,6 +87,7 @@ mod names;
 mod node_container;
 mod node_rules;
 mod observer;
+mod peer;
 mod process;
 mod sys;
 mod topology;
@@ -108,8 +109,8 @@ use serde::{Deserialize, Serialize};
 
 pub use admin::{down, namespaces, status};
 pub use clients::{
-    Answer, Attempt, AttemptOutcome, ChurnReport, attempts, http_churn, http_fresh, http_keepalive,
-    http_keepalive_paced, node_fetch, resolve, udp_queries,
+    Answer, Attempt, AttemptOutcome, ChurnReport, attempts, http_churn, http_fresh,
+    http_fresh_from, http_keepalive, http_keepalive_paced, node_fetch, resolve, udp_queries,
 };
 pub use conntrack::{ConntrackWatch, CtEvent};
 pub use containerd::{Containerd, UNPACKED_CONTAINERDS};
@@ -117,7 +118,8 @@ pub use dns::{DnsLab, KUBE_DNS_IP, RESOLV_CONF, ServerQuery};
 pub use flood::{FloodKind, FloodReport};
 pub use node_container::NodeContainer;
 pub use observer::Observer;
-pub use spec::{Family, Pod, Proto, Service};
+pub use peer::{NODE_NET_IP, PEER_NODE_IP, PEER_POD_IP};
+pub use spec::{Family, Pod, Proto, Service, Traffic};
 
 use sys::{Tools, in_netns, is_lab_netns, list_netns, state_dir};
 
@@ -238,6 +240,8 @@ pub struct Lab {
     in_node_container: bool,
     /// That container, once started.
     node_container: Option<NodeContainer>,
+    /// The peer node's pod, once [`Lab::add_peer_node`] made it (its `ns` the peer's).
+    peer: Option<Pod>,
 }
 
 fn check_prefix(prefix: &str) -> anyhow::Result<()> {
@@ -332,6 +336,7 @@ impl Lab {
             sandboxed: make_netns.is_some(),
             in_node_container,
             node_container: None,
+            peer: None,
         };
         // From here on, dropping `lab` on an error removes whatever was built.
         if let Some(make_netns) = make_netns {
@@ -373,6 +378,7 @@ impl Lab {
     fn all_namespaces(&self) -> Vec<String> {
         let mut all = vec![self.node_ns.clone(), self.client_ns.clone()];
         all.extend(self.pods.iter().map(|p| p.ns.clone()));
+        all.extend(self.peer.iter().map(|p| p.ns.clone()));
         all
     }
 

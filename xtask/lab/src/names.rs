@@ -38,6 +38,11 @@ pub fn ipt_svc_chain(service_port_name: &str, proto: &str) -> String {
     format!("KUBE-SVC-{}", port_proto_hash(service_port_name, proto))
 }
 
+/// iptables `KUBE-SVL-*`: the Service port's Local-policy chain (this node's endpoints).
+pub fn ipt_svl_chain(service_port_name: &str, proto: &str) -> String {
+    format!("KUBE-SVL-{}", port_proto_hash(service_port_name, proto))
+}
+
 /// iptables `KUBE-EXT-*`: the Service port's external (NodePort...) chain.
 pub fn ipt_ext_chain(service_port_name: &str, proto: &str) -> String {
     format!("KUBE-EXT-{}", port_proto_hash(service_port_name, proto))

@@ -71,6 +71,20 @@ impl Lab {
     }
 
     fn sync_nftables(&mut self, previous: Option<&[Service]>) -> anyhow::Result<()> {
+        let layout = self.config.rules.nft_layout();
+        let special = self
+            .services
+            .iter()
+            .find(|s| s.traffic != Default::default());
+        if let (Some(svc), Some(layout)) = (special, layout)
+            && layout != nftables::Layout::V1_35
+        {
+            anyhow::bail!(
+                "the lab writes {}'s traffic policy or affinity in the 1.35 nftables layout only, not {}",
+                svc.port_name_string(),
+                self.config.rules
+            );
+        }
         for family in self.families.clone() {
             self.sync_nftables_family(family, previous)?;
         }

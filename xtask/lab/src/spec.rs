@@ -116,6 +116,15 @@ pub struct Pod {
     pub udp_port: u16,
 }
 
+impl Pod {
+    /// Whether the pod runs on the lab's node (its pod CIDR, 10.244.1.0/24); other pods
+    /// of the cluster (10.244.2.0/24: [`Lab::add_peer_node`](crate::Lab::add_peer_node))
+    /// are reached through another node.
+    pub fn on_node(&self) -> bool {
+        self.ip.octets()[..3] == NODE_IP.octets()[..3]
+    }
+}
+
 /// One Service port with its ready endpoints, as kube-proxy sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Service {
@@ -130,6 +139,19 @@ pub struct Service {
     pub target_port: u16,
     pub node_port: Option<u16>,
     pub endpoints: Vec<Pod>,
+    /// Traffic policy and session affinity (kube-proxy's defaults: Cluster, None).
+    pub traffic: Traffic,
+}
+
+/// What a Service's spec tells kube-proxy beyond its ports: `externalTrafficPolicy` and
+/// `sessionAffinity`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Traffic {
+    /// `externalTrafficPolicy: Local`: NodePort traffic from outside the cluster goes to
+    /// this node's endpoints only ([`Pod::on_node`]).
+    pub external_local: bool,
+    /// `sessionAffinity: ClientIP` with `sessionAffinityConfig.clientIP.timeoutSeconds`.
+    pub affinity_timeout_s: Option<u32>,
 }
 
 impl Service {
@@ -168,6 +190,20 @@ impl Service {
             .collect();
         addrs.sort_by_key(|a| a.to_string());
         addrs
+    }
+
+    /// The endpoints on the lab's node ([`Pod::on_node`]), in kube-proxy's order.
+    pub fn local_endpoint_addrs(&self) -> Vec<SocketAddrV4> {
+        let local: Vec<Ipv4Addr> = self
+            .endpoints
+            .iter()
+            .filter(|p| p.on_node())
+            .map(|p| p.ip)
+            .collect();
+        self.endpoint_addrs()
+            .into_iter()
+            .filter(|a| local.contains(a.ip()))
+            .collect()
     }
 
     /// The ClusterIP in `family`, and the port.
@@ -216,6 +252,7 @@ pub fn services(pods: &[Pod]) -> Vec<Service> {
             target_port: HTTP_PORT,
             node_port: Some(30080),
             endpoints: with_prefix("checkout-"),
+            traffic: Traffic::default(),
         },
         Service {
             namespace: "kube-system".into(),
@@ -227,6 +264,7 @@ pub fn services(pods: &[Pod]) -> Vec<Service> {
             target_port: UDP_PORT,
             node_port: None,
             endpoints: with_prefix("dns-"),
+            traffic: Traffic::default(),
         },
     ]
 }

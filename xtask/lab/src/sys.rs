@@ -138,7 +138,7 @@ pub fn list_netns(ip: &Path) -> anyhow::Result<Vec<String>> {
 pub fn is_lab_netns(prefix: &str, name: &str) -> bool {
     name.strip_prefix(prefix)
         .and_then(|rest| rest.strip_prefix('-'))
-        .is_some_and(|rest| rest == "node" || rest == "client" || rest.starts_with("pod-"))
+        .is_some_and(|rest| matches!(rest, "node" | "client" | "peer") || rest.starts_with("pod-"))
 }
 
 /// The pids of processes living in a namespace.

@@ -122,7 +122,7 @@ impl Lab {
         Ok(())
     }
 
-    fn sysctls(&self, netns: &str, settings: &[(&str, &str)]) -> anyhow::Result<()> {
+    pub(crate) fn sysctls(&self, netns: &str, settings: &[(&str, &str)]) -> anyhow::Result<()> {
         let script: Vec<String> = settings
             .iter()
             .map(|(k, v)| format!("echo {v} > /proc/sys/{k}"))

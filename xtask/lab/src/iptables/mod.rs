@@ -1,6 +1,6 @@
 //! kube-proxy's iptables mode, as text for `iptables-restore`: what `syncProxyRules` in
-//! pkg/proxy/iptables/proxier.go writes for our Services (Cluster traffic policies, no
-//! session affinity, `--cluster-cidr` local detection, NodePorts on every local address).
+//! pkg/proxy/iptables/proxier.go writes for our Services (`externalTrafficPolicy` and
+//! ClientIP session affinity: see `chains`, `--cluster-cidr` local detection, NodePorts on every local address).
 
 mod chains;
 

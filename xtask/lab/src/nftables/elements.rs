@@ -40,23 +40,34 @@ impl Element {
 /// The chain names kube-proxy derives for one Service port.
 pub(super) struct Names {
     pub(super) service: String,
+    /// The Local policy's chain (this node's endpoints).
+    pub(super) local: String,
     pub(super) external: String,
+    /// Each endpoint's chain, in kube-proxy's order.
     pub(super) endpoints: Vec<(std::net::SocketAddr, String)>,
+    /// Each endpoint's ClientIP affinity set, in the same order.
+    pub(super) affinity: Vec<String>,
 }
 
 pub(super) fn names(svc: &Service, family: Family) -> Names {
     let proto = svc.proto.as_str();
     let base = nft_service_base(&svc.namespace, &svc.name, proto, &svc.port_name);
+    let bases: Vec<(std::net::SocketAddr, String)> = svc
+        .endpoint_addrs_in(family)
+        .into_iter()
+        .map(|ep| {
+            let b = nft_endpoint_base(&svc.namespace, &svc.name, proto, &svc.port_name, ep);
+            (ep, b)
+        })
+        .collect();
     Names {
         service: format!("service-{base}"),
+        local: format!("local-{base}"),
         external: format!("external-{base}"),
-        endpoints: svc
-            .endpoint_addrs_in(family)
+        affinity: bases.iter().map(|(_, b)| format!("affinity-{b}")).collect(),
+        endpoints: bases
             .into_iter()
-            .map(|ep| {
-                let b = nft_endpoint_base(&svc.namespace, &svc.name, proto, &svc.port_name, ep);
-                (ep, format!("endpoint-{b}"))
-            })
+            .map(|(ep, b)| (ep, format!("endpoint-{b}")))
             .collect(),
     }
 }
@@ -111,15 +122,23 @@ pub(super) fn elements(svc: &Service, family: Family, layout: Layout) -> Vec<Ele
         if has_endpoints {
             out.push(Element {
                 container: "service-nodeports",
-                key,
+                key: key.clone(),
                 value: Some(format!("goto {}", n.external)),
                 comment: None,
             });
-        } else {
+        }
+        // No endpoints (reject), or none on this node for the Local policy (drop what
+        // the external chain did not short-circuit).
+        let no_local = svc.traffic.external_local && svc.local_endpoint_addrs().is_empty();
+        if !has_endpoints || no_local {
+            let verdict = match has_endpoints {
+                true => "drop".to_owned(),
+                false => format!("goto {REJECT_CHAIN}"),
+            };
             out.push(Element {
                 container: "no-endpoint-nodeports",
                 key,
-                value: Some(format!("goto {REJECT_CHAIN}")),
+                value: Some(verdict),
                 comment: Some(spn),
             });
         }

@@ -1,12 +1,13 @@
 //! kube-proxy's nftables mode, as an `nft -f` transaction: what `syncProxyRules` in
-//! pkg/proxy/nftables/proxier.go sends through knftables for our Services (Cluster traffic
-//! policies, no session affinity, `--cluster-cidr` local detection, NodePorts on every
+//! pkg/proxy/nftables/proxier.go sends through knftables for our Services (traffic
+//! policies and session affinity in the 1.35 layout: [`policies`], `--cluster-cidr` local detection, NodePorts on every
 //! local address, kind's Service CIDR known), in the [`Layout`] of a kube-proxy version,
 //! by the proxier of one IP family: `table ip kube-proxy`, or `table ip6 kube-proxy` with
 //! proxier.go's IPv6 branches (`ip6` matches, `ipv6_addr` keys, `ip6 daddr != ::1`, an
 //! endpoint chain named with its address's `:` as `.`, `dnat to [IP]:port`).
 
 mod elements;
+mod policies;
 mod setup;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -190,8 +191,22 @@ fn ensure_chains(
     if has_endpoints {
         ensure_chain(out, &n.service);
     }
+    if policies::uses_local_chain(svc) {
+        ensure_chain(out, &n.local);
+    }
     if has_endpoints && svc.node_port.is_some() {
         ensure_chain(out, &n.external);
+    }
+    if !skip && has_endpoints {
+        out.extend(policies::affinity_sets(svc, n, family_of(t), t));
+    }
+}
+
+/// The family of kube-proxy's table `t` (`ip kube-proxy` or `ip6 kube-proxy`).
+fn family_of(t: &str) -> Family {
+    match t.starts_with("ip6 ") {
+        true => Family::V6,
+        false => Family::V4,
     }
 }
 
@@ -235,7 +250,9 @@ fn service_rules(svc: &Service, n: &Names, family: Family, layout: Layout, out: 
             family.cluster_cidr()
         ));
     }
-    if has_endpoints && svc.node_port.is_some() {
+    if has_endpoints && svc.node_port.is_some() && svc.traffic.external_local {
+        policies::external_local(svc, n, family, &t, out);
+    } else if has_endpoints && svc.node_port.is_some() {
         out.push(format!("add rule {t} {} {masquerade}", n.external));
         out.push(format!("add rule {t} {} goto {}", n.external, n.service));
     }
@@ -245,23 +262,23 @@ fn service_rules(svc: &Service, n: &Names, family: Family, layout: Layout, out: 
     let endpoints = svc.endpoint_addrs_in(family);
     match layout {
         Layout::V1_35 => {
-            let vmap: Vec<String> = n
-                .endpoints
-                .iter()
-                .enumerate()
-                .map(|(i, (_, c))| format!("{i} : goto {c}"))
-                .collect();
-            out.push(format!(
-                "add rule {t} {} numgen random mod {} vmap {{ {} }}",
-                n.service,
-                n.endpoints.len(),
-                vmap.join(" , ")
-            ));
-            for (ep, chain) in &n.endpoints {
+            let all: Vec<usize> = (0..n.endpoints.len()).collect();
+            policies::to_endpoints(svc, n, (&t, ipx), &n.service, &all, out);
+            if policies::uses_local_chain(svc) {
+                let local = policies::local_endpoints(svc, n, family);
+                policies::to_endpoints(svc, n, (&t, ipx), &n.local, &local, out);
+            }
+            for (i, (ep, chain)) in n.endpoints.iter().enumerate() {
                 out.push(format!(
                     "add rule {t} {chain} {ipx} saddr {} jump {MARK_MASQ_CHAIN}",
                     ep.ip()
                 ));
+                if svc.traffic.affinity_timeout_s.is_some() {
+                    out.push(format!(
+                        "add rule {t} {chain} update @{} {{ {ipx} saddr }}",
+                        n.affinity[i]
+                    ));
+                }
                 out.push(format!(
                     "add rule {t} {chain} meta l4proto {proto} dnat to {ep}"
                 ));

@@ -446,7 +446,7 @@ impl Session {
             return Ok(());
         };
         namer.poll();
-        let ready = self.held.release(namer, Instant::now());
+        let ready = self.held.release(namer, &mut self.locality, Instant::now());
         self.publish_naming()?;
         for (id, record) in ready {
             self.write(id, record)?;
@@ -481,7 +481,7 @@ impl Session {
         let Some(namer) = self.namer.as_ref() else {
             return Ok(());
         };
-        for (id, record) in self.held.release_all(namer) {
+        for (id, record) in self.held.release_all(namer, &mut self.locality) {
             self.write(id, record)?;
         }
         Ok(())

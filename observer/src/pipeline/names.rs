@@ -6,7 +6,8 @@ use std::time::Instant;
 
 use super::Session;
 use super::output::Emitted;
-use crate::model::record::{ConnRecord, TrafficPolicy};
+use crate::model::record::ConnRecord;
+pub(super) use crate::naming::services::held_connections::set_policy;
 
 impl Session {
     /// Fills in `service` and `endpoint_in_rules` from the rules of the namespace that
@@ -36,23 +37,7 @@ impl Session {
             now,
         );
         lookup.naming.apply_to(record);
-        if record.service.is_some() {
-            let client_is_node = self
-                .locality
-                .client_is_node(record.netns, record.client.ip());
-            record.policy = namer
-                .expect(
-                    record.netns,
-                    record.proto,
-                    record.original_dst,
-                    record.client,
-                    client_is_node,
-                )
-                .and_then(|expected| match expected.policy {
-                    crate::naming::services::rules::Policy::Local => Some(TrafficPolicy::Local),
-                    crate::naming::services::rules::Policy::Cluster => None,
-                });
-        }
+        set_policy(namer, &mut self.locality, record);
         record.same_node = self
             .locality
             .backend_on_node(record.netns, record.backend.ip());

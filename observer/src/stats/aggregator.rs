@@ -207,9 +207,12 @@ impl Aggregator {
             None => (self.closed.remove(&id).map(|(_, old)| old), true),
         };
         if !(open || was_final && old.is_some()) {
-            self.accs[index]
-                .sticky
-                .observe(record.client.ip(), record.backend, record.start);
+            self.accs[index].sticky.observe(
+                record.netns,
+                record.client.ip(),
+                record.backend,
+                record.start,
+            );
         }
         if let Some(old) = old {
             let service = &mut self.accs[old.service];

@@ -2,6 +2,8 @@
 //! endpoint while it keeps connecting within the affinity timeout (kube-proxy refreshes
 //! the client's entry with every new connection). A switch is a connection from a client
 //! to another backend than its previous connection's, and how long after it started.
+//! Each node keeps its own affinity (kube-proxy's `recent` lists and sets are per node),
+//! so a client is followed per deciding network namespace.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -15,19 +17,26 @@ const SWITCHES: usize = 65_536;
 
 #[derive(Clone, Debug, Default)]
 pub struct Stickiness {
-    last: HashMap<IpAddr, (SocketAddr, DateTime<Utc>)>,
+    /// Per (deciding netns, client): its last backend and when.
+    last: HashMap<(u32, IpAddr), (SocketAddr, DateTime<Utc>)>,
     /// Seconds between the start of a client's connection and the start of its next one
     /// to another backend.
     switches: Vec<f64>,
 }
 
 impl Stickiness {
-    /// One finished connection.
-    pub fn observe(&mut self, client: IpAddr, backend: SocketAddr, start: DateTime<Utc>) {
+    /// One finished connection, decided in network namespace `netns`.
+    pub fn observe(
+        &mut self,
+        netns: u32,
+        client: IpAddr,
+        backend: SocketAddr,
+        start: DateTime<Utc>,
+    ) {
         if self.last.len() >= CLIENTS {
             self.last.clear();
         }
-        if let Some((before, at)) = self.last.insert(client, (backend, start))
+        if let Some((before, at)) = self.last.insert((netns, client), (backend, start))
             && before != backend
             && self.switches.len() < SWITCHES
         {
@@ -58,13 +67,30 @@ mod tests {
         let b: SocketAddr = "10.0.0.2:80".parse().unwrap();
         let client: IpAddr = "10.244.1.9".parse().unwrap();
         let mut sticky = Stickiness::default();
-        sticky.observe(client, a, t(0));
-        sticky.observe(client, a, t(5));
+        sticky.observe(1, client, a, t(0));
+        sticky.observe(1, client, a, t(5));
         assert_eq!(sticky.switches_within(Some(10)), 0);
-        sticky.observe(client, b, t(100));
+        sticky.observe(1, client, b, t(100));
         assert_eq!(sticky.switches_within(Some(10)), 0, "after the timeout");
-        sticky.observe(client, a, t(101));
+        sticky.observe(1, client, a, t(101));
         assert_eq!(sticky.switches_within(Some(10)), 1);
         assert_eq!(sticky.clients(), 1);
+    }
+
+    /// Two kind nodes each keep their own affinity: the same client address (each
+    /// node's client pod) staying on one pod per node is no switch.
+    #[test]
+    fn each_node_keeps_its_own_affinity() {
+        let t = |s: i64| DateTime::from_timestamp(s, 0).unwrap();
+        let a: SocketAddr = "10.244.1.12:8080".parse().unwrap();
+        let b: SocketAddr = "10.244.1.13:8080".parse().unwrap();
+        let client: IpAddr = "10.244.1.9".parse().unwrap();
+        let mut sticky = Stickiness::default();
+        for i in 0..5 {
+            sticky.observe(1, client, a, t(2 * i));
+            sticky.observe(2, client, b, t(2 * i + 1));
+        }
+        assert_eq!(sticky.switches_within(None), 0);
+        assert_eq!(sticky.clients(), 2);
     }
 }

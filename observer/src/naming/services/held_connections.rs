@@ -13,8 +13,25 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use super::locality::Locality;
 use super::{FIRST_READ, Namer};
 use crate::model::record::ConnRecord;
+
+/// Sets a named connection's `policy` from the rules known now: whether its client's
+/// case picks from the node's own endpoints.
+pub fn set_policy(namer: &Namer, locality: &mut Locality, record: &mut ConnRecord) {
+    if record.service.is_none() {
+        return;
+    }
+    let client_is_node = locality.client_is_node(record.netns, record.client.ip());
+    record.policy = namer.policy(
+        record.netns,
+        record.proto,
+        record.original_dst,
+        record.client,
+        client_is_node,
+    );
+}
 
 struct Held<T> {
     item: T,
@@ -72,8 +89,14 @@ impl<T> Hold<T> {
     }
 
     /// The held connections that may be written now, in the order they finished: those
-    /// whose rules were read since (named again from them) or that waited long enough.
-    pub fn release(&mut self, namer: &Namer, now: Instant) -> Vec<(T, ConnRecord)> {
+    /// whose rules were read since (named again from them, policy included) or that
+    /// waited long enough.
+    pub fn release(
+        &mut self,
+        namer: &Namer,
+        locality: &mut Locality,
+        now: Instant,
+    ) -> Vec<(T, ConnRecord)> {
         let mut ready = Vec::new();
         while let Some(front) = self.queue.front() {
             let read = front
@@ -83,17 +106,17 @@ impl<T> Hold<T> {
                 break;
             }
             if let Some(held) = self.queue.pop_front() {
-                ready.push(Self::renamed(held, namer));
+                ready.push(Self::renamed(held, namer, locality));
             }
         }
         ready
     }
 
     /// Everything held, named from what is known now (the end of a session).
-    pub fn release_all(&mut self, namer: &Namer) -> Vec<(T, ConnRecord)> {
+    pub fn release_all(&mut self, namer: &Namer, locality: &mut Locality) -> Vec<(T, ConnRecord)> {
         self.queue
             .drain(..)
-            .map(|held| Self::renamed(held, namer))
+            .map(|held| Self::renamed(held, namer, locality))
             .collect()
     }
 
@@ -102,7 +125,7 @@ impl<T> Hold<T> {
         self.queue.front().map(|held| held.until)
     }
 
-    fn renamed(mut held: Held<T>, namer: &Namer) -> (T, ConnRecord) {
+    fn renamed(mut held: Held<T>, namer: &Namer, locality: &mut Locality) -> (T, ConnRecord) {
         if held.wait_for.is_some() {
             let record = &mut held.record;
             namer
@@ -113,6 +136,7 @@ impl<T> Hold<T> {
                     record.backend,
                 )
                 .apply_to(record);
+            set_policy(namer, locality, record);
         }
         (held.item, held.record)
     }

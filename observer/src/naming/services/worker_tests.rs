@@ -4,6 +4,7 @@ use std::time::{Duration, Instant};
 
 use super::tests::{Fake, NS, V4, iptables, named, sa};
 use super::*;
+use locality::Locality;
 
 /// A source whose every read waits for a token: a stuck `nsenter`, under the test's
 /// control. Counts reads as they start.
@@ -86,7 +87,10 @@ fn with_a_worker_lookups_never_wait_and_finished_connections_wait_for_their_rule
     let other = finished(9, "10.96.0.1:443", "10.244.1.1:6443");
     assert!(hold.must_wait(None));
     hold.hold(2, other, None, t0);
-    assert!(hold.release(&namer, t0).is_empty());
+    assert!(
+        hold.release(&namer, &mut Locality::default(), t0)
+            .is_empty()
+    );
     // One read for both lookups, however many ask while it runs.
     std::thread::sleep(Duration::from_millis(50));
     assert_eq!(fake.reads(), 1);
@@ -94,7 +98,7 @@ fn with_a_worker_lookups_never_wait_and_finished_connections_wait_for_their_rule
     open.send(()).unwrap();
     assert!(namer.wait(Instant::now() + Duration::from_secs(10)));
     assert_eq!(namer.generation(NS), 1);
-    let released = hold.release(&namer, t0);
+    let released = hold.release(&namer, &mut Locality::default(), t0);
     let named: Vec<(i32, Option<&str>, Option<bool>)> = released
         .iter()
         .map(|(id, r)| (*id, r.service.as_deref(), r.endpoint_in_rules))
@@ -146,10 +150,18 @@ fn a_held_connection_is_written_unnamed_once_its_wait_is_over() {
     hold.hold("a", record, lookup.wait_for, t0);
     assert_eq!(hold.next_deadline(), Some(t0 + Duration::from_secs(10)));
     assert!(
-        hold.release(&namer, t0 + Duration::from_millis(9999))
-            .is_empty()
+        hold.release(
+            &namer,
+            &mut Locality::default(),
+            t0 + Duration::from_millis(9999)
+        )
+        .is_empty()
     );
-    let released = hold.release(&namer, t0 + Duration::from_secs(10));
+    let released = hold.release(
+        &namer,
+        &mut Locality::default(),
+        t0 + Duration::from_secs(10),
+    );
     assert_eq!(released.len(), 1);
     assert_eq!(released[0].1.service, None);
     // Nothing held and a final name: written straight away.
@@ -221,9 +233,66 @@ fn a_reread_that_does_not_come_in_time_leaves_the_earlier_name() {
     assert!(hold.must_wait(lookup.wait_for));
     hold.hold(7, record, lookup.wait_for, later);
     assert!(
-        hold.release(&namer, later + Duration::from_millis(1999))
-            .is_empty()
+        hold.release(
+            &namer,
+            &mut Locality::default(),
+            later + Duration::from_millis(1999)
+        )
+        .is_empty()
     );
-    let released = hold.release(&namer, later + Duration::from_secs(2));
+    let released = hold.release(
+        &namer,
+        &mut Locality::default(),
+        later + Duration::from_secs(2),
+    );
     assert_eq!(released[0].1.service.as_deref(), Some("shop/checkout:http"));
+}
+
+/// A connection held for its namespace's first read gets its traffic policy with its
+/// name: an external client of an `externalTrafficPolicy: Local` NodePort is `local`,
+/// a pod client of the same NodePort (short-circuited to the cluster-wide chain) is not.
+#[test]
+fn a_held_connection_learns_its_traffic_policy_with_its_name() {
+    let fake = Fake::default();
+    fake.set(NS, iptables(V4));
+    let (mut namer, open) = gated(&fake);
+    let t0 = Instant::now();
+    let node_port = "172.18.0.2:30443";
+    let lookup = namer.lookup(
+        NS,
+        Proto::Tcp,
+        sa(node_port),
+        sa("10.244.1.20:8443"),
+        None,
+        t0,
+    );
+    assert_eq!(lookup.wait_for, Some(FIRST_READ));
+    let mut hold = held_connections::Hold::new(Duration::from_secs(2), Duration::from_secs(10));
+    let external = crate::model::record::ConnRecord {
+        client: sa("192.0.2.7:5000"),
+        ..finished(NS, node_port, "10.244.1.20:8443")
+    };
+    let pod = finished(NS, node_port, "10.244.3.20:8443");
+    hold.hold(1, external, lookup.wait_for, t0);
+    hold.hold(2, pod, lookup.wait_for, t0);
+    open.send(()).unwrap();
+    assert!(namer.wait(Instant::now() + Duration::from_secs(10)));
+    let released = hold.release(&namer, &mut Locality::default(), t0);
+    let named: Vec<_> = released
+        .iter()
+        .map(|(id, r)| (*id, r.service.as_deref(), r.endpoint_in_rules, r.policy))
+        .collect();
+    let service = Some("web-team/front-end.v2:https-alt");
+    assert_eq!(
+        named,
+        [
+            (
+                1,
+                service,
+                Some(true),
+                Some(crate::model::record::TrafficPolicy::Local)
+            ),
+            (2, service, Some(true), None),
+        ]
+    );
 }

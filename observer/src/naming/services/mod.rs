@@ -394,22 +394,6 @@ impl Namer {
         })
     }
 
-    /// `local` when the rules known now picked `client`'s backend from the node's own
-    /// endpoints (a Local traffic policy); `None` for the cluster-wide endpoints or an
-    /// unknown frontend.
-    pub fn policy(
-        &self,
-        netns: u32,
-        proto: Proto,
-        original_dst: SocketAddr,
-        client: SocketAddr,
-        client_is_node: Option<bool>,
-    ) -> Option<crate::model::record::TrafficPolicy> {
-        let expected = self.expect(netns, proto, original_dst, client, client_is_node)?;
-        (expected.policy == rules::Policy::Local)
-            .then_some(crate::model::record::TrafficPolicy::Local)
-    }
-
     /// What the rules known now expected of a connection from `client` (the node
     /// itself, when known) to `original_dst`: the endpoint set its client's case picks
     /// from. `None` when the namespace's rules name no such frontend.

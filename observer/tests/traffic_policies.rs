@@ -1,6 +1,6 @@
 //! Root tests (issue 28): Services whose rules depend on who the client is, exact against
 //! the clients' own record and `conntrack -E`, in kube-proxy's iptables and nftables
-//! modes (the lab writes the rules as kubernetes v1.35's proxiers do).
+//! modes (the lab writes the rules as kube-proxy's proxiers up to 1.35 do; the shapes match the ns2/svc2 and ns5/svc5 rules of upstream's TestOverall*Rules dumps in tests/data/rules).
 //!
 //! - `externalTrafficPolicy: Local` on a NodePort Service with an endpoint on another
 //!   node (the lab's peer node, which also plays the external client): external

@@ -1,6 +1,6 @@
 //! One Service port's rules: its frontend jumps (or "has no endpoints" rejects) and its
 //! own KUBE-SVC / KUBE-SVL / KUBE-EXT / KUBE-SEP chains, as `syncProxyRules` and
-//! `writeServiceToEndpointRules` in kubernetes v1.35's pkg/proxy/iptables/proxier.go write
+//! `writeServiceToEndpointRules` in kube-proxy's (up to 1.35) pkg/proxy/iptables/proxier.go write
 //! them, `externalTrafficPolicy: Local` and `sessionAffinity: ClientIP` included.
 
 use std::collections::BTreeSet;

@@ -1,5 +1,5 @@
 //! `externalTrafficPolicy: Local` and `sessionAffinity: ClientIP` in kube-proxy's nftables
-//! mode, as kubernetes v1.35's pkg/proxy/nftables/proxier.go writes them (`syncProxyRules`,
+//! mode, as kube-proxy's (up to 1.35) pkg/proxy/nftables/proxier.go writes them (`syncProxyRules`,
 //! `writeServiceToEndpointRules`): an `external-*` chain that short-circuits pod and node
 //! traffic to the Service chain and sends the rest to a `local-*` chain over this node's
 //! endpoints; per endpoint an `affinity-*` set that the Service (or local) chain checks

@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 
 use common::{Recorder, only_node, prefix, require_root};
-use observer::model::record::{FrontendKind, Proto, ServiceRecord};
+use observer::model::record::{FrontendKind, Proto};
 use observer_lab::spec::NODE_IP;
 use observer_lab::{Answer, Family, Lab, LabConfig, RuleMode, Topology, http_fresh};
 
@@ -180,7 +180,7 @@ fn full_read(node_ns: &str) -> Vec<(SocketAddr, f64)> {
         .into_iter()
         .find(|s| s.service == SERVICE)
         .expect("the Service in `observer rules`")
-.endpoints
+        .endpoints
         .iter()
         .map(|e| (e.addr, e.expected_share))
         .collect()

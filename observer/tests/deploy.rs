@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use observer::conntrack::CtStats;
+use observer::model::record::CtStats;
 use observer::model::record::Recording;
 use observer::model::update::CaptureStats;
 use observer::sinks::metrics::{Exposition, render};

@@ -14,6 +14,8 @@ mod tests;
 
 use std::net::SocketAddr;
 
+use crate::model::record::CtStats;
+
 /// What observer says, once, when the kernel has no conntrack netlink interface.
 pub const NETLINK_MISSING: &str = "conntrack's netlink interface is missing (module nf_conntrack_netlink is not loaded): observer cannot adopt connections that began before it, nor see conntrack remove entries (timeouts, flushes, deletes), nor read conntrack's table fill and drops; load it with `modprobe nf_conntrack_netlink`";
 
@@ -95,40 +97,15 @@ pub struct CtCpuStats {
     pub early_drop: u32,
 }
 
-/// conntrack's own figures for one namespace: its table's entries against the maximum
-/// (`IPCTNL_MSG_CT_GET_STATS`: what `conntrack -C` counts, and `nf_conntrack_max`), and its
-/// statistics summed over CPUs (`conntrack -S`), cumulative since the namespace was made.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CtStats {
-    pub entries: u32,
-    /// 0: no limit.
-    pub max_entries: u32,
-    /// New entries that could not be inserted (a clash with an entry made meanwhile).
-    pub insert_failed: u64,
-    /// Packets dropped because the table was full and no entry could be evicted.
-    pub drop: u64,
-    /// Entries not yet assured that were evicted to make room for new ones.
-    pub early_drop: u64,
-}
-
-impl CtStats {
-    /// The table's figures with every CPU's counters added up.
-    pub fn of(entries: u32, max_entries: u32, cpus: &[CtCpuStats]) -> CtStats {
-        let sum =
-            |counter: fn(&CtCpuStats) -> u32| cpus.iter().map(|c| u64::from(counter(c))).sum();
-        CtStats {
-            entries,
-            max_entries,
-            insert_failed: sum(|c| c.insert_failed),
-            drop: sum(|c| c.drop),
-            early_drop: sum(|c| c.early_drop),
-        }
-    }
-
-    /// Whether conntrack was ever used in the namespace: an entry now, or anything counted.
-    /// Most pods' namespaces have no rules that track connections, and never are.
-    pub fn used(&self) -> bool {
-        self.entries > 0 || self.insert_failed > 0 || self.drop > 0 || self.early_drop > 0
+/// The table's figures with every CPU's counters added up.
+pub fn table_stats(entries: u32, max_entries: u32, cpus: &[CtCpuStats]) -> CtStats {
+    let sum = |counter: fn(&CtCpuStats) -> u32| cpus.iter().map(|c| u64::from(counter(c))).sum();
+    CtStats {
+        entries,
+        max_entries,
+        insert_failed: sum(|c| c.insert_failed),
+        drop: sum(|c| c.drop),
+        early_drop: sum(|c| c.early_drop),
     }
 }
 

@@ -118,7 +118,7 @@ impl CtSocket {
             Ok(CtMessage::Done) => Some(Ok(())),
             other => unawaited(other),
         })?;
-        Ok(CtStats::of(entries, max_entries, &cpus))
+        Ok(super::table_stats(entries, max_entries, &cpus))
     }
 
     /// Sends the request `make` builds with the next sequence number, and hands each

@@ -242,7 +242,7 @@ fn statistics_of_this_kernel_as_conntrack_prints_them() {
         ]
     );
     assert_eq!(
-        CtStats::of(240_001, 262_144, &cpus),
+        super::table_stats(240_001, 262_144, &cpus),
         CtStats {
             entries: 240_001,
             max_entries: 262_144,

@@ -1,11 +1,14 @@
-//! The kernel side as user space sees it: offsets read from BTF, the programs loaded and
-//! attached (`capture`), and their ring-buffer events decoded; `host` says what this
-//! process may do on this kernel (capabilities, kernel release).
+//! The kernel side as user space sees it: offsets read from BTF, the programs loaded
+//! (`load`) and attached (`attach`), the runtime handle on them (`capture`), and their
+//! ring-buffer events decoded; `host` says what this process may do on this kernel
+//! (capabilities, kernel release).
 
+pub mod attach;
 pub mod batch;
 pub mod btf;
 pub mod capture;
 pub mod decode;
 pub mod host;
+pub mod load;
 pub mod mapped_array;
 pub mod offsets;

@@ -259,8 +259,10 @@ mod tests {
 
     /// On the running kernel (BTF is world-readable): the offsets docs/kernel-facts.md
     /// lists for Linux 6.18 must come out of BTF. Other kernels may differ, so only the
-    /// structural relations are asserted there.
+    /// structural relations are asserted there. Its `kfree_skb` takes a drop reason
+    /// (Linux 5.17+), which 5.10 hosts' does not: so not a plain `cargo test`.
     #[test]
+    #[ignore = "this machine's kernel: run by cargo xtask test"]
     fn running_kernel_offsets() {
         let file = std::fs::File::open(Btf::SYS_FS).expect("this kernel exposes its BTF");
         let btf = Btf::read(file).unwrap();
@@ -290,8 +292,12 @@ mod tests {
 
     #[test]
     fn describe_names_every_offset_in_c_notation() {
-        let data = std::fs::read(Btf::SYS_FS).expect("this kernel exposes /sys/kernel/btf/vmlinux");
-        let off = kernel_offsets(&Btf::parse(&data).unwrap()).unwrap();
+        let off = KernelOffsets {
+            skb_nfct: 104,
+            ct_tuple_reply: 88,
+            tuple_dst_protonum: 38,
+            ..KernelOffsets::default()
+        };
         let text = describe(&off);
         assert_eq!(text.split(' ').count(), 20);
         assert!(text.starts_with(&format!("sk_buff._nfct={} ", off.skb_nfct)));

@@ -3,7 +3,7 @@
 
 use chrono::{DateTime, Utc};
 
-use crate::conntrack::CtStats;
+use crate::model::record::CtStats;
 use crate::model::record::{ConnRecord, DnsRecord, EndpointsRecord, RejectRecord, ServiceRecord};
 
 /// Identifies one connection: the kernel's `struct nf_conn` address (reused after the

@@ -6,9 +6,9 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 
 use super::Session;
-use crate::conntrack::CtStats;
 use crate::conntrack::listener::Note;
 use crate::model::record::ConntrackSummary;
+use crate::model::record::CtStats;
 use crate::model::update::{ConntrackReading, Update};
 
 /// Per namespace: its first reading, and what the summary line says of it so far.

@@ -196,7 +196,7 @@ impl Session {
             Ok(gone) => gone,
             Err(error) => {
                 if !std::mem::replace(&mut self.revalidation.failed, true) {
-                    self.output.warn(error);
+                    self.output.warn(error.to_string());
                 }
                 return Ok(conntracks.len());
             }

@@ -16,8 +16,8 @@ use hyper::body::Bytes;
 use hyper::{Method, Response, StatusCode, header};
 use hyper_util::rt::{TokioIo, TokioTimer};
 
-use crate::conntrack::CtStats;
 use crate::kernel::capture::Capture;
+use crate::model::record::CtStats;
 use crate::model::record::SummaryRecord;
 use crate::model::update::{CaptureStats, Update};
 use crate::pipeline::{self, SessionOptions};

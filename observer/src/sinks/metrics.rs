@@ -14,7 +14,7 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
 
-use crate::conntrack::CtStats;
+use crate::model::record::CtStats;
 use crate::model::record::{FrontendKind, Outcome, Proto};
 use crate::model::update::CaptureStats;
 use crate::stats::{BackendStats, CONNECT_BUCKETS_MS, ConnectHistogram, ServiceStats};

@@ -54,7 +54,7 @@ pub const WITHOUT_CTNETLINK: &str = "without-ctnetlink";
 const NETLINK_MISSING: &str = "observer: warning: conntrack's netlink interface is missing (module nf_conntrack_netlink is not loaded): observer cannot adopt connections that began before it";
 
 /// What observer logs at debug level once its revalidation program loaded (observer's
-/// `kernel::capture::REVALIDATION_LOADED`): a program it loads and runs but attaches to
+/// `kernel::attach::REVALIDATION_LOADED`): a program it loads and runs but attaches to
 /// nothing, which bpftool counts too.
 const REVALIDATION_LOADED: &str = "the revalidation program loaded (run, not attached)";
 

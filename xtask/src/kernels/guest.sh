@@ -46,7 +46,7 @@ alive() {
 # (fd 4): its client must see the end of its input when the script closes it.
 start_observer() { # name
     : > "/tmp/$1.err"
-    RUST_LOG=observer::kernel::capture=debug /observer record --write "/tmp/$1.jsonl" \
+    RUST_LOG=observer::kernel=debug /observer record --write "/tmp/$1.jsonl" \
         2>"/tmp/$1.err" 4>&- &
     pid=$!
     i=0

@@ -205,7 +205,12 @@ impl Btf {
     /// Reads BTF from a file or stream, looking at its header before reading the rest:
     /// input that is not BTF (even an endless one like `/dev/zero`) is refused after 24
     /// bytes, and no more than the header declares (at most 64 MiB) is read.
-    pub fn read(mut input: impl Read) -> Result<Btf, BtfError> {
+    pub fn read(input: impl Read) -> Result<Btf, BtfError> {
+        Btf::parse(&Btf::read_data(input)?)
+    }
+
+    /// The bytes `read` parses, for other readers of the same BTF (aya's loader).
+    pub fn read_data(mut input: impl Read) -> Result<Vec<u8>, BtfError> {
         let mut data = Vec::with_capacity(HEADER_LEN);
         (&mut input)
             .take(HEADER_LEN as u64)
@@ -219,7 +224,7 @@ impl Btf {
             .take(total - HEADER_LEN as u64)
             .read_to_end(&mut data)
             .map_err(|err| BtfError::Io(err.to_string()))?;
-        Btf::parse(&data)
+        Ok(data)
     }
 
     /// Parses little-endian BTF as the kernel exposes it.

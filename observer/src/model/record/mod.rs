@@ -25,7 +25,7 @@ mod dns;
 mod mark;
 mod reject;
 
-pub use conntrack::ConntrackSummary;
+pub use conntrack::{ConntrackSummary, CtStats};
 pub use dns::DnsRecord;
 pub use mark::MarkRecord;
 pub use reject::{RejectReason, RejectRecord};

@@ -2,7 +2,7 @@
 
 use super::snapshots::{assert_snapshot, screen};
 use super::*;
-use crate::conntrack::CtStats;
+use crate::model::record::CtStats;
 use crate::model::update::ConntrackReading;
 
 const NODE: u32 = 4026532301;

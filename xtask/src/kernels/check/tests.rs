@@ -79,7 +79,7 @@ fn a_report_where_everything_holds_passes() {
 fn the_revalidation_program_counts_as_loaded_where_observer_said_it_loaded() {
     let report = good().replace(
         "STDERR nftables [DEBUG] net_dev_queue attached as a BTF tracepoint",
-        "STDERR nftables [DEBUG] net_dev_queue attached as a BTF tracepoint\nSTDERR nftables [2026-12-03T08:23:41Z DEBUG observer::kernel::capture] the revalidation program loaded (run, not attached)",
+        "STDERR nftables [DEBUG] net_dev_queue attached as a BTF tracepoint\nSTDERR nftables [2026-12-03T08:23:41Z DEBUG observer::kernel::attach] the revalidation program loaded (run, not attached)",
     );
     assert_eq!(
         check(&report, &expected()),
@@ -90,7 +90,7 @@ fn the_revalidation_program_counts_as_loaded_where_observer_said_it_loaded() {
     // A debug line quoting the verifier's errno is no bare errno.
     let report = good().replace(
         "STDERR without-ctnetlink observer: attached",
-        "STDERR without-ctnetlink [2026-12-03T08:23:41Z DEBUG observer::kernel::capture] the kernel refused the revalidation program (the BPF_PROG_LOAD syscall returned Invalid argument (os error 22))\nSTDERR without-ctnetlink observer: attached",
+        "STDERR without-ctnetlink [2026-12-03T08:23:41Z DEBUG observer::kernel::attach] the kernel refused the revalidation program (the BPF_PROG_LOAD syscall returned Invalid argument (os error 22))\nSTDERR without-ctnetlink observer: attached",
     );
     assert_eq!(check(&report, &expected()), Vec::<String>::new());
 }

@@ -1,0 +1,257 @@
+//! Attaching: each program of the loaded object to its hook, the optional ones with a
+//! warning where the kernel refuses them.
+
+use aya::{
+    Ebpf,
+    programs::{BtfTracePoint, CgroupAttachMode, CgroupSkb, CgroupSkbAttachType, RawTracePoint},
+};
+
+use crate::kernel::load::error_chain;
+
+/// The tracepoint the forwarding hook attaches to.
+const DEV_QUEUE: &str = "net_dev_queue";
+
+/// The program that finds connections whose conntrack entry is gone.
+pub const REVALIDATE: &str = "revalidate";
+
+/// What observer logs (debug) once the revalidation program loaded: one more program
+/// than it attaches (`cargo xtask kernels` counts them).
+pub const REVALIDATION_LOADED: &str = "the revalidation program loaded (run, not attached)";
+
+/// Why one program would not load or attach.
+#[derive(Debug, thiserror::Error)]
+pub enum AttachError {
+    #[error("program {0} is missing from the object")]
+    Missing(&'static str),
+    #[error(
+        "the kernel's own BTF, which {needed_by} needs, is not readable at /sys/kernel/btf/vmlinux ({error})"
+    )]
+    NoKernelBtf {
+        needed_by: &'static str,
+        error: String,
+    },
+    /// A program on a BTF tracepoint refused: said whole, for a warning.
+    #[error("the kernel refused {program} ({})", error_chain(.error))]
+    Refused {
+        program: &'static str,
+        error: aya::programs::ProgramError,
+    },
+    /// Any other program refused: the kernel's reason only.
+    #[error("{}", error_chain(.0))]
+    Program(aya::programs::ProgramError),
+    #[error("cannot open {}: {error}", .path.display())]
+    Cgroup {
+        path: std::path::PathBuf,
+        error: std::io::Error,
+    },
+}
+
+/// A hook observer cannot work without was refused.
+#[derive(Debug, thiserror::Error)]
+#[error("the kernel refused to attach to tracepoint {hook}: {reason}")]
+pub struct HookError {
+    hook: &'static str,
+    reason: AttachError,
+}
+
+/// What `attach_all` attached, and what works less well than it could.
+pub struct Attached {
+    pub hooks: u32,
+    /// One sentence each.
+    pub warnings: Vec<String>,
+    /// Why the revalidation program could not load; `None` when it loaded.
+    pub revalidation_refused: Option<AttachError>,
+}
+
+/// Attaches every program, given the running kernel's BTF (or why it is unreadable):
+/// the forwarding hook must attach, the others are said in warnings when refused.
+pub fn attach_all(
+    ebpf: &mut Ebpf,
+    vmlinux: Result<&aya::Btf, &str>,
+) -> Result<Attached, HookError> {
+    let mut warnings = Vec::new();
+    attach_dev_queue(ebpf, vmlinux, &mut warnings)?;
+    let mut hooks = 1;
+    match attach_btf(ebpf, vmlinux, &NETFILTER_DROP) {
+        Ok(()) => {
+            log::debug!("skb:kfree_skb attached");
+            hooks += 1;
+        }
+        Err(reason) => warnings.push(format!(
+            "{reason}; connections rejected because a Service has no endpoints are not seen"
+        )),
+    }
+    match cgroup2_mount() {
+        Some(root) => {
+            for (program, attach_type, hook) in [
+                (
+                    "local_delivery",
+                    CgroupSkbAttachType::Ingress,
+                    "cgroup_skb/ingress",
+                ),
+                ("dns_egress", CgroupSkbAttachType::Egress, "cgroup_skb/egress"),
+            ] {
+                attach_cgroup(ebpf, &root, program, attach_type)
+                    .map_err(|reason| HookError { hook, reason })?;
+                hooks += 1;
+            }
+        }
+        None => warnings.push(
+            "no cgroup v2 hierarchy is mounted: replies to clients on the node itself (host network) are not counted, and DNS over TCP is not decoded"
+                .to_owned(),
+        ),
+    }
+    let revalidation_refused = load_revalidate(ebpf).err();
+    match &revalidation_refused {
+        Some(reason) => log::debug!(
+            "the kernel refused the revalidation program ({reason}): conntrack's destroy events say when entries go"
+        ),
+        None => log::debug!("{REVALIDATION_LOADED}"),
+    }
+    Ok(Attached {
+        hooks,
+        warnings,
+        revalidation_refused,
+    })
+}
+
+/// A program on a BTF tracepoint (the kernel's own BTF names its argument types).
+struct BtfHook {
+    /// Its name in the object.
+    program: &'static str,
+    tracepoint: &'static str,
+    /// How sentences name it.
+    described: &'static str,
+}
+
+/// `net_dev_queue` with `sk_buff` fields as plain loads.
+const DEV_QUEUE_BTF: BtfHook = BtfHook {
+    program: "net_dev_queue",
+    tracepoint: DEV_QUEUE,
+    described: "the BTF tracepoint program",
+};
+
+/// `skb:kfree_skb` (see observer-ebpf's `hooks/netfilter_drop.rs`).
+const NETFILTER_DROP: BtfHook = BtfHook {
+    program: "netfilter_drop",
+    tracepoint: "kfree_skb",
+    described: "the program on tracepoint skb:kfree_skb",
+};
+
+/// Loads and attaches `hook`'s program.
+fn attach_btf(
+    ebpf: &mut Ebpf,
+    vmlinux: Result<&aya::Btf, &str>,
+    hook: &BtfHook,
+) -> Result<(), AttachError> {
+    let btf = vmlinux.map_err(|error| AttachError::NoKernelBtf {
+        needed_by: hook.described,
+        error: error.to_owned(),
+    })?;
+    let refused = |error| AttachError::Refused {
+        program: hook.described,
+        error,
+    };
+    let program: &mut BtfTracePoint = ebpf
+        .program_mut(hook.program)
+        .ok_or(AttachError::Missing(hook.program))?
+        .try_into()
+        .map_err(refused)?;
+    program.load(hook.tracepoint, btf).map_err(refused)?;
+    program.attach().map_err(refused)?;
+    Ok(())
+}
+
+/// Attaches the forwarding hook to `net_dev_queue`: the BTF tracepoint program where
+/// the kernel takes it, else the raw tracepoint program (fields through helper calls),
+/// saying so in `warnings`.
+fn attach_dev_queue(
+    ebpf: &mut Ebpf,
+    vmlinux: Result<&aya::Btf, &str>,
+    warnings: &mut Vec<String>,
+) -> Result<(), HookError> {
+    let btf_refused = match attach_btf(ebpf, vmlinux, &DEV_QUEUE_BTF) {
+        Ok(()) => {
+            log::debug!("net_dev_queue attached as a BTF tracepoint");
+            return Ok(());
+        }
+        Err(reason) => reason,
+    };
+    let program = raw_tracepoint(ebpf, "dev_queue_raw").map_err(|reason| HookError {
+        hook: DEV_QUEUE,
+        reason,
+    })?;
+    program.attach(DEV_QUEUE).map_err(|err| HookError {
+        hook: DEV_QUEUE,
+        reason: AttachError::Program(err),
+    })?;
+    log::debug!("net_dev_queue attached as a raw tracepoint");
+    warnings.push(format!(
+        "{btf_refused}; the raw tracepoint program runs instead, at a higher cost per packet"
+    ));
+    Ok(())
+}
+
+/// Loads the raw tracepoint program `name`.
+fn raw_tracepoint<'e>(
+    ebpf: &'e mut Ebpf,
+    name: &'static str,
+) -> Result<&'e mut RawTracePoint, AttachError> {
+    let program: &mut RawTracePoint = ebpf
+        .program_mut(name)
+        .ok_or(AttachError::Missing(name))?
+        .try_into()
+        .map_err(AttachError::Program)?;
+    program.load().map_err(AttachError::Program)?;
+    Ok(program)
+}
+
+/// Loads the revalidation program (run, never attached).
+fn load_revalidate(ebpf: &mut Ebpf) -> Result<(), AttachError> {
+    raw_tracepoint(ebpf, REVALIDATE).map(|_| ())
+}
+
+/// Where the cgroup v2 hierarchy is mounted (`/sys/fs/cgroup`, or
+/// `/sys/fs/cgroup/unified` on hybrid systems), from `/proc/self/mountinfo`.
+fn cgroup2_mount() -> Option<std::path::PathBuf> {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    mountinfo.lines().find_map(|line| {
+        // Fields: id parent major:minor root mount-point options ... - fstype source options
+        let (before, after) = line.split_once(" - ")?;
+        (after.split_whitespace().next()? == "cgroup2")
+            .then(|| {
+                before
+                    .split_whitespace()
+                    .nth(4)
+                    .map(std::path::PathBuf::from)
+            })
+            .flatten()
+    })
+}
+
+/// Attaches `program` to the cgroup v2 root `root`: `local_delivery` to ingress (every
+/// packet delivered to a local socket), `dns_egress` to egress (every packet a local
+/// socket sends).
+fn attach_cgroup(
+    ebpf: &mut Ebpf,
+    root: &std::path::Path,
+    program: &'static str,
+    attach_type: CgroupSkbAttachType,
+) -> Result<(), AttachError> {
+    let cgroup = std::fs::File::open(root).map_err(|error| AttachError::Cgroup {
+        path: root.to_owned(),
+        error,
+    })?;
+    let program: &mut CgroupSkb = ebpf
+        .program_mut(program)
+        .ok_or(AttachError::Missing(program))?
+        .try_into()
+        .map_err(AttachError::Program)?;
+    program.load().map_err(AttachError::Program)?;
+    // A BPF link (kernel 5.7+) takes no flags and never displaces programs others
+    // attached to the same cgroup.
+    program
+        .attach(cgroup, attach_type, CgroupAttachMode::Single)
+        .map_err(AttachError::Program)?;
+    Ok(())
+}

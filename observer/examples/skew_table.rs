@@ -6,7 +6,7 @@
 #[path = "../tests/common/synthetic.rs"]
 mod synthetic;
 
-use observer::sinks::check::Conditions;
+use observer::report::check::Conditions;
 use observer::stats::chance::FairDnat;
 use observer::stats::mix::RequestMix;
 use synthetic::{Mix, Rng, Verdict, draw, service_template, violation_of};

@@ -9,13 +9,14 @@
 //! - [`naming`]: [`naming::services`] names Services from kube-proxy's rules (iptables-save,
 //!   nft JSON) read per network namespace; [`naming::pods`] names pods from the runtime's
 //!   sandbox bundles.
-//! - [`stats`]: per-Service and per-backend aggregates; [`sinks`]: the log writer,
-//!   metrics, the summary report, check verdicts; [`tui`]: the live view.
+//! - [`stats`]: per-Service and per-backend aggregates; [`sinks`]: the log writer and
+//!   metrics; [`report`]: the summary, check verdicts, why, verify's coverage, the rules
+//!   table; [`tui`]: the live view.
 //! - [`netns`]: runs a closure inside another network or UTS namespace, on a thread of its own.
 //! - [`cli`]: every subcommand's arguments and entry point, and the exit-code convention.
 //!
 //! Pure, unit-tested without root: `model`, `naming` (but its edges), `stats`, `sinks`,
-//! `tui` (but `run`), `kernel::{btf, offsets, decode}`, `conntrack::parse`.
+//! `report`, `tui` (but `run`), `kernel::{btf, offsets, decode}`, `conntrack::parse`.
 //! The edges that touch the kernel, the terminal, the network or the node's tools:
 //! `kernel::capture`, `conntrack::{socket, listener}`, `pipeline` (`pipeline::serve` too),
 //! `naming::services::source`, `naming::pods::{runtime, hostnames}`, `tui::run`, `cli`.
@@ -29,6 +30,7 @@ pub mod naming;
 pub mod netlink;
 pub mod netns;
 pub mod pipeline;
+pub mod report;
 pub mod sinks;
 pub mod stats;
 pub mod tui;

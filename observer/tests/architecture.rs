@@ -7,12 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// Imports that run against the table today, each with why and what removes it.
-const KNOWN_EXCEPTIONS: &[(&str, &str)] = &[
-    // The live view reuses report renderers and text helpers that live among the outputs
-    // (`sinks::text`, `summary`, `timeline`, `why`, `dns`); issue 30 item 3 moves them to
-    // a report room below both.
-    ("tui", "sinks"),
-];
+const KNOWN_EXCEPTIONS: &[(&str, &str)] = &[];
 
 /// The most lines of code a file may have before its `#[cfg(test)]` (blank and
 /// comment-only lines not counted).

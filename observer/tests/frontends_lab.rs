@@ -80,7 +80,7 @@ fn frontends(topology: Topology, rules: RuleMode, tag: &str) {
     // What `observer summary` prints, for this lab's node only (other labs may run).
     let services = observer::stats::Aggregator::from_recording(&recording).services();
     let text =
-        observer::sinks::summary::render("conns.jsonl", recording.summary.as_ref(), &services);
+        observer::report::summary::render("conns.jsonl", recording.summary.as_ref(), &services);
     assert!(
         text.contains("  frontends: ClusterIP 6, NodePort 4\n"),
         "{text}"

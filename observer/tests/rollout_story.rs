@@ -22,7 +22,7 @@ use chrono::{DateTime, Utc};
 use common::junit::validate_junit;
 use common::synthetic::jsonl;
 use common::{Recorder, only_node, prefix, require_root};
-use observer::sinks::text::{Digits, duration};
+use observer::report::text::{Digits, duration};
 use observer_lab::{Lab, LabConfig, RuleMode, Topology};
 
 /// Node's `fetch` (undici: one kept-alive connection for sequential requests): `count`

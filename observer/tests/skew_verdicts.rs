@@ -11,7 +11,7 @@
 mod synthetic;
 
 use observer::model::record::Recording;
-use observer::sinks::check::{Conditions, check_recording};
+use observer::report::check::{Conditions, check_recording};
 use synthetic::{
     Mix, Rng, SERVICE, Verdict, draw, jsonl, recording, recording_of, service_template,
     violation_of,

@@ -1,5 +1,5 @@
 //! `observer check FILE`: asserts how a recording's traffic was spread, for CI (see
-//! [`crate::sinks::check`] for the conditions and a worked example).
+//! [`crate::report::check`] for the conditions and a worked example).
 
 use std::path::PathBuf;
 
@@ -7,9 +7,9 @@ use super::args::count;
 use super::span::SpanArgs;
 use super::{Outcome, emit};
 use crate::model::record::Recording;
-use crate::sinks::check::{Conditions, judge_recording, render_json};
-use crate::sinks::junit::render_junit;
-use crate::sinks::text::plural;
+use crate::report::check::{Conditions, judge_recording, render_json};
+use crate::report::junit::render_junit;
+use crate::report::text::plural;
 
 /// How `check` reports.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]

@@ -1,5 +1,5 @@
 //! `observer rules`: what kube-proxy's rules say, per network namespace (the table and
-//! JSON writers are [`crate::sinks::rules_table`]).
+//! JSON writers are [`crate::report::rules_table`]).
 
 use std::path::{Path, PathBuf};
 
@@ -8,7 +8,7 @@ use anyhow::{Context, bail};
 use super::{FormatArg, Outcome, OutputFormat, emit};
 use crate::naming::services::rules::ServiceMap;
 use crate::naming::services::{NetnsInfo, SystemSource, list_namespaces, netns_inode, parse_dumps};
-use crate::sinks::rules_table::{format_tables, json_lines};
+use crate::report::rules_table::{format_tables, json_lines};
 
 #[derive(clap::Args, Debug, Clone, Default)]
 #[command(mut_arg("format", |a| a.help(

@@ -1,5 +1,5 @@
 //! `observer summary FILE`: per Service and per backend, how a recording's traffic was
-//! spread (the report itself is [`crate::sinks::summary`]).
+//! spread (the report itself is [`crate::report::summary`]).
 
 use std::path::PathBuf;
 
@@ -8,8 +8,8 @@ use anyhow::bail;
 use super::span::SpanArgs;
 use super::{FormatArg, Outcome, OutputFormat, emit};
 use crate::model::record::Recording;
-use crate::sinks::summary::{SummaryJson, render_with, without_pod_names};
-use crate::sinks::why::stories;
+use crate::report::summary::{SummaryJson, render_with, without_pod_names};
+use crate::report::why::stories;
 use crate::stats::Aggregator;
 use crate::stats::timeline::Timeline;
 
@@ -81,7 +81,7 @@ pub fn run(args: &SummaryArgs) -> anyhow::Result<Outcome> {
                     .map(|c| c.end.unwrap_or(c.start))
                     .max()
             });
-            let timeline = crate::sinks::timeline::render(
+            let timeline = crate::report::timeline::render(
                 &Timeline::from_recording(&recording),
                 args.service.as_deref(),
                 end.unwrap_or_else(chrono::Utc::now),
@@ -103,7 +103,7 @@ fn dns(args: &SummaryArgs, file: &str, recording: &Recording) -> anyhow::Result<
     let queries = recording.dns.len() as u64;
     let text = match args.output.format {
         OutputFormat::Json => {
-            let json = crate::sinks::dns::DnsJson {
+            let json = crate::report::dns::DnsJson {
                 file,
                 queries,
                 malformed: recording.summary.as_ref().map(|s| s.dns_malformed),
@@ -113,7 +113,7 @@ fn dns(args: &SummaryArgs, file: &str, recording: &Recording) -> anyhow::Result<
             serde_json::to_string(&json)? + "\n"
         }
         OutputFormat::Table => {
-            crate::sinks::dns::render(file, recording.summary.as_ref(), queries, &clients)
+            crate::report::dns::render(file, recording.summary.as_ref(), queries, &clients)
         }
     };
     emit(&text)?;

@@ -20,7 +20,7 @@ use crate::model::record::Recording;
 use crate::model::tuple;
 use crate::naming::services::source::{NetnsInfo, list_namespaces, netns_inode};
 use crate::pipeline;
-use crate::sinks::coverage::{Decision, coverage, render, render_json};
+use crate::report::coverage::{Decision, coverage, render, render_json};
 use crate::sinks::log::LogWriter;
 
 /// Recording continues this long after the listener stops, so that the first packet of

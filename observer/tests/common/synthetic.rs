@@ -5,7 +5,7 @@
 #![allow(dead_code)]
 
 use observer::model::record::{ConnRecord, LogLine, Recording, ServiceRecord, SummaryRecord};
-use observer::sinks::check::{Conditions, violations};
+use observer::report::check::{Conditions, violations};
 use observer::stats::mix::RequestMix;
 use observer::stats::{Aggregator, ServiceStats};
 

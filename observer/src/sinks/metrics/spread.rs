@@ -6,8 +6,8 @@
 use prometheus_client::metrics::MetricType;
 
 use super::{Family, Labels, Sample};
-use crate::sinks::check::DEFAULT_CONFIDENCE;
-use crate::sinks::summary::SKEW_MARK;
+use crate::report::check::DEFAULT_CONFIDENCE;
+use crate::report::summary::SKEW_MARK;
 use crate::stats::ServiceStats;
 use crate::stats::spread::{Finding, Spread, judge};
 

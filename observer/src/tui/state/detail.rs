@@ -6,9 +6,9 @@ use chrono::{DateTime, Utc};
 
 use super::{App, CONN_ROWS, ServiceKey, millis};
 use crate::model::record::{Close, ConnRecord};
-use crate::sinks::summary::SKEW_MARK;
-use crate::sinks::timeline::{arrival_marker, marker};
-use crate::sinks::why::screen_lines;
+use crate::report::summary::SKEW_MARK;
+use crate::report::timeline::{arrival_marker, marker};
+use crate::report::why::screen_lines;
 use crate::stats::story::Story;
 
 /// Endpoint changes marked on the Service screen (the latest).

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use crate::model::update::ConntrackReading;
-use crate::sinks::text::{plural, thousands};
+use crate::report::text::{plural, thousands};
 
 /// A table fuller than this share of its maximum (in percent) is warned about.
 const FULL_PERCENT: u64 = 80;

@@ -7,7 +7,7 @@ use ratatui::text::Line;
 
 use super::widgets::truncate;
 use super::{BOLD, DIM};
-use crate::sinks::dns::walk_line;
+use crate::report::dns::walk_line;
 use crate::stats::dns::{CLUSTER_DOMAIN, per_client};
 use crate::tui::state::App;
 

@@ -13,8 +13,8 @@ use super::widgets::{
 };
 use super::{ALERT, BOLD, DIM, SELECTED};
 use crate::model::record::{Close, FrontendKind};
-use crate::sinks::summary::failure_lines;
-use crate::sinks::text::{Digits, duration, frontend_kind_text, latency};
+use crate::report::summary::failure_lines;
+use crate::report::text::{Digits, duration, frontend_kind_text, latency};
 use crate::stats::{BackendStats, OutcomeCounts, Percentiles};
 use crate::tui::state::{App, ConnRow, Detail};
 

@@ -10,8 +10,8 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use crate::model::record::{SummaryRecord, format_time};
-use crate::sinks::text::{Digits, bytes, duration, frontend_kind_text, latency, plural};
-use crate::sinks::why::{self, Stories};
+use crate::report::text::{Digits, bytes, duration, frontend_kind_text, latency, plural};
+use crate::report::why::{self, Stories};
 use crate::stats::spread::Spread;
 use crate::stats::story::Story;
 use crate::stats::{BackendStats, ConnectTimes, Percentiles, ServiceStats, SkewDetail};
@@ -105,7 +105,7 @@ pub fn render_with(
                     out,
                     "DNS: {} to port-53 Services (`observer summary --dns` shows the lookups){}",
                     plural(s.dns_queries, "query").replace("querys", "queries"),
-                    crate::sinks::dns::skipped(s),
+                    crate::report::dns::skipped(s),
                 );
             }
             if s.lost_connections > 0 {

@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use crate::model::record::SummaryRecord;
-use crate::sinks::text::plural;
+use crate::report::text::plural;
 use crate::stats::dns::{ClientDns, Walk};
 
 /// What `summary --dns -o json` prints (one line).

@@ -6,8 +6,8 @@ use std::net::SocketAddr;
 use chrono::{DateTime, Utc};
 
 use crate::model::record::{Proto, Recording};
-use crate::sinks::summary::skew_cause;
-use crate::sinks::text::{Digits, duration, plural};
+use crate::report::summary::skew_cause;
+use crate::report::text::{Digits, duration, plural};
 use crate::stats::ServiceStats;
 use crate::stats::spread::{Carried, ConnectionSkew, Finding, Spread, judge};
 use crate::stats::story::{Story, TopConnection};
@@ -47,9 +47,9 @@ pub fn stories(services: &[ServiceStats], recording: &Recording) -> Stories {
 /// the rollout window that carried the excess), the keep-alive story, what the skew is
 /// made of and the busiest connections (pods where known and `names`).
 pub fn reason_lines(s: &ServiceStats, story: Option<&Story>, names: bool) -> Vec<String> {
-    let alpha = 1.0 - crate::sinks::check::DEFAULT_CONFIDENCE;
+    let alpha = 1.0 - crate::report::check::DEFAULT_CONFIDENCE;
     let mut lines = Vec::new();
-    let finding = judge(s, crate::sinks::summary::SKEW_MARK, alpha);
+    let finding = judge(s, crate::report::summary::SKEW_MARK, alpha);
     let rollout = story.and_then(|story| rollout_cause(s, story));
     match (&finding, rollout) {
         (Some(Finding::RulesUneven(_) | Finding::BusierConnections { .. }), Some(rollout)) => {
@@ -75,9 +75,9 @@ pub fn reason_lines(s: &ServiceStats, story: Option<&Story>, names: bool) -> Vec
 /// connection opened 13:46:36"), then what the skew is made of, briefly ("3.00 = 3.00
 /// conns x 1.00 req/conn; 1.0 effective conns; fair median 3.00, p = 1.00").
 pub fn screen_lines(s: &ServiceStats, story: Option<&Story>) -> Vec<String> {
-    let alpha = 1.0 - crate::sinks::check::DEFAULT_CONFIDENCE;
+    let alpha = 1.0 - crate::report::check::DEFAULT_CONFIDENCE;
     let mut lines = Vec::new();
-    let finding = judge(s, crate::sinks::summary::SKEW_MARK, alpha);
+    let finding = judge(s, crate::report::summary::SKEW_MARK, alpha);
     let rollout = story.and_then(|story| rollout_cause(s, story));
     let told = story.and_then(|story| story_line(s, story));
     match finding {

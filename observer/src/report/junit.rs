@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 use chrono::{DateTime, Utc};
 
 use crate::model::record::format_time;
-use crate::sinks::check::Verdict;
+use crate::report::check::Verdict;
 
 /// Escapes text for an attribute or element: the five XML entities, and characters XML 1.0
 /// does not allow (control characters other than tab, newline and carriage return) as `?`.
@@ -92,7 +92,7 @@ pub fn render_junit(file: &str, verdicts: &[Verdict], time: DateTime<Utc>) -> St
 mod tests {
     use super::*;
     use crate::model::record::Recording;
-    use crate::sinks::check::{Conditions, judge_recording};
+    use crate::report::check::{Conditions, judge_recording};
 
     #[test]
     fn one_case_per_condition_and_subject_with_the_violation_as_failure() {

@@ -55,9 +55,9 @@ fn told(recording: &Recording) -> (Vec<String>, Vec<String>) {
     let stories = stories(&services, recording);
     let s = &services[0];
     let story = &stories[&(s.service.clone(), s.proto)];
-    let check = crate::sinks::check::check_recording(
+    let check = crate::report::check::check_recording(
         recording,
-        &crate::sinks::check::Conditions {
+        &crate::report::check::Conditions {
             max_skew: Some(1.5),
             ..Default::default()
         },

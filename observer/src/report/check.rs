@@ -53,9 +53,9 @@
 use std::fmt;
 
 use crate::model::record::{Outcome, Recording, SummaryRecord};
-use crate::sinks::summary::rejected_datagrams;
-use crate::sinks::text::{Digits, latency, plural};
-use crate::sinks::why::skew_violation;
+use crate::report::summary::rejected_datagrams;
+use crate::report::text::{Digits, latency, plural};
+use crate::report::why::skew_violation;
 use crate::stats::spread::{judge, judged_on_stickiness};
 use crate::stats::story::Story;
 use crate::stats::timeline::Timeline;

@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use chrono::{DateTime, Utc};
 
 use crate::model::record::format_time;
-use crate::sinks::text::{Digits, duration, plural};
+use crate::report::text::{Digits, duration, plural};
 use crate::stats::timeline::{Arrival, Departure, ServiceTimeline, Timeline};
 
 fn between(from: DateTime<Utc>, to: DateTime<Utc>) -> String {

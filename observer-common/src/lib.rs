@@ -6,6 +6,7 @@
 //! records with a length check and `read_unaligned` (see `observer::decode`).
 #![no_std]
 
+pub mod accounting;
 pub mod conn;
 pub mod counters;
 pub mod dns;

@@ -1,5 +1,6 @@
-//! Per-connection accounting: bytes each way (each byte once), requests, TCP closing,
-//! and ending a connection exactly once.
+//! Per-connection accounting in the kernel: each packet through
+//! `observer_common::accounting` (bytes each way, each byte once; requests; TCP closing),
+//! then events, the dialed-address table, and ending a connection exactly once.
 //!
 //! A connection's packets run on several CPUs at once, so `ConnState` is never
 //! updated with a read-modify-write of a word another CPU writes (see its doc): fields
@@ -7,12 +8,10 @@
 //! neither merges nor caches them), and the FIN counts are atomic adds.
 
 use aya_ebpf::maps::ring_buf::RingBufEntry;
+pub use observer_common::accounting::{both_fins, refuses};
 use observer_common::{
-    conn::{
-        CLOSE_FIN, CLOSE_NONE, CLOSE_RST, ConnEvent, ConnState, DialedKey, EVENT_CLOSE,
-        FIN_ORIGINAL_ADD, FIN_REPLY_ADD, ORIGINAL, PAYLOAD_ORIGINAL, PAYLOAD_REPLY, PROTO_TCP,
-        REPLY,
-    },
+    accounting,
+    conn::{ConnEvent, ConnState, DialedKey, EVENT_CLOSE, PROTO_TCP},
     counters,
 };
 
@@ -21,167 +20,15 @@ use crate::{
         BPF_NOEXIST, CONNS, DIALED, EVENTS, EVENTS_WAKEUP_BYTES, atomic_add, count, count_lost,
         dialed_slot, fold_address, mark_dialed, submit_flags,
     },
-    packet::{Packet, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
+    packet::{Packet, TCP_ACK, TCP_SYN},
     state::{is_dns, load, store},
 };
 
-/// Accounts one packet in direction `dir`; returns the `CLOSE_*` reason when the packet
-/// ends the connection, and the payload bytes it added (0 for a duplicate).
+/// Accounts one packet in direction `dir` (see `observer_common::accounting::account`,
+/// unit-tested there), with the kernel's atomic add for the FIN counts.
 #[inline(always)]
 pub fn account(state: *mut ConnState, dir: usize, packet: &Packet, now: u64) -> (u32, u32) {
-    let dir = dir & 1;
-    store!(state.last_ns, now);
-    if dir == REPLY {
-        store!(state.replied, 1);
-        // Only SYN-ACKs go further: a packet of an established connection pays one test
-        // of a flags byte it already holds.
-        if packet.tcp_flags & TCP_SYN != 0 {
-            answered(state, packet, now);
-        }
-    }
-    let fresh = if packet.protocol == PROTO_TCP {
-        fresh_tcp_bytes(state, dir, packet)
-    } else {
-        fresh_udp_bytes(state, dir, packet)
-    };
-    if fresh > 0 {
-        // Per-direction fields: only packets of `dir` write them.
-        store!(state.bytes[dir], load!(state.bytes[dir]) + fresh as u64);
-        if dir == ORIGINAL {
-            if load!(state.last_payload) != PAYLOAD_ORIGINAL {
-                store!(state.requests, load!(state.requests) + 1);
-            }
-            store!(state.last_payload, PAYLOAD_ORIGINAL);
-        } else {
-            store!(state.last_payload, PAYLOAD_REPLY);
-        }
-    }
-    (closing(state, dir, packet), fresh)
-}
-
-/// The `CLOSE_*` reason when this packet ends a TCP connection.
-#[inline(always)]
-fn closing(state: *mut ConnState, dir: usize, packet: &Packet) -> u32 {
-    if packet.protocol != PROTO_TCP {
-        return CLOSE_NONE;
-    }
-    if packet.tcp_flags & TCP_RST != 0 {
-        store!(state.rst, 1);
-        if dir == REPLY && refuses(state) {
-            store!(state.refused, 1);
-        }
-        return CLOSE_RST;
-    }
-    if packet.tcp_flags & TCP_FIN == 0 {
-        return CLOSE_NONE;
-    }
-    let add = if dir == ORIGINAL {
-        FIN_ORIGINAL_ADD
-    } else {
-        FIN_REPLY_ADD
-    };
-    // Adds to one word are ordered (and a plain load after this CPU's add sees it or
-    // later), so the CPU that adds the second direction's FIN reads both halves set.
-    // SAFETY: `fins` is aligned in a live map value or scratch slot.
-    atomic_add(unsafe { &raw mut (*state).fins }, add);
-    if both_fins(load!(state.fins)) {
-        CLOSE_FIN
-    } else {
-        CLOSE_NONE
-    }
-}
-
-/// The backend's SYN-ACK: the first one's time is when the connection was answered.
-#[inline(always)]
-fn answered(state: *mut ConnState, packet: &Packet, now: u64) {
-    if packet.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN | TCP_ACK && load!(state.synack_ns) == 0 {
-        store!(state.synack_ns, now);
-    }
-}
-
-/// Whether a refusal from the backend (an RST, an ICMP port unreachable) is its first
-/// answer to a connection whose start was seen: nothing listens there. A connection
-/// adopted mid-stream, or one answered before (a SYN-ACK; for UDP any datagram), is not
-/// refused.
-#[inline(always)]
-pub fn refuses(state: *const ConnState) -> bool {
-    // SAFETY: as in `load!`; the tuple is written once, before the entry is inserted.
-    let protocol = unsafe { core::ptr::read_volatile(&raw const (*state).original.protocol) };
-    load!(state.start_seen) != 0
-        && load!(state.synack_ns) == 0
-        && (protocol == PROTO_TCP || load!(state.replied) == 0)
-}
-
-/// Whether `ConnState::fins` holds a FIN of each direction (one half each).
-#[inline(always)]
-pub fn both_fins(fins: u64) -> bool {
-    fins as u32 != 0 && (fins >> 32) != 0
-}
-
-/// TCP payload bytes of `packet` beyond the highest sequence number already seen in
-/// this direction. Duplicates (one packet seen on two devices) and retransmissions add
-/// nothing, so every byte is counted once.
-#[inline(always)]
-fn fresh_tcp_bytes(state: *mut ConnState, dir: usize, packet: &Packet) -> u32 {
-    if dir == ORIGINAL
-        && packet.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN
-        && load!(state.syn_seen) == 0
-    {
-        store!(state.isn, packet.seq);
-        store!(state.syn_seen, 1);
-    }
-    if load!(state.seq_known[dir]) == 0 {
-        store!(state.seq_known[dir], 1);
-        // A SYN consumes one sequence number before the first payload byte.
-        let first = if packet.tcp_flags & TCP_SYN != 0 {
-            packet.seq.wrapping_add(1)
-        } else {
-            packet.seq
-        };
-        store!(state.next_seq[dir], first);
-    }
-    let next = load!(state.next_seq[dir]);
-    let end = packet.seq.wrapping_add(packet.payload);
-    // Serial-number arithmetic (RFC 1982): correct across sequence wrap.
-    if (end.wrapping_sub(next) as i32) <= 0 {
-        return 0;
-    }
-    let start = if (packet.seq.wrapping_sub(next) as i32) > 0 {
-        packet.seq
-    } else {
-        next
-    };
-    store!(state.next_seq[dir], end);
-    end.wrapping_sub(start)
-}
-
-/// UDP payload bytes of `packet`, counted only on the direction's `udp_dev` (see its
-/// doc): a datagram passing several devices is counted once, on the last device the
-/// direction's first datagram passed, which every later datagram passes too.
-#[inline(always)]
-fn fresh_udp_bytes(state: *mut ConnState, dir: usize, packet: &Packet) -> u32 {
-    let counted_on = load!(state.udp_dev[dir]);
-    if counted_on == 0 {
-        // The direction's first datagram, on its first device (or local delivery, where
-        // `dev` is 0 and every datagram arrives once).
-        store!(state.udp_dev[dir], packet.dev);
-        store!(state.udp_first_skb[dir], packet.skb);
-        return packet.payload;
-    }
-    // Forwarded datagrams have a non-zero `skb`; 0 here means the device settled.
-    let first = load!(state.udp_first_skb[dir]);
-    if counted_on == packet.dev {
-        if first != 0 && packet.skb != first {
-            // Another datagram on this device: it stays the one.
-            store!(state.udp_first_skb[dir], 0);
-        }
-        return packet.payload;
-    }
-    if first != 0 && packet.skb == first {
-        // The first datagram, already counted, now on a later device: count there.
-        store!(state.udp_dev[dir], packet.dev);
-    }
-    0
+    accounting::account(state, dir, packet, now, atomic_add)
 }
 
 /// The flags to submit a connection event with (see `maps::submit_flags`).

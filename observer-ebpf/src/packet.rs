@@ -14,31 +14,7 @@ use crate::{
     skb::SkbFields,
 };
 
-pub const TCP_FIN: u8 = 0x01;
-pub const TCP_SYN: u8 = 0x02;
-pub const TCP_RST: u8 = 0x04;
-pub const TCP_ACK: u8 = 0x10;
-
-pub struct Packet {
-    /// `PROTO_TCP` or `PROTO_UDP`.
-    pub protocol: u8,
-    /// TCP flags byte (0 for UDP).
-    pub tcp_flags: u8,
-    /// TCP sequence number (host order; 0 for UDP).
-    pub seq: u32,
-    /// Transport payload bytes in this skb (a GSO skb carries many segments).
-    pub payload: u32,
-    /// UDP: `skb->dev`, the device about to transmit it (0 for TCP and at local
-    /// delivery).
-    pub dev: u64,
-    /// UDP: the `sk_buff`'s address (0 for TCP and at local delivery).
-    pub skb: u64,
-    /// Kernel address of the first payload byte (0 at local delivery).
-    pub payload_at: u64,
-    /// Payload bytes in the skb's linear part, readable at `payload_at` (TCP payload
-    /// usually lies in page fragments: 0 then).
-    pub linear: u32,
-}
+pub use observer_common::accounting::{Packet, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN};
 
 /// An IPv6 header and a TCP header: read at the IP header, it holds an IPv4 header
 /// without options and its TCP header too (`V4_TRANSPORT`). Past the end of a short

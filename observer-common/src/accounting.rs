@@ -44,32 +44,45 @@ pub struct Packet {
 /// Reads one field of a `*const/*mut ConnState`: `load!(state.field[index])`.
 #[macro_export]
 macro_rules! load {
-    ($state:ident . $field:ident $([$index:expr])?) => {
-        // SAFETY: `$state` points at a live map value (or this CPU's scratch slot, a
+    ($state:ident . $field:ident) => {{
+        let state = $state;
+        // SAFETY: `state` points at a live map value (or this CPU's scratch slot, a
         // ring-buffer slot, or a test's own value); the field is plain data, aligned
         // within the repr(C) struct.
-        unsafe { core::ptr::read_volatile(&raw const (*$state).$field $([$index])?) }
-    };
+        unsafe { core::ptr::read_volatile(&raw const (*state).$field) }
+    }};
+    ($state:ident . $field:ident [$index:expr]) => {{
+        let (state, index) = ($state, $index);
+        // SAFETY: as above; the index is in bounds (a direction, masked to 0 or 1).
+        unsafe { core::ptr::read_volatile(&raw const (*state).$field[index]) }
+    }};
 }
 
 /// Writes one field of a `*mut ConnState`: `store!(state.field[index], value)`. A store
 /// of a field's own width never touches its neighbours.
 #[macro_export]
 macro_rules! store {
-    ($state:ident . $field:ident $([$index:expr])?, $value:expr) => {
-        let value = $value;
+    ($state:ident . $field:ident, $value:expr) => {{
+        let (state, value) = ($state, $value);
         // SAFETY: as in `load!`; the pointer is writable (a map value or scratch slot).
-        unsafe { core::ptr::write_volatile(&raw mut (*$state).$field $([$index])?, value) }
-    };
+        unsafe { core::ptr::write_volatile(&raw mut (*state).$field, value) }
+    }};
+    ($state:ident . $field:ident [$index:expr], $value:expr) => {{
+        let (state, index, value) = ($state, $index, $value);
+        // SAFETY: as in `load!`; the pointer is writable (a map value or scratch slot).
+        unsafe { core::ptr::write_volatile(&raw mut (*state).$field[index], value) }
+    }};
 }
 
 /// Accounts one packet in direction `dir`; returns the `CLOSE_*` reason when the packet
 /// ends the connection, and the payload bytes it added (0 for a duplicate).
 /// `atomic_add(target, value)` adds atomically to an aligned u64 of `state`.
 ///
-/// `state` must point at a live, aligned `ConnState` that this call may write.
+/// # Safety
+/// `state` points at a live, aligned `ConnState` that this call may write (a map value
+/// the verifier checked, a scratch slot, a test's own value).
 #[inline(always)]
-pub fn account<A: Fn(*mut u64, u64)>(
+pub unsafe fn account<A: Fn(*mut u64, u64)>(
     state: *mut ConnState,
     dir: usize,
     packet: &Packet,
@@ -119,7 +132,8 @@ fn closing<A: Fn(*mut u64, u64)>(
     }
     if packet.tcp_flags & TCP_RST != 0 {
         store!(state.rst, 1);
-        if dir == REPLY && refuses(state) {
+        // SAFETY: `state` is the live value `account` was given.
+        if dir == REPLY && unsafe { refuses(state) } {
             store!(state.refused, 1);
         }
         return CLOSE_RST;
@@ -155,8 +169,11 @@ fn answered(state: *mut ConnState, packet: &Packet, now: u64) {
 /// answer to a connection whose start was seen: nothing listens there. A connection
 /// adopted mid-stream, or one answered before (a SYN-ACK; for UDP any datagram), is not
 /// refused.
+///
+/// # Safety
+/// `state` points at a live, aligned `ConnState`.
 #[inline(always)]
-pub fn refuses(state: *const ConnState) -> bool {
+pub unsafe fn refuses(state: *const ConnState) -> bool {
     // SAFETY: as in `load!`; the tuple is written once, before the entry is inserted.
     let protocol = unsafe { core::ptr::read_volatile(&raw const (*state).original.protocol) };
     load!(state.start_seen) != 0

@@ -8,7 +8,7 @@
 //! neither merges nor caches them), and the FIN counts are atomic adds.
 
 use aya_ebpf::maps::ring_buf::RingBufEntry;
-pub use observer_common::accounting::{both_fins, refuses};
+pub use observer_common::accounting::both_fins;
 use observer_common::{
     accounting,
     conn::{ConnEvent, ConnState, DialedKey, EVENT_CLOSE, PROTO_TCP},
@@ -28,7 +28,15 @@ use crate::{
 /// unit-tested there), with the kernel's atomic add for the FIN counts.
 #[inline(always)]
 pub fn account(state: *mut ConnState, dir: usize, packet: &Packet, now: u64) -> (u32, u32) {
-    accounting::account(state, dir, packet, now, atomic_add)
+    // SAFETY: every caller passes a live map value or this CPU's scratch slot.
+    unsafe { accounting::account(state, dir, packet, now, atomic_add) }
+}
+
+/// Whether a refusal now is the backend's first answer (`accounting::refuses`).
+#[inline(always)]
+pub fn refuses(state: *const ConnState) -> bool {
+    // SAFETY: as in `account`.
+    unsafe { accounting::refuses(state) }
 }
 
 /// The flags to submit a connection event with (see `maps::submit_flags`).

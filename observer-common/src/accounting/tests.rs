@@ -31,14 +31,18 @@ impl Conn {
 
     /// Accounts `packet`; returns (close reason, fresh bytes).
     fn see(&mut self, dir: usize, packet: Packet, now: u64) -> (u32, u32) {
-        account(&raw mut self.0, dir, &packet, now, |target, value| {
-            // SAFETY: `target` is `self.0.fins`, aligned and exclusively borrowed here.
-            unsafe { *target += value }
-        })
+        // SAFETY: `self.0` is a live ConnState, exclusively borrowed here.
+        unsafe {
+            account(&raw mut self.0, dir, &packet, now, |target, value| {
+                // `target` is `self.0.fins`: aligned, and no one else adds to it.
+                *target += value
+            })
+        }
     }
 
     fn refuses(&self) -> bool {
-        refuses(&raw const self.0)
+        // SAFETY: `self.0` is a live ConnState.
+        unsafe { refuses(&raw const self.0) }
     }
 }
 

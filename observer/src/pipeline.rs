@@ -12,7 +12,7 @@ use observer_common::conn::{ConnEvent, ConnState, EVENT_CLOSE, EVENT_OPEN};
 use tokio::sync::mpsc;
 
 mod dns;
-mod names;
+mod naming;
 mod output;
 mod pressure;
 pub mod reconcile;
@@ -27,9 +27,9 @@ use crate::model::record::{Close, ConnRecord, ConntrackEnds, SummaryRecord};
 use crate::model::tracker::{Clock, Tracker};
 use crate::model::update::{CaptureStats, ConnId, Update};
 use crate::naming::pods::PodNamer;
-use crate::naming::services::{FIRST_READ, Namer, held_connections::Hold};
+use crate::naming::services::{FIRST_READ, Namer};
 use crate::sinks::log::LogWriter;
-use output::{Emitted, Output};
+use output::Output;
 
 /// How often the ring buffers are drained without a wake-up: the live view's latency.
 const DRAIN_INTERVAL: Duration = Duration::from_millis(50);
@@ -43,15 +43,6 @@ const QUIET_DRAIN_INTERVAL: Duration = Duration::from_millis(500);
 /// 344-byte records). Connection events are drained first and whole each time, so a DNS
 /// flood that arrives as fast as user space decodes it delays them by one batch at most.
 const DNS_DRAIN_MAX: usize = 6096;
-
-/// How long a finished connection may wait for a re-read of its namespace's rules
-/// before it is named from the rules read before.
-const NAME_WAIT: Duration = Duration::from_secs(2);
-
-/// How long it may wait for the first read of its namespace's rules before it is
-/// written without a name (`nft -j` of 5,000 Services took 6 s on a busy lab machine).
-/// Bounds the memory held: connections closing meanwhile.
-pub(crate) const FIRST_NAME_WAIT: Duration = Duration::from_secs(15);
 
 pub struct SessionOptions {
     /// UDP (and unanswered TCP) connections end after this much silence.
@@ -82,13 +73,8 @@ struct Session {
     tracker: Tracker,
     /// The log, the live view and warnings: where every record leaves.
     output: Output,
-    namer: Option<Namer>,
-    pods: Option<PodNamer>,
-    netns_seen: rustc_hash::FxHashSet<u32>,
-    /// Whether backends are on the deciding node, and clients the node itself.
-    locality: crate::naming::services::locality::Locality,
-    /// Finished connections waiting (briefly) for their rules to be read.
-    held: Hold<ConnId>,
+    /// Both namers and the queue where records wait for their rules to be read.
+    naming: naming::Naming,
     follower: Option<reconcile::Follower>,
     idle_timeout_ns: u64,
     /// Ring-buffer records (connection events, DNS messages) that could not be decoded
@@ -162,11 +148,7 @@ impl Session {
             capture,
             tracker: Tracker::new(clock, options.idle_timeout),
             output: Output::new(options.log, options.updates, options.warn),
-            namer: options.namer,
-            pods: options.pods,
-            netns_seen: Default::default(),
-            locality: Default::default(),
-            held: Hold::new(NAME_WAIT, FIRST_NAME_WAIT),
+            naming: naming::Naming::new(options.namer, options.pods),
             follower: None,
             idle_timeout_ns: options.idle_timeout.as_nanos() as u64,
             malformed: 0,
@@ -209,9 +191,9 @@ impl Session {
         for (id, record) in found.into_iter().flatten() {
             self.finished(id, record)?;
         }
-        self.release_held_at_end()?;
         self.finish_dns()?;
         self.finish_rejects()?;
+        self.naming.release_at_end(&mut self.output)?;
         let conntrack_ends = self.follower.as_ref().map(|f| f.ends);
         self.stop_following();
         let stats = self.stats();
@@ -222,20 +204,16 @@ impl Session {
             lost_by_netns: by_netns(&self.capture.lost_by_netns()),
             lost_events: stats.lost_events,
             read_errors: stats.read_errors,
-            dns_queries: self.dns.written,
+            dns_queries: self.output.dns_written(),
             dns_malformed: stats.dns_malformed,
             dns_malformed_by_netns: by_netns(&self.dns.malformed_by_netns),
             dns_lost: stats.dns_lost,
             dns_lost_by_netns: by_netns(&self.capture.dns_dropped_by_netns()),
-            rejects: self.rejects.written,
+            rejects: self.output.rejects_written(),
             lost_rejects: stats.lost_rejects,
             conntrack: self.pressure.summary(),
             conntrack_ends,
-            blind_spots: self
-                .namer
-                .as_ref()
-                .map(|namer| namer.blind_spots().to_vec())
-                .unwrap_or_default(),
+            blind_spots: self.naming.blind_spots().to_vec(),
             started,
             ended: Utc::now(),
         };
@@ -277,7 +255,7 @@ impl Session {
             // event makes no record.
             if event.kind == EVENT_OPEN && !self.output.has_view() {
                 self.tracker.opened(event);
-                self.prime(event.state.netns);
+                self.naming.prime(event.state.netns);
                 continue;
             }
             match self.tracker.on_event(event) {
@@ -297,7 +275,7 @@ impl Session {
                 .follower
                 .as_ref()
                 .is_none_or(|f| !f.matcher.follows_kernel_connections())
-            && self.held.is_empty()
+            && self.naming.is_idle()
             && self.rejects.is_quiet()
     }
 
@@ -383,28 +361,15 @@ impl Session {
             dns_lost: counters.dns_dropped,
             lost_rejects: counters.rejects_dropped + self.rejects.malformed,
             hooks_attached: self.capture.hooks_attached(),
-            netns_seen: self.netns_seen.len() as u32,
-            blind_spots: self
-                .namer
-                .as_ref()
-                .map_or(0, |namer| namer.blind_spots().len() as u64),
+            netns_seen: self.naming.netns_seen() as u32,
+            blind_spots: self.naming.blind_spots().len() as u64,
             live_connections: self.tracker.open_count() as u64,
             recording: self.output.recording(),
         }
     }
 
-    /// A namespace's rules are read (and watched) from its first connection on, so that
-    /// their changes are seen as they happen.
-    fn prime(&mut self, netns: u32) {
-        if self.netns_seen.insert(netns)
-            && let Some(namer) = self.namer.as_mut()
-        {
-            namer.prime(netns, Instant::now());
-        }
-    }
-
     fn progress(&mut self, mut id: ConnId, mut record: ConnRecord) {
-        self.prime(record.netns);
+        self.naming.prime(record.netns);
         // Only the live view shows connections before they end.
         if !self.output.has_view() {
             return;
@@ -412,7 +377,7 @@ impl Session {
         if let Some(follower) = self.follower.as_mut() {
             follower.matcher.rewrite(&mut id, &mut record);
         }
-        match self.name(&mut record) {
+        match self.naming.name(&mut record, &mut self.output) {
             // Its namespace's rules are being read for the first time: rather than a row
             // without a name, the view gets it named from a later sweep.
             Ok(Some(FIRST_READ)) => return,
@@ -422,69 +387,16 @@ impl Session {
         self.output.progress(id, record);
     }
 
-    /// Names a finished connection and writes it, or holds it while the rules its name
-    /// depends on are being read.
+    /// Names a finished connection and writes it (or holds it while its rules are read).
     fn finished(&mut self, mut id: ConnId, mut record: ConnRecord) -> anyhow::Result<()> {
         if let Some(follower) = self.follower.as_mut() {
             follower.matcher.rewrite(&mut id, &mut record);
         }
-        let wait_for = self.name(&mut record)?;
-        if self.held.must_wait(wait_for) {
-            self.held.hold(id, record, wait_for, Instant::now());
-            return Ok(());
-        }
-        self.write(id, record)
+        self.naming.finished(id, record, &mut self.output)
     }
 
-    fn write(&mut self, id: ConnId, record: ConnRecord) -> anyhow::Result<()> {
-        Ok(self.output.emit(Emitted::Conn { id, record })?)
-    }
-
-    /// Writes the held connections whose rules were read meanwhile, or whose wait is over.
     fn release_held(&mut self) -> anyhow::Result<()> {
-        let Some(namer) = self.namer.as_mut() else {
-            return Ok(());
-        };
-        namer.poll();
-        let ready = self.held.release(namer, &mut self.locality, Instant::now());
-        self.publish_naming()?;
-        for (id, record) in ready {
-            self.write(id, record)?;
-        }
-        Ok(())
-    }
-
-    /// At the end of a session: waits for the rules held connections wait for (each at
-    /// most its own deadline), then writes them all.
-    fn release_held_at_end(&mut self) -> anyhow::Result<()> {
-        // A re-read is a moment; a first read of a big rule set may take seconds: say so.
-        if let Some(deadline) = self.held.next_deadline()
-            && deadline.saturating_duration_since(Instant::now()) > NAME_WAIT
-        {
-            let seconds = deadline
-                .saturating_duration_since(Instant::now())
-                .as_secs_f64();
-            self.output.warn(format!(
-                "waiting up to {seconds:.0} s for kube-proxy's rules to name the last {} connection(s)",
-                self.held.len()
-            ));
-        }
-        while let Some(deadline) = self.held.next_deadline() {
-            let Some(namer) = self.namer.as_mut() else {
-                break;
-            };
-            if !namer.wait(deadline) {
-                break;
-            }
-            self.release_held()?;
-        }
-        let Some(namer) = self.namer.as_ref() else {
-            return Ok(());
-        };
-        for (id, record) in self.held.release_all(namer, &mut self.locality) {
-            self.write(id, record)?;
-        }
-        Ok(())
+        self.naming.release(&mut self.output)
     }
 }
 

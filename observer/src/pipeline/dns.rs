@@ -16,8 +16,6 @@ pub(super) struct DnsSide {
     pub malformed: u64,
     /// `malformed` per network namespace inode.
     pub malformed_by_netns: std::collections::BTreeMap<u32, u64>,
-    /// `dns` lines written.
-    pub written: u64,
 }
 
 impl DnsSide {
@@ -27,7 +25,6 @@ impl DnsSide {
             streams: Streams::default(),
             malformed: 0,
             malformed_by_netns: Default::default(),
-            written: 0,
         }
     }
 }
@@ -67,12 +64,7 @@ impl Session {
 
     fn write_dns(&mut self, records: Vec<DnsRecord>) -> anyhow::Result<()> {
         for mut record in records {
-            if let Some(pods) = self.pods.as_mut() {
-                record.client_pod = pods
-                    .name(record.client.ip(), std::time::Instant::now())
-                    .map(|pod| pod.to_string());
-            }
-            self.dns.written += 1;
+            self.naming.name_dns(&mut record);
             self.output.emit(Emitted::Dns(record))?;
         }
         Ok(())

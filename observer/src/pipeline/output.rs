@@ -30,6 +30,9 @@ pub(super) struct Output {
     /// never dropped (progress updates are, the next sweep repeats them).
     pending: VecDeque<Update>,
     warn: Box<dyn FnMut(String) + Send>,
+    /// DNS and reject lines emitted (the summary line's counts).
+    dns: u64,
+    rejects: u64,
 }
 
 impl Output {
@@ -45,11 +48,18 @@ impl Output {
             view,
             pending: VecDeque::new(),
             warn,
+            dns: 0,
+            rejects: 0,
         }
     }
 
     /// Writes `record`'s line and shows it in the live view.
     pub fn emit(&mut self, record: Emitted) -> Result<(), LogError> {
+        match &record {
+            Emitted::Dns(_) => self.dns += 1,
+            Emitted::Reject(_) => self.rejects += 1,
+            _ => {}
+        }
         if let Some(log) = self.log.as_mut() {
             match &record {
                 Emitted::Conn { record, .. } => log.conn(record),
@@ -115,6 +125,16 @@ impl Output {
     /// Connection lines written.
     pub fn connections(&self) -> u64 {
         self.log.as_ref().map_or(0, LogWriter::connections)
+    }
+
+    /// DNS query lines emitted.
+    pub fn dns_written(&self) -> u64 {
+        self.dns
+    }
+
+    /// Reject lines emitted.
+    pub fn rejects_written(&self) -> u64 {
+        self.rejects
     }
 
     /// Where the log goes (a path, or `-`).

@@ -3,8 +3,8 @@
 //! (or its rules are old, or do not have it) the worker is still reading them, and a
 //! moment's wait gives a name where writing at once would give `service: null`.
 //!
-//! The queue keeps the order in which connections finished: one that needs no wait
-//! but ends behind a held one waits its turn. Nothing is held longer than the limits
+//! The queue keeps the order in which records finished (connections, and rejected flows
+//! through [`Waiting`]): one that needs no wait but ends behind a held one waits its turn. Nothing is held longer than the limits
 //! given, whatever the worker does; the drain loop never blocks on it. A re-read gets a
 //! short limit (the rules read before still give a name); the first read of a
 //! namespace a longer one, since without it the name is null (on a loaded node,
@@ -36,9 +36,42 @@ pub fn set_policy(namer: &Namer, locality: &mut Locality, record: &mut ConnRecor
         .map(|_| crate::model::record::TrafficPolicy::Local);
 }
 
+/// A record that may wait in the queue: connections, and rejected flows (which are
+/// named when written, so waiting is all they need).
+pub trait Waiting {
+    /// The network namespace whose rules its name depends on.
+    fn netns(&self) -> u32;
+    /// Names it again from the rules known now (its name waited for a read).
+    fn rename(&mut self, namer: &Namer, locality: &mut Locality);
+}
+
+/// A connection (with what the caller keys it by): named again from the cached rules,
+/// policy included.
+impl<T> Waiting for (T, ConnRecord) {
+    fn netns(&self) -> u32 {
+        self.1.netns
+    }
+
+    fn rename(&mut self, namer: &Namer, locality: &mut Locality) {
+        rename(namer, locality, &mut self.1);
+    }
+}
+
+/// Names a held connection again from the cached rules, policy included.
+pub fn rename(namer: &Namer, locality: &mut Locality, record: &mut ConnRecord) {
+    namer
+        .cached(
+            record.netns,
+            record.proto,
+            record.original_dst,
+            record.backend,
+        )
+        .apply_to(record);
+    set_policy(namer, locality, record);
+}
+
 struct Held<T> {
     item: T,
-    record: ConnRecord,
     /// The generation of the namespace's rules the name waits for.
     wait_for: Option<u64>,
     until: Instant,
@@ -50,8 +83,8 @@ pub struct Hold<T> {
     first_read_limit: Duration,
 }
 
-impl<T> Hold<T> {
-    /// Holds a connection at most `limit` for a re-read (after which the rules read
+impl<T: Waiting> Hold<T> {
+    /// Holds a record at most `limit` for a re-read (after which the rules read
     /// before name it), or `first_read_limit` for the first read of its namespace's rules
     /// (after which it has no name).
     pub fn new(limit: Duration, first_read_limit: Duration) -> Self {
@@ -76,8 +109,8 @@ impl<T> Hold<T> {
         wait_for.is_some() || !self.queue.is_empty()
     }
 
-    /// Queues a finished connection that `must_wait`.
-    pub fn hold(&mut self, item: T, record: ConnRecord, wait_for: Option<u64>, now: Instant) {
+    /// Queues a finished record that `must_wait`.
+    pub fn hold(&mut self, item: T, wait_for: Option<u64>, now: Instant) {
         let limit = if wait_for == Some(FIRST_READ) {
             self.first_read_limit
         } else {
@@ -85,7 +118,6 @@ impl<T> Hold<T> {
         };
         self.queue.push_back(Held {
             item,
-            record,
             wait_for,
             until: now + limit,
         });
@@ -99,12 +131,12 @@ impl<T> Hold<T> {
         namer: &Namer,
         locality: &mut Locality,
         now: Instant,
-    ) -> Vec<(T, ConnRecord)> {
+    ) -> Vec<T> {
         let mut ready = Vec::new();
         while let Some(front) = self.queue.front() {
             let read = front
                 .wait_for
-                .is_none_or(|wanted| namer.generation(front.record.netns) >= wanted);
+                .is_none_or(|wanted| namer.generation(front.item.netns()) >= wanted);
             if !read && now < front.until {
                 break;
             }
@@ -116,7 +148,7 @@ impl<T> Hold<T> {
     }
 
     /// Everything held, named from what is known now (the end of a session).
-    pub fn release_all(&mut self, namer: &Namer, locality: &mut Locality) -> Vec<(T, ConnRecord)> {
+    pub fn release_all(&mut self, namer: &Namer, locality: &mut Locality) -> Vec<T> {
         self.queue
             .drain(..)
             .map(|held| Self::renamed(held, namer, locality))
@@ -128,19 +160,10 @@ impl<T> Hold<T> {
         self.queue.front().map(|held| held.until)
     }
 
-    fn renamed(mut held: Held<T>, namer: &Namer, locality: &mut Locality) -> (T, ConnRecord) {
+    fn renamed(mut held: Held<T>, namer: &Namer, locality: &mut Locality) -> T {
         if held.wait_for.is_some() {
-            let record = &mut held.record;
-            namer
-                .cached(
-                    record.netns,
-                    record.proto,
-                    record.original_dst,
-                    record.backend,
-                )
-                .apply_to(record);
-            set_policy(namer, locality, record);
+            held.item.rename(namer, locality);
         }
-        (held.item, held.record)
+        held.item
     }
 }

@@ -82,11 +82,11 @@ fn with_a_worker_lookups_never_wait_and_finished_connections_wait_for_their_rule
     let mut hold = held_connections::Hold::new(Duration::from_secs(2), Duration::from_secs(10));
     let record = finished(NS, "10.96.35.226:80", "10.244.1.14:3000");
     assert!(hold.must_wait(first.wait_for));
-    hold.hold(1, record, first.wait_for, t0);
+    hold.hold((1, record), first.wait_for, t0);
     // A connection with nothing to wait for keeps its place behind it.
     let other = finished(9, "10.96.0.1:443", "10.244.1.1:6443");
     assert!(hold.must_wait(None));
-    hold.hold(2, other, None, t0);
+    hold.hold((2, other), None, t0);
     assert!(
         hold.release(&namer, &mut Locality::default(), t0)
             .is_empty()
@@ -147,7 +147,7 @@ fn a_held_connection_is_written_unnamed_once_its_wait_is_over() {
     // The first read of a namespace: the longer limit.
     assert_eq!(lookup.wait_for, Some(1));
     assert!(hold.must_wait(lookup.wait_for));
-    hold.hold("a", record, lookup.wait_for, t0);
+    hold.hold(("a", record), lookup.wait_for, t0);
     assert_eq!(hold.next_deadline(), Some(t0 + Duration::from_secs(10)));
     assert!(
         hold.release(
@@ -231,7 +231,7 @@ fn a_reread_that_does_not_come_in_time_leaves_the_earlier_name() {
     let mut hold = held_connections::Hold::new(Duration::from_secs(2), Duration::from_secs(10));
     let record = finished(NS, "10.96.35.226:80", "10.244.1.14:3000");
     assert!(hold.must_wait(lookup.wait_for));
-    hold.hold(7, record, lookup.wait_for, later);
+    hold.hold((7, record), lookup.wait_for, later);
     assert!(
         hold.release(
             &namer,
@@ -273,8 +273,8 @@ fn a_held_connection_learns_its_traffic_policy_with_its_name() {
         ..finished(NS, node_port, "10.244.1.20:8443")
     };
     let pod = finished(NS, node_port, "10.244.3.20:8443");
-    hold.hold(1, external, lookup.wait_for, t0);
-    hold.hold(2, pod, lookup.wait_for, t0);
+    hold.hold((1, external), lookup.wait_for, t0);
+    hold.hold((2, pod), lookup.wait_for, t0);
     open.send(()).unwrap();
     assert!(namer.wait(Instant::now() + Duration::from_secs(10)));
     let released = hold.release(&namer, &mut Locality::default(), t0);

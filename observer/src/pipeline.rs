@@ -1,15 +1,11 @@
 //! One capture session: reads kernel events and sweeps the connection table until told
 //! to stop, writing the connection log and/or feeding the live view.
 
-use std::{
-    future::Future,
-    time::{Duration, Instant},
-};
+use std::{future::Future, time::Duration};
 
 use anyhow::Context as _;
 use chrono::{DateTime, Utc};
 use observer_common::conn::{ConnEvent, ConnState, EVENT_CLOSE, EVENT_OPEN};
-use tokio::sync::mpsc;
 
 mod dns;
 mod naming;
@@ -18,18 +14,17 @@ mod pressure;
 pub mod reconcile;
 mod rejects;
 pub mod serve;
+mod session;
 
 pub use reconcile::{ConntrackStart, follow_conntrack};
+use session::Session;
+pub use session::{SessionOptions, monotonic_ns};
 
 use crate::conntrack::listener::Note;
 use crate::kernel::capture::Capture;
 use crate::model::record::{Close, ConnRecord, ConntrackEnds, SummaryRecord};
-use crate::model::tracker::{Clock, Tracker};
-use crate::model::update::{CaptureStats, ConnId, Update};
-use crate::naming::pods::PodNamer;
-use crate::naming::services::{FIRST_READ, Namer};
-use crate::sinks::log::LogWriter;
-use output::Output;
+use crate::model::update::{ConnId, Update};
+use crate::naming::services::FIRST_READ;
 
 /// How often the ring buffers are drained without a wake-up: the live view's latency.
 const DRAIN_INTERVAL: Duration = Duration::from_millis(50);
@@ -43,58 +38,6 @@ const QUIET_DRAIN_INTERVAL: Duration = Duration::from_millis(500);
 /// 344-byte records). Connection events are drained first and whole each time, so a DNS
 /// flood that arrives as fast as user space decodes it delays them by one batch at most.
 const DNS_DRAIN_MAX: usize = 6096;
-
-pub struct SessionOptions {
-    /// UDP (and unanswered TCP) connections end after this much silence.
-    pub idle_timeout: Duration,
-    /// How often the kernel's connection table is swept.
-    pub sweep_interval: Duration,
-    pub log: Option<LogWriter>,
-    pub updates: Option<mpsc::Sender<Update>>,
-    /// Names connections from the node's rules; `None` leaves `service` null.
-    pub namer: Option<Namer>,
-    /// Names client and backend addresses by pod; `None` leaves them null.
-    pub pods: Option<PodNamer>,
-    /// Where warnings go (e.g. rules that cannot be read): once each.
-    pub warn: Box<dyn FnMut(String) + Send>,
-    /// conntrack's own entries (found at start) and destroy events (while running).
-    pub conntrack: Option<ConntrackStart>,
-}
-
-/// The kernel's monotonic clock (what `bpf_ktime_get_ns` reads), in nanoseconds.
-pub fn monotonic_ns() -> u64 {
-    let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
-        .expect("CLOCK_MONOTONIC is always available on Linux");
-    now.tv_sec() as u64 * 1_000_000_000 + now.tv_nsec() as u64
-}
-
-struct Session {
-    capture: Capture,
-    tracker: Tracker,
-    /// The log, the live view and warnings: where every record leaves.
-    output: Output,
-    /// Both namers and the queue where records wait for their rules to be read.
-    naming: naming::Naming,
-    follower: Option<reconcile::Follower>,
-    idle_timeout_ns: u64,
-    /// Ring-buffer records (connection events, DNS messages) that could not be decoded
-    /// (never seen: the sizes are asserted on both sides).
-    malformed: u64,
-    /// Final records that could not be made (an unknown protocol): lost connections.
-    unrecordable: u64,
-    events: u64,
-    /// Drained ring-buffer records, reused from drain to drain: a fresh vector each
-    /// time grew (copying) and faulted in new pages at every 50 ms drain.
-    drained: (Vec<ConnEvent>, Vec<observer_common::dns::DnsEvent>),
-    dns: dns::DnsSide,
-    rejects: rejects::RejectSide,
-    /// conntrack's figures per namespace, for the summary line.
-    pressure: pressure::Pressure,
-    /// When the revalidation program runs next.
-    revalidation: reconcile::Revalidation,
-    /// The kernel's `tracked` count when a read found its table empty (see `table`).
-    table_empty_at: Option<u64>,
-}
 
 /// Runs until `stop` completes, then detaches, drains, writes connections still open
 /// and the summary line. Returns the summary.
@@ -139,33 +82,6 @@ pub async fn run(
 }
 
 impl Session {
-    fn new(capture: Capture, options: SessionOptions, started: DateTime<Utc>) -> Session {
-        let clock = Clock {
-            monotonic_ns: monotonic_ns(),
-            wall: started,
-        };
-        Session {
-            capture,
-            tracker: Tracker::new(clock, options.idle_timeout),
-            output: Output::new(options.log, options.updates, options.warn),
-            naming: naming::Naming::new(options.namer, options.pods),
-            follower: None,
-            idle_timeout_ns: options.idle_timeout.as_nanos() as u64,
-            malformed: 0,
-            unrecordable: 0,
-            events: 0,
-            drained: Default::default(),
-            dns: dns::DnsSide::new(clock),
-            rejects: rejects::RejectSide::new(crate::model::rejects::RejectTracker::new(
-                clock,
-                options.idle_timeout,
-            )),
-            pressure: Default::default(),
-            revalidation: reconcile::Revalidation::new(Instant::now()),
-            table_empty_at: None,
-        }
-    }
-
     /// Detaches, writes every connection still open and the summary line.
     fn finish(mut self, started: DateTime<Utc>) -> anyhow::Result<SummaryRecord> {
         // Entries gone since the last sweep end as expired, not as open at the end.
@@ -191,32 +107,15 @@ impl Session {
         for (id, record) in found.into_iter().flatten() {
             self.finished(id, record)?;
         }
-        self.finish_dns()?;
-        self.finish_rejects()?;
+        let dns = self.dns.finish();
+        self.write_dns(dns)?;
+        for record in self.rejects.finish(&self.capture) {
+            self.naming.rejected(record, &mut self.output)?;
+        }
         self.naming.release_at_end(&mut self.output)?;
         let conntrack_ends = self.follower.as_ref().map(|f| f.ends);
         self.stop_following();
-        let stats = self.stats();
-        let summary = SummaryRecord {
-            connections: self.output.connections(),
-            dnat_events: stats.dnat_events,
-            lost_connections: stats.lost_connections,
-            lost_by_netns: by_netns(&self.capture.lost_by_netns()),
-            lost_events: stats.lost_events,
-            read_errors: stats.read_errors,
-            dns_queries: self.output.dns_written(),
-            dns_malformed: stats.dns_malformed,
-            dns_malformed_by_netns: by_netns(&self.dns.malformed_by_netns),
-            dns_lost: stats.dns_lost,
-            dns_lost_by_netns: by_netns(&self.capture.dns_dropped_by_netns()),
-            rejects: self.output.rejects_written(),
-            lost_rejects: stats.lost_rejects,
-            conntrack: self.pressure.summary(),
-            conntrack_ends,
-            blind_spots: self.naming.blind_spots().to_vec(),
-            started,
-            ended: Utc::now(),
-        };
+        let summary = self.summary(started, conntrack_ends);
         self.output.summary(&summary)?;
         Ok(summary)
     }
@@ -235,7 +134,11 @@ impl Session {
         let result = self.on_events(&events, &dns);
         self.drained = (events, dns);
         result?;
-        self.drain_rejects()?;
+        let (rejected, seen) = self.rejects.drain(&mut self.capture);
+        seen.into_iter().for_each(|netns| self.naming.prime(netns));
+        for record in rejected {
+            self.naming.rejected(record, &mut self.output)?;
+        }
         self.end_superseded()?;
         self.release_held()
     }
@@ -245,7 +148,8 @@ impl Session {
         events: &[ConnEvent],
         dns: &[observer_common::dns::DnsEvent],
     ) -> anyhow::Result<()> {
-        self.on_dns(dns)?;
+        let answered = self.dns.on_events(dns);
+        self.write_dns(answered)?;
         for event in events {
             if let Some(follower) = self.follower.as_mut() {
                 follower.matcher.on_kernel_event(event);
@@ -279,19 +183,6 @@ impl Session {
             && self.rejects.is_quiet()
     }
 
-    /// The kernel's connection table, unless it is known to be empty: it was at the last
-    /// read, and no connection entered it since. Reading it walks every bucket of the
-    /// hash map (262,144 by default), about a millisecond each second when idle.
-    fn table(&mut self) -> Vec<(u64, ConnState)> {
-        let tracked = self.capture.tracked();
-        if self.table_empty_at == Some(tracked) {
-            return Vec::new();
-        }
-        let entries = self.capture.connections();
-        self.table_empty_at = entries.is_empty().then_some(tracked);
-        entries
-    }
-
     fn sweep(&mut self) -> anyhow::Result<()> {
         // Every event first: the sweep asks conntrack about entries found at start, and
         // one the kernel programs adopted and saw close since must be matched to that
@@ -300,7 +191,8 @@ impl Session {
         self.drain(DNS_DRAIN_MAX)?;
         let entries = self.table();
         let now = monotonic_ns();
-        self.expire_dns(now)?;
+        let expired = self.dns.expire(now);
+        self.write_dns(expired)?;
         let sweep = self.tracker.sweep(&entries, now, self.output.has_view());
         let checked = self.follower.as_mut().map(|follower| {
             follower.matcher.on_sweep(&entries);
@@ -324,7 +216,9 @@ impl Session {
             self.end(conntrack, &state, close)?;
         }
         self.release_held()?;
-        self.sweep_rejects(now)?;
+        for record in self.rejects.sweep(&mut self.capture, now) {
+            self.naming.rejected(record, &mut self.output)?;
+        }
         self.output.flush()?;
         let stats = self.stats();
         self.output.show(Update::Stats(stats));
@@ -344,27 +238,6 @@ impl Session {
                 self.unrecordable += 1;
                 Ok(())
             }
-        }
-    }
-
-    fn stats(&self) -> CaptureStats {
-        let counters = self.capture.counters();
-        let lost_connections =
-            counters.lost_table_full + counters.lost_unreported + self.unrecordable;
-        CaptureStats {
-            events: self.events,
-            dnat_events: counters.tracked + counters.lost_table_full,
-            lost_connections,
-            lost_events: counters.events_dropped + self.malformed,
-            read_errors: counters.read_errors,
-            dns_malformed: self.dns.malformed,
-            dns_lost: counters.dns_dropped,
-            lost_rejects: counters.rejects_dropped + self.rejects.malformed,
-            hooks_attached: self.capture.hooks_attached(),
-            netns_seen: self.naming.netns_seen() as u32,
-            blind_spots: self.naming.blind_spots().len() as u64,
-            live_connections: self.tracker.open_count() as u64,
-            recording: self.output.recording(),
         }
     }
 
@@ -395,20 +268,17 @@ impl Session {
         self.naming.finished(id, record, &mut self.output)
     }
 
+    fn write_dns(&mut self, records: Vec<crate::model::record::DnsRecord>) -> anyhow::Result<()> {
+        for mut record in records {
+            self.naming.name_dns(&mut record);
+            self.output.emit(output::Emitted::Dns(record))?;
+        }
+        Ok(())
+    }
+
     fn release_held(&mut self) -> anyhow::Result<()> {
         self.naming.release(&mut self.output)
     }
-}
-
-/// Counts per network namespace inode, keyed by the inode as a string (the summary
-/// line's keys).
-fn by_netns(
-    counts: &std::collections::BTreeMap<u32, u64>,
-) -> std::collections::BTreeMap<String, u64> {
-    counts
-        .iter()
-        .map(|(netns, count)| (netns.to_string(), *count))
-        .collect()
 }
 
 /// The next note of the conntrack follower; pending forever without one.

@@ -3,8 +3,6 @@
 
 use observer_common::dns::DnsEvent;
 
-use super::Session;
-use super::output::Emitted;
 use crate::dns::{Matcher, Streams, from_event};
 use crate::model::record::DnsRecord;
 
@@ -29,44 +27,33 @@ impl DnsSide {
     }
 }
 
-impl Session {
-    pub(super) fn on_dns(&mut self, events: &[DnsEvent]) -> anyhow::Result<()> {
+impl DnsSide {
+    /// The queries answered (or answered in error) by these messages, in order.
+    pub fn on_events(&mut self, events: &[DnsEvent]) -> Vec<DnsRecord> {
+        let mut done = Vec::new();
         for event in events {
-            for message in from_event(event, &mut self.dns.streams) {
+            for message in from_event(event, &mut self.streams) {
                 match message {
-                    Ok(seen) => {
-                        let done = self.dns.matcher.on_message(seen);
-                        self.write_dns(done)?;
-                    }
+                    Ok(seen) => done.extend(self.matcher.on_message(seen)),
                     Err(err) => {
                         log::debug!("skipped a DNS message in netns {}: {err}", event.netns);
-                        self.dns.malformed += 1;
-                        *self.dns.malformed_by_netns.entry(event.netns).or_default() += 1;
+                        self.malformed += 1;
+                        *self.malformed_by_netns.entry(event.netns).or_default() += 1;
                     }
                 }
             }
         }
-        Ok(())
+        done
     }
 
-    /// Writes the queries whose responses did not come in time.
-    pub(super) fn expire_dns(&mut self, now_ns: u64) -> anyhow::Result<()> {
-        self.dns.streams.expire(now_ns);
-        let expired = self.dns.matcher.expire(now_ns);
-        self.write_dns(expired)
+    /// The queries whose responses did not come in time.
+    pub fn expire(&mut self, now_ns: u64) -> Vec<DnsRecord> {
+        self.streams.expire(now_ns);
+        self.matcher.expire(now_ns)
     }
 
-    /// Writes every query still waiting (the session ends).
-    pub(super) fn finish_dns(&mut self) -> anyhow::Result<()> {
-        let rest = self.dns.matcher.finish();
-        self.write_dns(rest)
-    }
-
-    fn write_dns(&mut self, records: Vec<DnsRecord>) -> anyhow::Result<()> {
-        for mut record in records {
-            self.naming.name_dns(&mut record);
-            self.output.emit(Emitted::Dns(record))?;
-        }
-        Ok(())
+    /// Every query still waiting (the session ends).
+    pub fn finish(&mut self) -> Vec<DnsRecord> {
+        self.matcher.finish()
     }
 }

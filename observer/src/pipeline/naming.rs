@@ -147,7 +147,11 @@ impl Naming {
             .namer
             .as_ref()
             .is_some_and(|namer| namer.generation(record.netns) == 0);
-        self.write_or_hold(Pending::Reject(record), first_read.then_some(FIRST_READ), output)
+        self.write_or_hold(
+            Pending::Reject(record),
+            first_read.then_some(FIRST_READ),
+            output,
+        )
     }
 
     fn write_or_hold(
@@ -228,7 +232,11 @@ impl Naming {
 
     /// A rejected flow's line, with its Service and the reason from the rules; none when
     /// no rules are read or they do not turn this flow away.
-    fn write_reject(&mut self, mut record: RejectRecord, output: &mut Output) -> anyhow::Result<()> {
+    fn write_reject(
+        &mut self,
+        mut record: RejectRecord,
+        output: &mut Output,
+    ) -> anyhow::Result<()> {
         let now = Instant::now();
         if let Some(pods) = self.pods.as_mut() {
             record.client_pod = pods.name(record.client.ip(), now);

@@ -7,7 +7,8 @@
 
 use observer_common::reject::RejectEvent;
 
-use super::Session;
+use crate::kernel::capture::Capture;
+use crate::model::record::RejectRecord;
 use crate::model::rejects::RejectTracker;
 
 pub(super) struct RejectSide {
@@ -30,59 +31,45 @@ impl RejectSide {
     }
 }
 
-impl Session {
-    pub(super) fn drain_rejects(&mut self) -> anyhow::Result<()> {
-        let mut drained = std::mem::take(&mut self.rejects.drained);
+impl RejectSide {
+    /// The rejected flows the kernel reported since the last drain that end now, and the
+    /// namespaces of those that go on (their rules are read from the first on).
+    pub fn drain(&mut self, capture: &mut Capture) -> (Vec<RejectRecord>, Vec<u32>) {
+        let mut drained = std::mem::take(&mut self.drained);
         drained.clear();
-        self.rejects.malformed += self.capture.drain_rejects(&mut drained);
-        let mut result = Ok(());
+        self.malformed += capture.drain_rejects(&mut drained);
+        let (mut records, mut seen) = (Vec::new(), Vec::new());
         for event in &drained {
-            match self.rejects.tracker.on_event(event) {
-                Ok(Some(record)) => {
-                    result = result.and(self.naming.rejected(record, &mut self.output))
-                }
-                Ok(None) => self.naming.prime(event.key.netns),
-                Err(_) => self.rejects.malformed += 1,
+            match self.tracker.on_event(event) {
+                Ok(Some(record)) => records.push(record),
+                Ok(None) => seen.push(event.key.netns),
+                Err(_) => self.malformed += 1,
             }
         }
-        self.rejects.drained = drained;
-        result
+        self.drained = drained;
+        (records, seen)
     }
 
-    pub(super) fn sweep_rejects(&mut self, now_ns: u64) -> anyhow::Result<()> {
-        let capture = &self.capture;
-        let sweep = match self
-            .rejects
-            .tracker
-            .sweep(now_ns, |key| capture.rejected(key))
-        {
-            Ok(sweep) => sweep,
-            Err(_) => {
-                self.rejects.malformed += 1;
-                return Ok(());
-            }
+    /// The flows quiet long enough to be over; the kernel forgets them.
+    pub fn sweep(&mut self, capture: &mut Capture, now_ns: u64) -> Vec<RejectRecord> {
+        let reported = |key: &_| capture.rejected(key);
+        let Ok(sweep) = self.tracker.sweep(now_ns, reported) else {
+            self.malformed += 1;
+            return Vec::new();
         };
         for key in &sweep.forget {
-            self.capture.forget_rejected(key);
+            capture.forget_rejected(key);
         }
-        for record in sweep.records {
-            self.naming.rejected(record, &mut self.output)?;
-        }
-        Ok(())
+        sweep.records
     }
 
-    /// The flows still being rejected at the end, into the naming stage (written when it
-    /// releases everything).
-    pub(super) fn finish_rejects(&mut self) -> anyhow::Result<()> {
-        let capture = &self.capture;
-        match self.rejects.tracker.finish(|key| capture.rejected(key)) {
-            Ok(records) => {
-                for record in records {
-                    self.naming.rejected(record, &mut self.output)?;
-                }
-            }
-            Err(_) => self.rejects.malformed += 1,
-        }
-        Ok(())
+    /// The flows still being rejected at the end.
+    pub fn finish(&mut self, capture: &Capture) -> Vec<RejectRecord> {
+        self.tracker
+            .finish(|key| capture.rejected(key))
+            .unwrap_or_else(|_| {
+                self.malformed += 1;
+                Vec::new()
+            })
     }
 }

@@ -126,12 +126,7 @@ impl<T: Waiting> Hold<T> {
     /// The held connections that may be written now, in the order they finished: those
     /// whose rules were read since (named again from them, policy included) or that
     /// waited long enough.
-    pub fn release(
-        &mut self,
-        namer: &Namer,
-        locality: &mut Locality,
-        now: Instant,
-    ) -> Vec<T> {
+    pub fn release(&mut self, namer: &Namer, locality: &mut Locality, now: Instant) -> Vec<T> {
         let mut ready = Vec::new();
         while let Some(front) = self.queue.front() {
             let read = front

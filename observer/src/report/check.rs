@@ -265,32 +265,46 @@ fn verdicts_in(
 /// `condition`, `limit`, `holds`, and `violation` when it does not hold), then one
 /// `{"type":"verdict","file":...,"holds":...,"services":N,"connections":N,"violations":N}`.
 pub fn render_json(file: &str, verdicts: &[Verdict], services: &[ServiceStats]) -> String {
-    let mut lines: Vec<serde_json::Value> = verdicts
-        .iter()
-        .map(|v| {
-            let mut line = serde_json::json!({
-                "type": "condition",
-                "subject": v.subject,
-                "condition": v.condition,
-                "limit": v.limit,
-                "holds": v.violation.is_none(),
-            });
-            if let Some(text) = &v.violation {
-                line["violation"] = text.as_str().into();
-            }
-            line
-        })
-        .collect();
-    let failed = verdicts.iter().filter(|v| v.violation.is_some()).count();
-    lines.push(serde_json::json!({
-        "type": "verdict",
-        "file": file,
-        "holds": failed == 0,
-        "services": services.len(),
-        "connections": services.iter().map(|s| s.connections).sum::<u64>(),
-        "violations": failed,
-    }));
-    lines.iter().map(|line| format!("{line}\n")).collect()
+    let conditions = verdicts.iter().map(|v| JsonLine::Condition {
+        subject: &v.subject,
+        condition: v.condition,
+        limit: &v.limit,
+        holds: v.violation.is_none(),
+        violation: v.violation.as_deref(),
+    });
+    let violations = verdicts.iter().filter(|v| v.violation.is_some()).count();
+    let verdict = JsonLine::Verdict {
+        file,
+        holds: violations == 0,
+        services: services.len(),
+        connections: services.iter().map(|s| s.connections).sum(),
+        violations,
+    };
+    conditions
+        .chain([verdict])
+        .map(|line| serde_json::to_string(&line).expect("plain data serializes") + "\n")
+        .collect()
+}
+
+/// One line of `check -o json`.
+#[derive(serde::Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum JsonLine<'a> {
+    Condition {
+        subject: &'a str,
+        condition: &'a str,
+        limit: &'a serde_json::Value,
+        holds: bool,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        violation: Option<&'a str>,
+    },
+    Verdict {
+        file: &'a str,
+        holds: bool,
+        services: usize,
+        connections: u64,
+        violations: usize,
+    },
 }
 
 impl Conditions {

@@ -110,38 +110,73 @@ pub fn coverage(decisions: &[Decision], records: &[ConnRecord]) -> Coverage {
 /// `{"type":"service","service":NAME,...}` line per Service, then one `{"type":"lost",...}`
 /// line per lost decision named. Counts are `decisions`, `recorded`, `lost`.
 pub fn render_json(coverage: &Coverage) -> String {
-    let counts = |counts: &Counts| {
-        serde_json::json!({
-            "decisions": counts.decisions,
-            "recorded": counts.recorded,
-            "lost": counts.lost(),
-        })
+    let node = JsonLine::Node {
+        counts: JsonCounts::of(&coverage.total),
+        unmatched_records: coverage.unmatched_records,
+        conntrack_ends: coverage.conntrack_ends,
     };
-    let mut lines = Vec::new();
-    let mut node = counts(&coverage.total);
-    node["type"] = "node".into();
-    node["unmatched_records"] = coverage.unmatched_records.into();
-    if let Some(ends) = coverage.conntrack_ends {
-        node["conntrack_ends"] = ends.as_str().into();
+    let services = coverage
+        .services
+        .iter()
+        .map(|(service, counts)| JsonLine::Service {
+            service,
+            counts: JsonCounts::of(counts),
+        });
+    let lost = coverage.lost.iter().map(|lost| JsonLine::Lost {
+        proto: lost.proto,
+        client: lost.client,
+        dialed: lost.dialed,
+        backend: lost.backend,
+        netns: lost.netns,
+    });
+    [node]
+        .into_iter()
+        .chain(services)
+        .chain(lost)
+        .map(|line| serde_json::to_string(&line).expect("plain data serializes") + "\n")
+        .collect()
+}
+
+/// One line of `verify -o json`.
+#[derive(serde::Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum JsonLine<'a> {
+    Node {
+        #[serde(flatten)]
+        counts: JsonCounts,
+        unmatched_records: u64,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        conntrack_ends: Option<ConntrackEnds>,
+    },
+    Service {
+        service: &'a str,
+        #[serde(flatten)]
+        counts: JsonCounts,
+    },
+    Lost {
+        proto: Proto,
+        client: SocketAddr,
+        dialed: SocketAddr,
+        backend: SocketAddr,
+        netns: u32,
+    },
+}
+
+#[derive(serde::Serialize)]
+struct JsonCounts {
+    decisions: u64,
+    recorded: u64,
+    lost: u64,
+}
+
+impl JsonCounts {
+    fn of(counts: &Counts) -> JsonCounts {
+        JsonCounts {
+            decisions: counts.decisions,
+            recorded: counts.recorded,
+            lost: counts.lost(),
+        }
     }
-    lines.push(node);
-    for (name, service) in &coverage.services {
-        let mut line = counts(service);
-        line["type"] = "service".into();
-        line["service"] = name.as_str().into();
-        lines.push(line);
-    }
-    for lost in &coverage.lost {
-        lines.push(serde_json::json!({
-            "type": "lost",
-            "proto": lost.proto,
-            "client": lost.client,
-            "dialed": lost.dialed,
-            "backend": lost.backend,
-            "netns": lost.netns,
-        }));
-    }
-    lines.iter().map(|line| format!("{line}\n")).collect()
 }
 
 /// The report: one line for the node, one per Service.

@@ -1,9 +1,13 @@
 //! `e`: what is on screen as JSON Lines (asked for by `update`, built here, written by
 //! `run`).
 
-use serde_json::{Value, json};
+use std::net::SocketAddr;
+
+use serde::Serialize;
 
 use super::state::{Detail, Screen, ServiceKey, Shown};
+use crate::model::record::Proto;
+use crate::stats::{ConnectTimes, OutcomeCounts, Percentiles};
 
 /// The export's text and how many lines it has.
 #[derive(Clone, Debug, PartialEq)]
@@ -12,81 +16,125 @@ pub struct ExportFile {
     pub lines: usize,
 }
 
+/// One row shown, as one line.
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum Row<'a> {
+    ServiceRow {
+        service: &'a str,
+        proto: Proto,
+        frontend: String,
+        active: u64,
+        connections: u64,
+        requests: u64,
+        new_per_s: Option<f64>,
+        requests_per_s: Option<f64>,
+        backends: usize,
+        skew: Option<f64>,
+        stale_pins: u64,
+        outcomes: &'a OutcomeCounts,
+        rejected: u64,
+    },
+    BackendRow {
+        service: &'a str,
+        proto: Proto,
+        backend: SocketAddr,
+        active: u64,
+        connections: u64,
+        requests: u64,
+        request_share: f64,
+        expected_share: Option<f64>,
+        in_rules: bool,
+        stale_pins: u64,
+        lifetime_ms: &'a Option<Percentiles>,
+        longest_pinned_ms: f64,
+        outcomes: &'a OutcomeCounts,
+        connect_ms: &'a Option<ConnectTimes>,
+    },
+    ConnectionRow {
+        service: &'a str,
+        proto: Proto,
+        client: SocketAddr,
+        backend: SocketAddr,
+        age_ms: f64,
+        requests: u64,
+        idle_ms: Option<f64>,
+        close: &'static str,
+    },
+}
+
 /// One JSON object per row shown: Service rows on the Services screen; backend rows then
 /// connection rows on a Service screen.
 pub fn file(screen: &Screen, shown: &Shown) -> ExportFile {
-    let values = match (screen, &shown.detail) {
-        (Screen::Service(key), Some(detail)) => service_values(key, shown, detail),
-        _ => services_values(shown),
+    let rows = match (screen, &shown.detail) {
+        (Screen::Service(key), Some(detail)) => service_rows(key, shown, detail),
+        _ => services_rows(shown),
     };
     ExportFile {
-        contents: values.iter().map(|value| format!("{value}\n")).collect(),
-        lines: values.len(),
+        contents: rows
+            .iter()
+            .map(|row| serde_json::to_string(row).expect("plain data serializes") + "\n")
+            .collect(),
+        lines: rows.len(),
     }
 }
 
-fn service_values(key: &ServiceKey, shown: &Shown, detail: &Detail) -> Vec<Value> {
-    let mut values: Vec<Value> = Vec::new();
-    if let Some(row) = shown.row(key) {
-        for b in &row.stats.backends {
-            values.push(json!({
-                "type": "backend_row",
-                "service": key.0,
-                "proto": key.1,
-                "backend": b.backend,
-                "active": b.active,
-                "connections": b.connections,
-                "requests": b.requests,
-                "request_share": b.request_share,
-                "expected_share": b.expected_share,
-                "in_rules": b.in_rules,
-                "stale_pins": b.stale_pins,
-                "lifetime_ms": b.lifetime_ms,
-                "longest_pinned_ms": b.longest_pinned_ms,
-                "outcomes": b.outcomes,
-                "connect_ms": b.connect_ms,
-            }));
-        }
-    }
-    for conn in &detail.conns {
-        values.push(json!({
-            "type": "connection_row",
-            "service": key.0,
-            "proto": key.1,
-            "client": conn.client,
-            "backend": conn.backend,
-            "age_ms": conn.age_ms,
-            "requests": conn.requests,
-            "idle_ms": conn.idle_ms,
-            "close": conn.close.as_str(),
-        }));
-    }
-    values
+fn service_rows<'a>(key: &'a ServiceKey, shown: &'a Shown, detail: &'a Detail) -> Vec<Row<'a>> {
+    let backends = shown
+        .row(key)
+        .into_iter()
+        .flat_map(|row| &row.stats.backends);
+    let backends = backends.map(|b| Row::BackendRow {
+        service: &key.0,
+        proto: key.1,
+        backend: b.backend,
+        active: b.active,
+        connections: b.connections,
+        requests: b.requests,
+        request_share: b.request_share,
+        expected_share: b.expected_share,
+        in_rules: b.in_rules,
+        stale_pins: b.stale_pins,
+        lifetime_ms: &b.lifetime_ms,
+        longest_pinned_ms: b.longest_pinned_ms,
+        outcomes: &b.outcomes,
+        connect_ms: &b.connect_ms,
+    });
+    let conns = detail.conns.iter().map(|conn| Row::ConnectionRow {
+        service: &key.0,
+        proto: key.1,
+        client: conn.client,
+        backend: conn.backend,
+        age_ms: conn.age_ms,
+        requests: conn.requests,
+        idle_ms: conn.idle_ms,
+        close: conn.close.as_str(),
+    });
+    backends.chain(conns).collect()
 }
 
-fn services_values(shown: &Shown) -> Vec<Value> {
+fn services_rows(shown: &Shown) -> Vec<Row<'_>> {
     shown
         .visible
         .iter()
         .map(|&index| {
             let row = &shown.rows[index];
             let s = &row.stats;
-            json!({
-                "type": "service_row",
-                "service": s.service,
-                "proto": s.proto,
-                "frontend": row.frontend(),
-                "active": s.active,
-                "connections": s.connections,
-                "requests": s.requests,
-                "new_per_s": row.new_per_s,
-                "requests_per_s": row.requests_per_s,
-                "backends": s.backends.len(),
-                "skew": s.skew,
-                "stale_pins": s.stale_pins,
-                "outcomes": s.outcomes,
-                "rejected": s.rejected,
-            })
+            Row::ServiceRow {
+                service: &s.service,
+                proto: s.proto,
+                frontend: row.frontend(),
+                active: s.active,
+                connections: s.connections,
+                requests: s.requests,
+                new_per_s: row.new_per_s,
+                requests_per_s: row.requests_per_s,
+                backends: s.backends.len(),
+                skew: s.skew,
+                stale_pins: s.stale_pins,
+                outcomes: &s.outcomes,
+                rejected: s.rejected,
+            }
         })
         .collect()
 }

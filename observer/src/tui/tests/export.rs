@@ -29,10 +29,10 @@ fn export_writes_the_rows_on_screen() {
     assert_eq!(
         contents,
         concat!(
-            r#"{"active":0,"backends":2,"connections":4,"frontend":"10.96.12.40:9090","new_per_s":0.8,"#,
-            r#""outcomes":{"answered":4,"pending":0,"refused":0,"unanswered":0},"proto":"tcp","#,
-            r#""rejected":0,"requests":8,"requests_per_s":1.6,"service":"shop/payments:grpc","skew":1.0,"#,
-            r#""stale_pins":0,"type":"service_row"}"#,
+            r#"{"type":"service_row","service":"shop/payments:grpc","proto":"tcp","#,
+            r#""frontend":"10.96.12.40:9090","active":0,"connections":4,"requests":8,"new_per_s":0.8,"#,
+            r#""requests_per_s":1.6,"backends":2,"skew":1.0,"stale_pins":0,"#,
+            r#""outcomes":{"answered":4,"refused":0,"unanswered":0,"pending":0},"rejected":0}"#,
             "\n"
         )
     );
@@ -55,16 +55,30 @@ fn export_writes_the_rows_on_screen() {
     assert_eq!(key(&mut app, KeyCode::Enter), None);
     let (_, ExportFile { contents, lines }) = press_e(&mut app);
     assert_eq!(lines, 6);
-    let first: Vec<&str> = contents.lines().map(|l| &l[..40.min(l.len())]).collect();
+    let rows: Vec<(String, String)> = contents
+        .lines()
+        .map(|line| {
+            let row: serde_json::Value = serde_json::from_str(line).unwrap();
+            let text = |key: &str| row[key].as_str().unwrap().to_owned();
+            (text("type"), text("backend"))
+        })
+        .collect();
+    let row = |kind: &str, backend: &str| (kind.to_owned(), backend.to_owned());
     assert_eq!(
-        first,
-        vec![
-            r#"{"active":0,"backend":"10.244.1.20:9090""#,
-            r#"{"active":0,"backend":"10.244.2.21:9090""#,
-            r#"{"age_ms":120.0,"backend":"10.244.2.21:9"#,
-            r#"{"age_ms":120.0,"backend":"10.244.1.20:9"#,
-            r#"{"age_ms":120.0,"backend":"10.244.2.21:9"#,
-            r#"{"age_ms":120.0,"backend":"10.244.1.20:9"#,
+        rows,
+        [
+            row("backend_row", "10.244.1.20:9090"),
+            row("backend_row", "10.244.2.21:9090"),
+            row("connection_row", "10.244.2.21:9090"),
+            row("connection_row", "10.244.1.20:9090"),
+            row("connection_row", "10.244.2.21:9090"),
+            row("connection_row", "10.244.1.20:9090"),
         ]
+    );
+    assert!(
+        contents
+            .lines()
+            .all(|line| line.starts_with(r#"{"type":""#)),
+        "each line starts with its type: {contents}"
     );
 }

@@ -18,9 +18,10 @@ pub struct ExportFile {
 
 /// One row shown, as one line.
 #[derive(Serialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
+#[serde(tag = "type")]
 enum Row<'a> {
-    ServiceRow {
+    #[serde(rename = "service_row")]
+    Service {
         service: &'a str,
         proto: Proto,
         frontend: String,
@@ -35,7 +36,8 @@ enum Row<'a> {
         outcomes: &'a OutcomeCounts,
         rejected: u64,
     },
-    BackendRow {
+    #[serde(rename = "backend_row")]
+    Backend {
         service: &'a str,
         proto: Proto,
         backend: SocketAddr,
@@ -51,7 +53,8 @@ enum Row<'a> {
         outcomes: &'a OutcomeCounts,
         connect_ms: &'a Option<ConnectTimes>,
     },
-    ConnectionRow {
+    #[serde(rename = "connection_row")]
+    Connection {
         service: &'a str,
         proto: Proto,
         client: SocketAddr,
@@ -84,7 +87,7 @@ fn service_rows<'a>(key: &'a ServiceKey, shown: &'a Shown, detail: &'a Detail) -
         .row(key)
         .into_iter()
         .flat_map(|row| &row.stats.backends);
-    let backends = backends.map(|b| Row::BackendRow {
+    let backends = backends.map(|b| Row::Backend {
         service: &key.0,
         proto: key.1,
         backend: b.backend,
@@ -100,7 +103,7 @@ fn service_rows<'a>(key: &'a ServiceKey, shown: &'a Shown, detail: &'a Detail) -
         outcomes: &b.outcomes,
         connect_ms: &b.connect_ms,
     });
-    let conns = detail.conns.iter().map(|conn| Row::ConnectionRow {
+    let conns = detail.conns.iter().map(|conn| Row::Connection {
         service: &key.0,
         proto: key.1,
         client: conn.client,
@@ -120,7 +123,7 @@ fn services_rows(shown: &Shown) -> Vec<Row<'_>> {
         .map(|&index| {
             let row = &shown.rows[index];
             let s = &row.stats;
-            Row::ServiceRow {
+            Row::Service {
                 service: &s.service,
                 proto: s.proto,
                 frontend: row.frontend(),

@@ -253,6 +253,11 @@ impl Drop for Worker {
 /// and watches each namespace it read for announced changes (which it then re-reads
 /// unasked). It ends on [`Request::Stop`]. If no thread can be started, the reader is
 /// handed back to be used inline.
+///
+/// A thread, not a tokio task: a read enters the namespace (setns applies to the calling
+/// thread, see `netns::run_in`) and may run `iptables-save` or `nft -j` for seconds on a
+/// big rule set, blocking work kept off the loop that drains the kernel; and `observer
+/// rules` and replays use the same worker with no runtime at all.
 pub fn spawn(reader: RuleReader) -> Result<Worker, Box<RuleReader>> {
     let (requests, requested) = mpsc::channel::<Request>();
     let (publish, snapshots) = mpsc::channel();

@@ -13,13 +13,14 @@
 //! re-reads everything when it changes.
 
 use std::collections::HashMap;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 
 use crate::netns::Kind;
 
@@ -182,8 +183,10 @@ impl Feed {
     }
 }
 
-/// Starts the thread that waits on the watched namespaces' sockets. New sockets
-/// arrive on the returned sender; `changed` is called with a namespace whose rules
+/// Starts the thread that waits on the watched namespaces' sockets. A thread, not a
+/// task: it belongs to the rules worker (`reader::spawn`), which blocks on reads in
+/// other namespaces and serves `observer rules` and replays, where no runtime runs; its
+/// one blocking call is `poll` on the sockets. New sockets arrive on the returned sender; `changed` is called with a namespace whose rules
 /// changed and what changed, and returns false when nobody needs them any more. The thread ends then, or
 /// when the sender is dropped.
 pub fn spawn(
@@ -271,27 +274,26 @@ fn wait(feeds: &mut [Feed], buffer: &mut [u8]) {
         std::thread::sleep(timeout);
         return;
     }
-    let mut fds: Vec<libc::pollfd> = announced
+    let mut fds: Vec<PollFd<'_>> = announced
         .iter()
-        .map(|(_, fd)| libc::pollfd {
-            fd: fd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        })
+        .map(|(_, fd)| PollFd::new(fd.as_fd(), PollFlags::POLLIN))
         .collect();
     let indexes: Vec<usize> = announced.iter().map(|(i, _)| *i).collect();
     let millis = timeout.as_millis().min(i32::MAX as u128) as i32;
-    // SAFETY: `fds` is a live, writable array of `fds.len()` pollfd structs whose
-    // descriptors `feeds` keeps open for the duration of the call.
-    let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, millis) };
-    if ready <= 0 {
+    let timeout = PollTimeout::try_from(millis).unwrap_or(PollTimeout::MAX);
+    if !poll(&mut fds, timeout).is_ok_and(|ready| ready > 0) {
         return;
     }
+    let ready: Vec<bool> = fds
+        .iter()
+        .map(|fd| fd.revents().is_some_and(|revents| !revents.is_empty()))
+        .collect();
+    drop(fds);
     let now = Instant::now();
-    for (index, polled) in indexes.into_iter().zip(&fds) {
+    for (index, ready) in indexes.into_iter().zip(ready) {
         let feed = &mut feeds[index];
         if let Source::Announced(fd) = &feed.source
-            && polled.revents != 0
+            && ready
         {
             let mut changes = Changes::default();
             drain(fd, buffer, &mut changes);

@@ -321,6 +321,7 @@ fn metrics_of_every_outcome_pass_promtool_lint() {
             ..CaptureStats::default()
         },
         conntrack: BTreeMap::from([(4026531840, CtStats::default())]),
+        rollouts: BTreeMap::new(),
     });
     common::metrics::promtool_lint(&metrics);
 }

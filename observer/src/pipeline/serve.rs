@@ -35,10 +35,19 @@ struct Served {
 
 impl Served {
     fn exposition(&self) -> Exposition {
+        let services = self.aggregator.services();
+        let rollouts = services
+            .iter()
+            .filter_map(|service| {
+                let rollout = self.aggregator.rollout(service)?;
+                Some(((service.service.clone(), service.proto), rollout))
+            })
+            .collect();
         Exposition {
-            services: self.aggregator.services(),
+            services,
             capture: self.capture.clone(),
             conntrack: self.conntrack.clone(),
+            rollouts,
         }
     }
 }
@@ -82,7 +91,8 @@ pub async fn run(
                     state.conntrack.remove(&netns);
                 }
                 // Metrics carry no timeline and no DNS.
-                Update::Endpoints(_) | Update::Dns(_) => {}
+                Update::Endpoints(change) => state.aggregator.add_endpoints(&change),
+                Update::Dns(_) => {}
             }
         }
     };

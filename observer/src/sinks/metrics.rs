@@ -17,6 +17,7 @@ use prometheus_client::registry::Registry;
 use crate::model::record::CtStats;
 use crate::model::record::{FrontendKind, Outcome, Proto};
 use crate::model::update::CaptureStats;
+use crate::stats::story::Rollout;
 use crate::stats::{BackendStats, CONNECT_BUCKETS_MS, ConnectHistogram, ServiceStats};
 
 #[path = "metrics/spread.rs"]
@@ -35,6 +36,9 @@ pub struct Exposition {
     /// conntrack's latest figures per namespace (`netns`: its inode), from
     /// `Update::Conntrack`; cumulative since each namespace was created.
     pub conntrack: BTreeMap<u32, CtStats>,
+    /// The rollout window behind each skewed Service's skew, where its connections
+    /// opened in one (`Aggregator::rollout`).
+    pub rollouts: BTreeMap<(String, Proto), Rollout>,
 }
 
 /// Renders every metric family, in a fixed order.
@@ -53,7 +57,8 @@ impl Collector for Exposition {
         let mut spread = SpreadFamilies::new();
         for service in &self.services {
             per_service.add(service);
-            spread.add(service);
+            let key = (service.service.clone(), service.proto);
+            spread.add(service, self.rollouts.get(&key));
         }
         let families = per_service.into_families();
         let spread = spread.into_families();
@@ -483,7 +488,7 @@ mod tests {
         render(Exposition {
             services,
             capture,
-            conntrack: BTreeMap::new(),
+            ..Exposition::default()
         })
     }
 
@@ -717,11 +722,88 @@ mod tests {
             .lines()
             .filter_map(|l| l.strip_prefix("# TYPE "))
             .collect();
-        assert_eq!(types.len(), 13 + 7 + 10 + 5, "{metrics}");
+        assert_eq!(types.len(), 13 + 9 + 10 + 5, "{metrics}");
         assert!(types.contains(&"observer_connections_total counter"));
         assert!(types.contains(&"observer_connect_seconds histogram"));
         assert!(types.contains(&"observer_pinning_seconds untyped"));
         assert_eq!(metrics.matches("# HELP ").count(), types.len());
         assert!(!metrics.contains(".."), "{metrics}");
+    }
+
+    /// A keep-alive connection to a opened 2 s before b joined the rules: the live
+    /// aggregator finds the rollout window the recording's story finds, and the metrics
+    /// say it explains the skew.
+    #[test]
+    fn the_rollout_window_behind_a_skew_is_exported() {
+        use crate::model::record::{EndpointsRecord, Recording};
+        use crate::stats::story::Story;
+        use crate::stats::tests::{addr, conn, rules};
+        use chrono::{TimeDelta, TimeZone, Utc};
+
+        const CHECKOUT: &str = "shop/checkout:http";
+        let at = |seconds: i64| {
+            Utc.with_ymd_and_hms(2026, 8, 6, 12, 3, 0).unwrap() + TimeDelta::seconds(seconds)
+        };
+        let opened = |backend: &str, start: i64, requests: u64| {
+            let mut record = conn(Some(CHECKOUT), backend, requests, 1000.0);
+            record.start = at(start);
+            record.end = Some(at(start + 20));
+            record.client = format!("10.244.2.9:{}", 40_000 + start).parse().unwrap();
+            record
+        };
+        let mut service = rules(
+            CHECKOUT,
+            &[("10.244.1.12:8080", 0.5), ("10.244.1.13:8080", 0.5)],
+        );
+        service.time = at(0);
+        let recording = Recording {
+            services: vec![service],
+            endpoints: vec![EndpointsRecord {
+                service: CHECKOUT.into(),
+                proto: Proto::Tcp,
+                netns: 4026532301,
+                added: vec![addr("10.244.1.13:8080")],
+                removed: vec![],
+                time: at(6),
+            }],
+            conns: vec![
+                opened("10.244.1.12:8080", 4, 30),
+                opened("10.244.1.12:8080", 8, 1),
+                opened("10.244.1.13:8080", 9, 1),
+            ],
+            ..Recording::default()
+        };
+        let aggregator = Aggregator::from_recording(&recording);
+        let services = aggregator.services();
+        let timeline = crate::stats::timeline::Timeline::from_recording(&recording);
+        let story = Story::of(
+            &services[0],
+            recording.conns.iter(),
+            &timeline.service(CHECKOUT, Proto::Tcp),
+        );
+        let live = aggregator.rollout(&services[0]);
+        assert!(
+            live.as_ref()
+                .is_some_and(|r| r.explains && r.requests == 30)
+        );
+        assert_eq!(live, story.rollout);
+
+        let rollouts = BTreeMap::from([((CHECKOUT.to_owned(), Proto::Tcp), live.unwrap())]);
+        let metrics = render(Exposition {
+            services,
+            rollouts,
+            ..Exposition::default()
+        });
+        let lines: Vec<&str> = metrics
+            .lines()
+            .filter(|l| l.contains("rollout") && !l.starts_with('#'))
+            .collect();
+        assert_eq!(
+            lines,
+            [
+                r#"observer_service_rollout_window_requests{service="shop/checkout:http",proto="tcp",backend="10.244.1.12:8080",missing="10.244.1.13:8080"} 30.0"#,
+                r#"observer_service_skew_explained_by_rollout{service="shop/checkout:http",proto="tcp"} 1.0"#,
+            ]
+        );
     }
 }

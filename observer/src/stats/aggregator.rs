@@ -8,6 +8,7 @@ use super::mix::RequestMix;
 use super::outcomes::{ConnectHistogram, FrontendCounts, OutcomeCounts};
 use super::quantiles::{Group, Reservoir};
 use super::{BackendStats, ServiceStats};
+mod rollouts;
 mod view;
 
 use super::expectation::{Groups, NodeRules};
@@ -151,6 +152,8 @@ pub(super) struct Contribution {
     netns: u32,
     policy: TrafficPolicy,
     same_node: Option<bool>,
+    /// When it opened (the rollout window it may have opened in).
+    start: chrono::DateTime<chrono::Utc>,
 }
 
 /// Exact values of a backend's open and recently closed connections.
@@ -176,6 +179,8 @@ pub struct Aggregator {
     /// Arrival order of `closed`; an entry whose number no longer matches was replaced.
     pub(super) closed_order: VecDeque<(u64, ConnId)>,
     closed_arrivals: u64,
+    /// Endpoint changes: the windows in which an endpoint was out of the rules.
+    pub(super) timeline: super::timeline::Timeline,
 }
 
 impl Aggregator {
@@ -237,6 +242,7 @@ impl Aggregator {
             netns: record.netns,
             policy: record.policy.unwrap_or(TrafficPolicy::Cluster),
             same_node: record.same_node,
+            start: record.start,
         };
         let service = &mut self.accs[index];
         service.counts.add(&contribution);
@@ -424,6 +430,9 @@ impl Aggregator {
         }
         for reject in &recording.rejects {
             aggregator.add_reject(reject);
+        }
+        for change in &recording.endpoints {
+            aggregator.add_endpoints(change);
         }
         for (index, conn) in recording.conns.iter().enumerate() {
             let id = ConnId {

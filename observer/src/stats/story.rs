@@ -172,16 +172,38 @@ impl Story {
                 open: c.close == Close::Open,
             })
             .collect();
+        let opened: Vec<Opened> = mine.iter().map(|c| Opened::of(c)).collect();
         Story {
             top,
-            rollout: rollout(service, &mine, timeline),
+            rollout: rollout(service, &opened, timeline),
         }
     }
 }
 
-fn rollout(
+/// What the rollout window needs of one of the Service's connections.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Opened {
+    pub backend: SocketAddr,
+    pub start: DateTime<Utc>,
+    pub requests: u64,
+}
+
+impl Opened {
+    pub fn of(record: &ConnRecord) -> Opened {
+        Opened {
+            backend: record.backend,
+            start: record.start,
+            requests: record.requests,
+        }
+    }
+}
+
+/// The skewed backend's connections (among `conns`, the Service's) opened while another
+/// endpoint was out of the rules, for the endpoint whose windows hold most of its
+/// requests.
+pub fn rollout(
     service: &ServiceStats,
-    conns: &[&ConnRecord],
+    conns: &[Opened],
     timeline: &ServiceTimeline,
 ) -> Option<Rollout> {
     let detail = service.skew_detail()?;
@@ -200,7 +222,7 @@ fn rollout(
         .filter(|b| b.backend != backend.backend && b.expected_share.is_some_and(|e| e > 0.0))
         .filter_map(|other| {
             let windows = missing(other.backend, timeline);
-            let opened: Vec<&&ConnRecord> = conns
+            let opened: Vec<&Opened> = conns
                 .iter()
                 .filter(|c| c.backend == backend.backend)
                 .filter(|c| windows.iter().any(|w| inside(c.start, *w)))

@@ -10,6 +10,7 @@ use crate::report::check::DEFAULT_CONFIDENCE;
 use crate::report::summary::SKEW_MARK;
 use crate::stats::ServiceStats;
 use crate::stats::spread::{Finding, Spread, judge};
+use crate::stats::story::Rollout;
 
 pub(super) struct SpreadFamilies {
     effective: Family,
@@ -19,6 +20,8 @@ pub(super) struct SpreadFamilies {
     fair_median: Family,
     chance: Family,
     cause: Family,
+    rollout_requests: Family,
+    rollout_explains: Family,
 }
 
 /// The `cause` label: what `check --max-skew 1.5` would say of the Service.
@@ -71,10 +74,35 @@ impl SpreadFamilies {
                 MetricType::Gauge,
                 "1 for what check --max-skew 1.5 would say of the Service's skew: even, within_chance, pinning, too_few_connections, rules_uneven or busier_connections.",
             ),
+            rollout_requests: Family::new(
+                "observer_service_rollout_window_requests",
+                MetricType::Gauge,
+                "Requests on the skewed backend's open and latest closed connections that opened while the endpoint `missing` was out of the rules (a rollout or readiness window).",
+            ),
+            rollout_explains: Family::new(
+                "observer_service_skew_explained_by_rollout",
+                MetricType::Gauge,
+                "1 when the connections opened in that window carried at least the skewed backend's excess requests: the rollout window explains the skew; 0 when they did not.",
+            ),
         }
     }
 
-    pub(super) fn add(&mut self, service: &ServiceStats) {
+    pub(super) fn add(&mut self, service: &ServiceStats, rollout: Option<&Rollout>) {
+        if let Some(rollout) = rollout {
+            let labels: Labels = vec![
+                ("service", service.service.clone()),
+                ("proto", service.proto.to_string()),
+            ];
+            let mut window = labels.clone();
+            window.push(("backend", rollout.backend.to_string()));
+            window.push(("missing", rollout.missing.to_string()));
+            self.rollout_requests
+                .add(window, Sample::Ratio(rollout.requests as f64));
+            self.rollout_explains.add(
+                labels,
+                Sample::Ratio(if rollout.explains { 1.0 } else { 0.0 }),
+            );
+        }
         let Some(spread) = Spread::of(service) else {
             return;
         };
@@ -106,7 +134,7 @@ impl SpreadFamilies {
     }
 
     /// In exposition order.
-    pub(super) fn into_families(self) -> [Family; 7] {
+    pub(super) fn into_families(self) -> [Family; 9] {
         [
             self.effective,
             self.busiest,
@@ -115,6 +143,8 @@ impl SpreadFamilies {
             self.fair_median,
             self.chance,
             self.cause,
+            self.rollout_requests,
+            self.rollout_explains,
         ]
     }
 }

@@ -259,6 +259,10 @@ impl Drop for Worker {
 /// big rule set, blocking work kept off the loop that drains the kernel; and `observer
 /// rules` and replays use the same worker with no runtime at all.
 pub fn spawn(reader: RuleReader) -> Result<Worker, Box<RuleReader>> {
+    // Unbounded, and none can grow without bound: a request is sent once per namespace
+    // first seen or per burst of announced changes (which the worker merges per
+    // namespace, `next_batch`), and a snapshot or note once per read; dropping one would
+    // leave a namespace unnamed, so none is ever refused.
     let (requests, requested) = mpsc::channel::<Request>();
     let (publish, snapshots) = mpsc::channel();
     let (hand_over, handed) = mpsc::channel::<RuleReader>();

@@ -23,6 +23,7 @@ use crate::load::{EchoReport, LoadReport};
 
 mod compare;
 mod cost;
+mod hooks;
 mod keepalive;
 mod progstats;
 mod rounds;
@@ -68,7 +69,8 @@ pub struct BenchArgs {
     observer: Option<std::path::PathBuf>,
     /// Only one part of the run (`subscriber`: the bound split into empty programs and
     /// conntrack's destroy subscriber, through the DNAT and pod-to-pod; `keepalive`: a
-    /// fixed keep-alive load, latency and observer's CPU, and an idle observer).
+    /// fixed keep-alive load, latency and observer's CPU, and an idle observer; `hooks`:
+    /// the floor of an empty net_dev_queue program against an empty netfilter one).
     #[arg(long, value_enum)]
     only: Option<Part>,
     /// Compare this observer binary (e.g. an older build) with the one benchmarked, in
@@ -86,6 +88,9 @@ enum Part {
     /// The seed's case at a fixed load: 10,000 exchanges/s over 100 kept connections,
     /// client latency with and without observer, observer's CPU; and an idle observer.
     Keepalive,
+    /// Empty programs on net_dev_queue and on netfilter's POSTROUTING and LOCAL_IN
+    /// (Linux 6.4+): runs and ns per new connection and per kept exchange, and the rate.
+    Hooks,
 }
 
 /// Kills child processes when the benchmark ends, however it ends.
@@ -191,6 +196,7 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
     match args.only {
         Some(Part::Subscriber) => return subscriber::report(&setup),
         Some(Part::Keepalive) => return keepalive::report(&setup),
+        Some(Part::Hooks) => return hooks::report(&setup),
         None => {}
     }
     cost::report(&setup)?;

@@ -152,16 +152,47 @@ pub struct FloorPrograms {
     pub ids: Vec<u32>,
 }
 
+/// Which empty programs `empty_programs.py` attaches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FloorHooks<'a> {
+    /// observer's three hooks today: `net_dev_queue` and both `cgroup_skb` directions.
+    All,
+    /// `net_dev_queue` alone.
+    DevQueue,
+    /// A netfilter program at POSTROUTING and LOCAL_IN of this network namespace (by
+    /// `ip netns` name): the once-per-packet hook of Linux 6.4+ (issue 31).
+    Netfilter(&'a str),
+}
+
 impl FloorPrograms {
     pub fn attach() -> anyhow::Result<FloorPrograms> {
+        FloorPrograms::attach_on(FloorHooks::All)
+    }
+
+    pub fn attach_on(hooks: FloorHooks<'_>) -> anyhow::Result<FloorPrograms> {
         use std::io::{BufRead as _, Write as _};
         let cgroup =
             cgroup2_mount().context("no cgroup v2 mount for the empty cgroup_skb programs")?;
         let script = std::env::temp_dir().join("observer-bench-empty-programs.py");
         std::fs::File::create(&script)?.write_all(include_bytes!("empty_programs.py"))?;
-        let mut child = Command::new("python3")
+        let mut command = match hooks {
+            // A netfilter link belongs to the namespace of the process that makes it.
+            FloorHooks::Netfilter(netns) => {
+                let mut command = Command::new("ip");
+                command.args(["netns", "exec", netns, "python3"]);
+                command
+            }
+            _ => Command::new("python3"),
+        };
+        let which = match hooks {
+            FloorHooks::All => "all",
+            FloorHooks::DevQueue => "dev_queue",
+            FloorHooks::Netfilter(_) => "netfilter",
+        };
+        let mut child = command
             .arg(&script)
             .arg(&cgroup)
+            .arg(which)
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .spawn()

@@ -20,6 +20,8 @@ pub enum Attached<'a> {
     Subscriber,
     /// Both of the above: the bound of the full bench.
     EmptyProgramsAndSubscriber,
+    /// Empty programs on these hooks only (`--only hooks`).
+    EmptyOn(progstats::FloorHooks<'a>),
 }
 
 /// One configuration's rounds: its label and what it attaches.
@@ -83,6 +85,12 @@ fn one_round(
         }
         Attached::EmptyPrograms => {
             let programs = progstats::FloorPrograms::attach()?;
+            let round = plain(load()?.0);
+            drop(programs);
+            round
+        }
+        Attached::EmptyOn(hooks) => {
+            let programs = progstats::FloorPrograms::attach_on(hooks)?;
             let round = plain(load()?.0);
             drop(programs);
             round

@@ -37,6 +37,7 @@ fn sticky(lab: &Lab, pods: &[&str]) -> Service {
         traffic: Traffic {
             external_local: false,
             affinity_timeout_s: Some(10800),
+            ..Traffic::default()
         },
         ..checkout.clone()
     }

@@ -8,6 +8,10 @@
 //!   `policy: local`; the Service line gives the local endpoints their own shares; the
 //!   ClusterIP (and a pod dialing the NodePort, short-circuited by kube-proxy) still
 //!   spreads over every endpoint, the remote one marked `same_node: false`.
+//! - `internalTrafficPolicy: Local` on a Service with an endpoint on another node and a
+//!   NodePort (Cluster policy): pod connections to the ClusterIP go only to this node's
+//!   endpoints and say `policy: local`, against the local endpoints' shares; through the
+//!   NodePort they may reach every endpoint.
 //! - `sessionAffinity: ClientIP`: one client's fresh connections all land on one pod;
 //!   observer names them all, reports the affinity, and `check --max-skew 1.5` judges the
 //!   Service on stickiness rather than failing it as skewed.
@@ -28,6 +32,7 @@ use observer_lab::{
 
 const LOCAL_SERVICE: &str = "shop/front:http";
 const STICKY_SERVICE: &str = "shop/sticky:http";
+const INNER_SERVICE: &str = "shop/inner:http";
 
 fn lab(rules: RuleMode, tag: &str) -> Lab {
     require_root();
@@ -84,6 +89,7 @@ fn local_policy(rules: RuleMode, tag: &str) {
         Traffic {
             external_local: true,
             affinity_timeout_s: None,
+            ..Traffic::default()
         },
     );
     front.endpoints.push(remote);
@@ -200,6 +206,98 @@ fn local_policy(rules: RuleMode, tag: &str) {
     );
 }
 
+fn internal_policy(rules: RuleMode, tag: &str) {
+    let mut lab = lab(rules, tag);
+    let remote = lab.add_peer_node().expect("a peer node");
+    let mut inner = service(
+        &lab,
+        "inner",
+        232,
+        Some(30091),
+        Traffic {
+            internal_local: true,
+            ..Traffic::default()
+        },
+    );
+    inner.endpoints.push(remote);
+    lab.add_service(inner.clone()).unwrap();
+    let cluster = SocketAddr::V4(inner.cluster_addr());
+    let node_port = SocketAddr::V4(SocketAddrV4::new(NODE_IP, 30091));
+    let dir = tempfile::tempdir().unwrap();
+    let watch = ConntrackWatch::start(lab.node_ns()).unwrap();
+    let runtime_root = lab.runtime_root();
+    let recorder = Recorder::start(
+        dir.path(),
+        &["--runtime-root", runtime_root.to_str().unwrap()],
+    );
+    let via_cluster = http_fresh(&lab, cluster, 40).unwrap();
+    let via_node_port = http_fresh(&lab, node_port, 8).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let log = recorder.output.clone();
+    let mut recording = recorder.stop();
+    let events = watch.stop().unwrap();
+    assert_eq!(recording.summary.as_ref().unwrap().lost_events, 0);
+    only_node(&mut recording, lab.node_ns());
+    let conns: Vec<&ConnRecord> = recording.conns.iter().collect();
+    assert_same_decisions(&conns, &events, lab.node_ns());
+    assert_eq!(conns.len(), 40 + 8, "{conns:#?}");
+
+    for (conn, pod) in records_of(&recording.conns, &via_cluster, cluster) {
+        assert_ne!(pod, "checkout-remote", "the ClusterIP reached the other node");
+        assert_eq!(
+            (
+                conn.service.as_deref(),
+                conn.endpoint_in_rules,
+                conn.policy,
+                conn.same_node,
+                conn.backend_pod.as_deref()
+            ),
+            (
+                Some(INNER_SERVICE),
+                Some(true),
+                Some(TrafficPolicy::Local),
+                Some(true),
+                Some(format!("shop/{pod}").as_str())
+            ),
+            "{conn:?}"
+        );
+    }
+    for (conn, pod) in records_of(&recording.conns, &via_node_port, node_port) {
+        let remote = conn.backend.ip() == std::net::IpAddr::V4(PEER_POD_IP);
+        assert_eq!(remote, pod == "checkout-remote", "{conn:?}");
+        assert_eq!(
+            (conn.service.as_deref(), conn.endpoint_in_rules, conn.policy),
+            (Some(INNER_SERVICE), Some(true), None),
+            "{conn:?}"
+        );
+    }
+    let inode = common::netns_inode(lab.node_ns());
+    let line = service_line(&recording.services, inode, INNER_SERVICE);
+    let addrs = |set: &[observer::model::record::EndpointShare]| -> Vec<(SocketAddr, f64)> {
+        set.iter().map(|e| (e.addr, e.expected_share)).collect()
+    };
+    let even = |addrs: Vec<SocketAddrV4>| -> Vec<(SocketAddr, f64)> {
+        let n = addrs.len() as f64;
+        addrs.into_iter().map(|a| (SocketAddr::V4(a), 1.0 / n)).collect()
+    };
+    assert_eq!(addrs(&line.endpoints), even(inner.endpoint_addrs()));
+    assert_eq!(
+        addrs(line.local_endpoints.as_deref().expect("local endpoints")),
+        even(inner.local_endpoint_addrs())
+    );
+    // Judged against the local endpoints: no false stale pins, no skew beyond chance.
+    let check = Command::new(env!("CARGO_BIN_EXE_observer"))
+        .args(["check", "--max-stale", "0", "--service", INNER_SERVICE])
+        .arg(&log)
+        .output()
+        .unwrap();
+    assert!(
+        check.status.success(),
+        "{}",
+        String::from_utf8_lossy(&check.stdout)
+    );
+}
+
 fn affinity(rules: RuleMode, tag: &str) {
     let mut lab = lab(rules, tag);
     let sticky = service(
@@ -210,6 +308,7 @@ fn affinity(rules: RuleMode, tag: &str) {
         Traffic {
             external_local: false,
             affinity_timeout_s: Some(10800),
+            ..Traffic::default()
         },
     );
     lab.add_service(sticky.clone()).unwrap();
@@ -303,4 +402,16 @@ fn client_ip_affinity_iptables() {
 #[ignore = "root: run by cargo xtask test"]
 fn client_ip_affinity_nftables() {
     affinity(RuleMode::Nftables, "affn");
+}
+
+#[test]
+#[ignore = "root: run by cargo xtask test"]
+fn internal_traffic_policy_local_iptables() {
+    internal_policy(RuleMode::Iptables, "itpi");
+}
+
+#[test]
+#[ignore = "root: run by cargo xtask test"]
+fn internal_traffic_policy_local_nftables() {
+    internal_policy(RuleMode::Nftables, "itpn");
 }

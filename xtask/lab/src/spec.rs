@@ -143,13 +143,16 @@ pub struct Service {
     pub traffic: Traffic,
 }
 
-/// What a Service's spec tells kube-proxy beyond its ports: `externalTrafficPolicy` and
-/// `sessionAffinity`.
+/// What a Service's spec tells kube-proxy beyond its ports: `externalTrafficPolicy`,
+/// `internalTrafficPolicy` and `sessionAffinity`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Traffic {
     /// `externalTrafficPolicy: Local`: NodePort traffic from outside the cluster goes to
     /// this node's endpoints only ([`Pod::on_node`]).
     pub external_local: bool,
+    /// `internalTrafficPolicy: Local`: ClusterIP traffic goes to this node's endpoints only.
+    /// The lab writes it with at least one endpoint on the node.
+    pub internal_local: bool,
     /// `sessionAffinity: ClientIP` with `sessionAffinityConfig.clientIP.timeoutSeconds`.
     pub affinity_timeout_s: Option<u32>,
 }

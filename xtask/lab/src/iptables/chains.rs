@@ -1,7 +1,8 @@
 //! One Service port's rules: its frontend jumps (or "has no endpoints" rejects) and its
 //! own KUBE-SVC / KUBE-SVL / KUBE-EXT / KUBE-SEP chains, as `syncProxyRules` and
 //! `writeServiceToEndpointRules` in kube-proxy's (up to 1.35) pkg/proxy/iptables/proxier.go write
-//! them, `externalTrafficPolicy: Local` and `sessionAffinity: ClientIP` included.
+//! them, `externalTrafficPolicy: Local`, `internalTrafficPolicy: Local` and
+//! `sessionAffinity: ClientIP` included.
 
 use std::collections::BTreeSet;
 use std::net::SocketAddrV4;
@@ -55,6 +56,26 @@ impl Port {
         }
     }
 
+    /// `internalTrafficChain`: KUBE-SVL with the internal Local policy, else KUBE-SVC.
+    fn internal_chain(&self) -> &str {
+        match self.traffic.internal_local {
+            true => &self.svl_chain,
+            false => &self.svc_chain,
+        }
+    }
+
+    /// `UsesClusterEndpoints`: some traffic picks from every endpoint (KUBE-SVC).
+    fn uses_cluster_chain(&self, node_port: bool) -> bool {
+        self.has_endpoints()
+            && (!self.traffic.internal_local || (node_port && !self.traffic.external_local))
+    }
+
+    /// `usesLocalPolicyChain`: some traffic picks from this node's endpoints (KUBE-SVL).
+    fn uses_local_chain(&self, node_port: bool) -> bool {
+        !self.local.is_empty()
+            && (self.traffic.internal_local || (node_port && self.traffic.external_local))
+    }
+
     fn sep_chain(&self, endpoint: &SocketAddrV4) -> String {
         ipt_sep_chain(&self.spn, self.proto, &endpoint.to_string())
     }
@@ -64,11 +85,12 @@ impl Port {
 /// endpoints, the REJECTs in the filter table.
 pub(super) fn frontend_rules(svc: &Service, tables: &mut Tables) {
     let p = Port::new(svc);
-    let (spn, proto, svc_chain, ext_chain) = (&p.spn, p.proto, &p.svc_chain, &p.ext_chain);
+    let (spn, proto, ext_chain) = (&p.spn, p.proto, &p.ext_chain);
     let (cip, port) = (svc.cluster_ip, svc.port);
     if p.has_endpoints() {
+        let internal = p.internal_chain();
         tables.nat.rules.push(format!(
-            "-A {KUBE_SERVICES} -m comment --comment \"{spn} cluster IP\" -m {proto} -p {proto} -d {cip} --dport {port} -j {svc_chain}"
+            "-A {KUBE_SERVICES} -m comment --comment \"{spn} cluster IP\" -m {proto} -p {proto} -d {cip} --dport {port} -j {internal}"
         ));
     } else {
         tables.filter.rules.push(format!(
@@ -103,7 +125,7 @@ pub(super) fn service_chains(svc: &Service, into: &mut Chains, active: &mut BTre
     if p.has_endpoints() {
         into.rules.push(format!(
             "-A {} -m comment --comment \"{} cluster IP\" -m {proto} -p {proto} -d {} --dport {} ! -s {CLUSTER_CIDR} -j {KUBE_MARK_MASQ}",
-            p.svc_chain,
+            p.internal_chain(),
             p.spn,
             svc.cluster_ip,
             svc.port,
@@ -113,10 +135,11 @@ pub(super) fn service_chains(svc: &Service, into: &mut Chains, active: &mut BTre
     if p.has_endpoints() && svc.node_port.is_some() {
         external_chain(&p, into, active);
     }
-    if p.has_endpoints() {
+    let node_port = svc.node_port.is_some();
+    if p.uses_cluster_chain(node_port) {
         waterfall(&p, &p.svc_chain, &p.endpoints, into, active);
     }
-    if p.traffic.external_local && svc.node_port.is_some() && !p.local.is_empty() {
+    if p.uses_local_chain(node_port) {
         waterfall(&p, &p.svl_chain, &p.local, into, active);
     }
     for ep in &p.endpoints {
@@ -282,6 +305,47 @@ mod tests {
         )));
     }
 
+    /// kube-proxy (up to 1.35) sends ClusterIP traffic of an `internalTrafficPolicy: Local`
+    /// Service to `internalTrafficChain`, its KUBE-SVL chain, which also takes the
+    /// ClusterIP's masquerade rule; its NodePort (Cluster policy) keeps KUBE-SVC.
+    #[test]
+    fn internal_local_policy_sends_cluster_ip_traffic_to_the_nodes_endpoints() {
+        let mut svcs = services(&pods("t"));
+        svcs[0].endpoints.push(remote());
+        svcs[0].traffic.internal_local = true;
+        let out = sync(&svcs, None, &[]);
+        let spn = "shop/checkout:http";
+        let (svc, svl, ext) = (
+            ipt_svc_chain(spn, "tcp"),
+            ipt_svl_chain(spn, "tcp"),
+            ipt_ext_chain(spn, "tcp"),
+        );
+        let sep = |ep: &str| ipt_sep_chain(spn, "tcp", ep);
+        for want in [
+            format!(
+                "-A KUBE-SERVICES -m comment --comment \"{spn} cluster IP\" -m tcp -p tcp -d 10.96.35.226 --dport 80 -j {svl}"
+            ),
+            format!(
+                "-A {svl} -m comment --comment \"{spn} cluster IP\" -m tcp -p tcp -d 10.96.35.226 --dport 80 ! -s 10.244.0.0/16 -j KUBE-MARK-MASQ"
+            ),
+            format!(
+                "-A {svl} -m comment --comment \"{spn} -> 10.244.1.14:8080\" -j {}",
+                sep("10.244.1.14:8080")
+            ),
+            format!("-A {ext} -j {svc}"),
+            format!(
+                "-A {svc} -m comment --comment \"{spn} -> 10.244.2.2:8080\" -j {}",
+                sep("10.244.2.2:8080")
+            ),
+        ] {
+            assert!(out.lines().any(|l| l == want), "missing {want}\n{out}");
+        }
+        assert!(!out.contains(&format!("-A {svc} -m comment --comment \"{spn} cluster IP\"")));
+        assert!(!out.contains(&format!(
+            "-A {svl} -m comment --comment \"{spn} -> 10.244.2.2"
+        )));
+    }
+
     #[test]
     fn local_policy_without_local_endpoints_drops_external_traffic() {
         let mut svcs = services(&pods("t"));
@@ -298,6 +362,7 @@ mod tests {
         svcs[0].traffic = Traffic {
             external_local: false,
             affinity_timeout_s: Some(10800),
+            ..Traffic::default()
         };
         let out = sync(&svcs, None, &[]);
         let spn = "shop/checkout:http";

@@ -106,7 +106,7 @@ pub(super) fn elements(svc: &Service, family: Family, layout: Layout) -> Vec<Ele
         out.push(Element {
             container: "service-ips",
             key: ip_key,
-            value: Some(format!("goto {}", n.service)),
+            value: Some(format!("goto {}", super::policies::internal_chain(svc, &n))),
             comment: None,
         });
     } else {

@@ -188,7 +188,7 @@ fn ensure_chains(
             ensure_chain(out, chain);
         }
     }
-    if has_endpoints {
+    if policies::uses_cluster_chain(svc) {
         ensure_chain(out, &n.service);
     }
     if policies::uses_local_chain(svc) {
@@ -244,7 +244,7 @@ fn service_rules(svc: &Service, n: &Names, family: Family, layout: Layout, out: 
     if has_endpoints {
         out.push(format!(
             "add rule {t} {} {ipx} daddr {} {proto} dport {} {ipx} saddr != {} {masquerade}",
-            n.service,
+            policies::internal_chain(svc, n),
             family.ip(svc.cluster_ip),
             svc.port,
             family.cluster_cidr()
@@ -263,7 +263,9 @@ fn service_rules(svc: &Service, n: &Names, family: Family, layout: Layout, out: 
     match layout {
         Layout::V1_35 => {
             let all: Vec<usize> = (0..n.endpoints.len()).collect();
-            policies::to_endpoints(svc, n, (&t, ipx), &n.service, &all, out);
+            if policies::uses_cluster_chain(svc) {
+                policies::to_endpoints(svc, n, (&t, ipx), &n.service, &all, out);
+            }
             if policies::uses_local_chain(svc) {
                 let local = policies::local_endpoints(svc, n, family);
                 policies::to_endpoints(svc, n, (&t, ipx), &n.local, &local, out);

@@ -1,4 +1,5 @@
-//! `externalTrafficPolicy: Local` and `sessionAffinity: ClientIP` in kube-proxy's nftables
+//! `externalTrafficPolicy: Local`, `internalTrafficPolicy: Local` and
+//! `sessionAffinity: ClientIP` in kube-proxy's nftables
 //! mode, as kube-proxy's (up to 1.35) pkg/proxy/nftables/proxier.go writes them (`syncProxyRules`,
 //! `writeServiceToEndpointRules`): an `external-*` chain that short-circuits pod and node
 //! traffic to the Service chain and sends the rest to a `local-*` chain over this node's
@@ -23,9 +24,27 @@ pub(super) fn local_endpoints(svc: &Service, n: &Names, family: Family) -> Vec<u
         .collect()
 }
 
-/// Whether kube-proxy writes the Service port's `local-*` chain.
+/// Whether kube-proxy writes the Service port's `local-*` chain (`usesLocalPolicyChain`).
 pub(super) fn uses_local_chain(svc: &Service) -> bool {
-    svc.traffic.external_local && svc.node_port.is_some() && !svc.local_endpoint_addrs().is_empty()
+    (svc.traffic.internal_local || svc.traffic.external_local && svc.node_port.is_some())
+        && !svc.local_endpoint_addrs().is_empty()
+}
+
+/// Whether some traffic picks from every endpoint, in the `service-*` chain
+/// (`usesClusterPolicyChain`).
+pub(super) fn uses_cluster_chain(svc: &Service) -> bool {
+    !svc.endpoints.is_empty()
+        && (!svc.traffic.internal_local
+            || svc.node_port.is_some() && !svc.traffic.external_local)
+}
+
+/// `internalTrafficChain`: where ClusterIP traffic goes, the `local-*` chain with the
+/// internal Local policy (the lab writes it only in the 1.35 layout).
+pub(super) fn internal_chain(svc: &Service, n: &Names) -> String {
+    match svc.traffic.internal_local {
+        true => n.local.clone(),
+        false => n.service.clone(),
+    }
 }
 
 /// `add set` of each endpoint's affinity set, with the Service's timeout.
@@ -150,6 +169,45 @@ mod tests {
         assert!(vmap(SVC).contains("numgen random mod 4 vmap"), "{s}");
         assert!(vmap(&local).contains("numgen random mod 3 vmap"), "{s}");
         assert!(!vmap(&local).contains("10.244.2.2"), "{s}");
+    }
+
+    /// `internalTrafficPolicy: Local`: the ClusterIP's `service-ips` element goes to the
+    /// `local-*` chain, which takes the ClusterIP's masquerade rule; the NodePort (Cluster
+    /// policy) keeps the Service chain over every endpoint.
+    #[test]
+    fn internal_local_policy_sends_cluster_ip_traffic_to_the_local_chain() {
+        let mut svcs = services(&pods("t"));
+        svcs[0].endpoints.push(Pod {
+            name: "checkout-remote".into(),
+            ns: "t-peer".into(),
+            ip: "10.244.2.2".parse().unwrap(),
+            http_port: 8080,
+            udp_port: 5353,
+        });
+        svcs[0].traffic.internal_local = true;
+        let s = sync(&svcs, None, &[], Layout::V1_35).script;
+        let (ext, local) = (
+            SVC.replacen("service-", "external-", 1),
+            SVC.replacen("service-", "local-", 1),
+        );
+        for want in [
+            format!("add element ip kube-proxy service-ips {{ 10.96.35.226 . tcp . 80 : goto {local} }}"),
+            format!(
+                "add rule ip kube-proxy {local} ip daddr 10.96.35.226 tcp dport 80 ip saddr != 10.244.0.0/16 jump mark-for-masquerade"
+            ),
+            format!("add rule ip kube-proxy {ext} goto {SVC}"),
+        ] {
+            assert!(s.lines().any(|l| l == want), "missing {want}\n{s}");
+        }
+        let vmap = |chain: &str| {
+            s.lines()
+                .find(|l| l.starts_with(&format!("add rule ip kube-proxy {chain} numgen")))
+                .unwrap()
+                .to_owned()
+        };
+        assert!(vmap(SVC).contains("numgen random mod 4 vmap"), "{s}");
+        assert!(vmap(&local).contains("numgen random mod 3 vmap"), "{s}");
+        assert!(!s.contains(&format!("add rule ip kube-proxy {SVC} ip daddr")), "{s}");
     }
 
     #[test]

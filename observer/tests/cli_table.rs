@@ -117,12 +117,12 @@ const TABLE: &[(&str, i32, &str)] = &[
     (
         "check -o json --max-skew 1.5 {logs}/keepalive.jsonl",
         1,
-        "\"condition\":\"max_skew\",\"holds\":false,\"limit\":1.5,\"subject\":\"shop/checkout:http\",\"type\":\"condition\",\"violation\":\"skew 3.00 > --max-skew 1.5",
+        "{\"type\":\"condition\",\"subject\":\"shop/checkout:http\",\"condition\":\"max_skew\",\"limit\":1.5,\"holds\":false,\"violation\":\"skew 3.00 > --max-skew 1.5",
     ),
     (
         "check --output json --max-skew 1.5 {logs}/balanced.jsonl",
         0,
-        "\"holds\":true,\"services\":1,\"type\":\"verdict\"",
+        "\"holds\":true,\"services\":1,\"connections\":6,\"violations\":0}",
     ),
     (
         "check -o yaml {logs}/balanced.jsonl",

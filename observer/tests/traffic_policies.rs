@@ -243,7 +243,10 @@ fn internal_policy(rules: RuleMode, tag: &str) {
     assert_eq!(conns.len(), 40 + 8, "{conns:#?}");
 
     for (conn, pod) in records_of(&recording.conns, &via_cluster, cluster) {
-        assert_ne!(pod, "checkout-remote", "the ClusterIP reached the other node");
+        assert_ne!(
+            pod, "checkout-remote",
+            "the ClusterIP reached the other node"
+        );
         assert_eq!(
             (
                 conn.service.as_deref(),
@@ -273,17 +276,22 @@ fn internal_policy(rules: RuleMode, tag: &str) {
     }
     let inode = common::netns_inode(lab.node_ns());
     let line = service_line(&recording.services, inode, INNER_SERVICE);
-    let addrs = |set: &[observer::model::record::EndpointShare]| -> Vec<(SocketAddr, f64)> {
-        set.iter().map(|e| (e.addr, e.expected_share)).collect()
+    // Even shares (iptables writes its probabilities to 10 digits).
+    let even = |set: &[observer::model::record::EndpointShare], want: Vec<SocketAddrV4>| {
+        let got: Vec<SocketAddr> = set.iter().map(|e| e.addr).collect();
+        let want: Vec<SocketAddr> = want.into_iter().map(SocketAddr::V4).collect();
+        assert_eq!(got, want, "{set:?}");
+        let n = want.len() as f64;
+        assert!(
+            set.iter()
+                .all(|e| (e.expected_share - 1.0 / n).abs() < 1e-9),
+            "{set:?}"
+        );
     };
-    let even = |addrs: Vec<SocketAddrV4>| -> Vec<(SocketAddr, f64)> {
-        let n = addrs.len() as f64;
-        addrs.into_iter().map(|a| (SocketAddr::V4(a), 1.0 / n)).collect()
-    };
-    assert_eq!(addrs(&line.endpoints), even(inner.endpoint_addrs()));
-    assert_eq!(
-        addrs(line.local_endpoints.as_deref().expect("local endpoints")),
-        even(inner.local_endpoint_addrs())
+    even(&line.endpoints, inner.endpoint_addrs());
+    even(
+        line.local_endpoints.as_deref().expect("local endpoints"),
+        inner.local_endpoint_addrs(),
     );
     // Judged against the local endpoints: no false stale pins, no skew beyond chance.
     let check = Command::new(env!("CARGO_BIN_EXE_observer"))

@@ -340,7 +340,9 @@ mod tests {
         ] {
             assert!(out.lines().any(|l| l == want), "missing {want}\n{out}");
         }
-        assert!(!out.contains(&format!("-A {svc} -m comment --comment \"{spn} cluster IP\"")));
+        assert!(!out.contains(&format!(
+            "-A {svc} -m comment --comment \"{spn} cluster IP\""
+        )));
         assert!(!out.contains(&format!(
             "-A {svl} -m comment --comment \"{spn} -> 10.244.2.2"
         )));

@@ -34,8 +34,7 @@ pub(super) fn uses_local_chain(svc: &Service) -> bool {
 /// (`usesClusterPolicyChain`).
 pub(super) fn uses_cluster_chain(svc: &Service) -> bool {
     !svc.endpoints.is_empty()
-        && (!svc.traffic.internal_local
-            || svc.node_port.is_some() && !svc.traffic.external_local)
+        && (!svc.traffic.internal_local || svc.node_port.is_some() && !svc.traffic.external_local)
 }
 
 /// `internalTrafficChain`: where ClusterIP traffic goes, the `local-*` chain with the
@@ -191,7 +190,9 @@ mod tests {
             SVC.replacen("service-", "local-", 1),
         );
         for want in [
-            format!("add element ip kube-proxy service-ips {{ 10.96.35.226 . tcp . 80 : goto {local} }}"),
+            format!(
+                "add element ip kube-proxy service-ips {{ 10.96.35.226 . tcp . 80 : goto {local} }}"
+            ),
             format!(
                 "add rule ip kube-proxy {local} ip daddr 10.96.35.226 tcp dport 80 ip saddr != 10.244.0.0/16 jump mark-for-masquerade"
             ),
@@ -207,7 +208,10 @@ mod tests {
         };
         assert!(vmap(SVC).contains("numgen random mod 4 vmap"), "{s}");
         assert!(vmap(&local).contains("numgen random mod 3 vmap"), "{s}");
-        assert!(!s.contains(&format!("add rule ip kube-proxy {SVC} ip daddr")), "{s}");
+        assert!(
+            !s.contains(&format!("add rule ip kube-proxy {SVC} ip daddr")),
+            "{s}"
+        );
     }
 
     #[test]

@@ -20,10 +20,13 @@ mod common;
 
 use std::collections::{BTreeSet, HashMap};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::{Recorder, assert_same_decisions, only_node, prefix, require_root, service_line};
-use observer::model::record::{Affinity, ConnRecord, Proto, TrafficPolicy};
+use observer::model::record::{
+    Affinity, ConnRecord, EndpointShare, Proto, Recording, TrafficPolicy,
+};
 use observer_lab::spec::NODE_IP;
 use observer_lab::{
     Answer, ConntrackWatch, Lab, LabConfig, NODE_NET_IP, PEER_POD_IP, RuleMode, Service, Topology,
@@ -78,6 +81,56 @@ fn records_of<'a>(
         .collect()
 }
 
+/// `observer record` on the lab's node while `drive` runs its clients; returns what
+/// `drive` returned, the node's part of the log (its connections checked one by one
+/// against `conntrack -E`), and where the log is (with the directory that holds it).
+fn record<T>(lab: &Lab, drive: impl FnOnce() -> T) -> (T, Recording, PathBuf, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let watch = ConntrackWatch::start(lab.node_ns()).unwrap();
+    let runtime_root = lab.runtime_root();
+    let recorder = Recorder::start(
+        dir.path(),
+        &["--runtime-root", runtime_root.to_str().unwrap()],
+    );
+    let driven = drive();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let log = recorder.output.clone();
+    let mut recording = recorder.stop();
+    let events = watch.stop().unwrap();
+    only_node(&mut recording, lab.node_ns());
+    let conns: Vec<&ConnRecord> = recording.conns.iter().collect();
+    assert_same_decisions(&conns, &events, lab.node_ns());
+    (driven, recording, log, dir)
+}
+
+/// `set` is `want`, in order, with even shares (iptables writes its probabilities to 10
+/// digits).
+fn assert_even(set: &[EndpointShare], want: Vec<SocketAddrV4>) {
+    let got: Vec<SocketAddr> = set.iter().map(|e| e.addr).collect();
+    let want: Vec<SocketAddr> = want.into_iter().map(SocketAddr::V4).collect();
+    assert_eq!(got, want, "{set:?}");
+    let n = want.len() as f64;
+    assert!(
+        set.iter()
+            .all(|e| (e.expected_share - 1.0 / n).abs() < 1e-9),
+        "{set:?}"
+    );
+}
+
+/// `observer ARGS --service SERVICE LOG`: its exit code and standard output.
+fn observer(args: &[&str], service: &str, log: &Path) -> (Option<i32>, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_observer"))
+        .args(args)
+        .args(["--service", service])
+        .arg(log)
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
 fn local_policy(rules: RuleMode, tag: &str) {
     let mut lab = lab(rules, tag);
     let remote = lab.add_peer_node().expect("a peer node");
@@ -98,26 +151,16 @@ fn local_policy(rules: RuleMode, tag: &str) {
     let cluster = SocketAddr::V4(front.cluster_addr());
     let external_node_port = SocketAddr::V4(SocketAddrV4::new(NODE_NET_IP, 30090));
     let pod_node_port = SocketAddr::V4(SocketAddrV4::new(NODE_IP, 30090));
-    let dir = tempfile::tempdir().unwrap();
-    let watch = ConntrackWatch::start(lab.node_ns()).unwrap();
-    let runtime_root = lab.runtime_root();
-    let recorder = Recorder::start(
-        dir.path(),
-        &["--runtime-root", runtime_root.to_str().unwrap()],
-    );
-    // The external client first: its connections are the first the node's rules name.
-    let external = http_fresh_from(&lab, &peer, external_node_port, 12).unwrap();
-    let via_cluster = http_fresh(&lab, cluster, 40).unwrap();
-    let pod_via_node_port = http_fresh(&lab, pod_node_port, 8).unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(500));
-    let log = recorder.output.clone();
-    let mut recording = recorder.stop();
-    let events = watch.stop().unwrap();
+    let ((external, via_cluster, pod_via_node_port), recording, log, _dir) = record(&lab, || {
+        // The external client first: its connections are the first the node's rules name.
+        (
+            http_fresh_from(&lab, &peer, external_node_port, 12).unwrap(),
+            http_fresh(&lab, cluster, 40).unwrap(),
+            http_fresh(&lab, pod_node_port, 8).unwrap(),
+        )
+    });
     assert_eq!(recording.summary.as_ref().unwrap().lost_events, 0);
-    only_node(&mut recording, lab.node_ns());
-    let conns: Vec<&ConnRecord> = recording.conns.iter().collect();
-    assert_same_decisions(&conns, &events, lab.node_ns());
-    assert_eq!(conns.len(), 12 + 40 + 8, "{conns:#?}");
+    assert_eq!(recording.conns.len(), 12 + 40 + 8, "{:#?}", recording.conns);
 
     let local_pods: BTreeSet<String> = ["checkout-a", "checkout-b", "checkout-c"]
         .map(String::from)
@@ -167,43 +210,14 @@ fn local_policy(rules: RuleMode, tag: &str) {
 
     let inode = common::netns_inode(lab.node_ns());
     let line = service_line(&recording.services, inode, LOCAL_SERVICE);
-    let shares = |set: &[observer::model::record::EndpointShare]| -> Vec<(SocketAddr, f64)> {
-        set.iter().map(|e| (e.addr, e.expected_share)).collect()
-    };
-    let all: Vec<SocketAddr> = front
-        .endpoint_addrs()
-        .into_iter()
-        .map(SocketAddr::V4)
-        .collect();
-    let local: Vec<SocketAddr> = front
-        .local_endpoint_addrs()
-        .into_iter()
-        .map(SocketAddr::V4)
-        .collect();
-    let close = |got: Vec<(SocketAddr, f64)>, want: &[SocketAddr]| {
-        let n = want.len() as f64;
-        assert_eq!(got.len(), want.len(), "{got:?}");
-        for ((addr, share), want) in got.iter().zip(want) {
-            assert_eq!(addr, want);
-            assert!((share - 1.0 / n).abs() < 1e-9, "{got:?}");
-        }
-    };
-    close(shares(&line.endpoints), &all);
-    close(
-        shares(line.local_endpoints.as_deref().expect("local endpoints")),
-        &local,
+    assert_even(&line.endpoints, front.endpoint_addrs());
+    assert_even(
+        line.local_endpoints.as_deref().expect("local endpoints"),
+        front.local_endpoint_addrs(),
     );
     // No false stale pins.
-    let check = Command::new(env!("CARGO_BIN_EXE_observer"))
-        .args(["check", "--max-stale", "0", "--service", LOCAL_SERVICE])
-        .arg(&log)
-        .output()
-        .unwrap();
-    assert!(
-        check.status.success(),
-        "{}",
-        String::from_utf8_lossy(&check.stdout)
-    );
+    let (code, stdout) = observer(&["check", "--max-stale", "0"], LOCAL_SERVICE, &log);
+    assert_eq!(code, Some(0), "{stdout}");
 }
 
 fn internal_policy(rules: RuleMode, tag: &str) {
@@ -223,24 +237,14 @@ fn internal_policy(rules: RuleMode, tag: &str) {
     lab.add_service(inner.clone()).unwrap();
     let cluster = SocketAddr::V4(inner.cluster_addr());
     let node_port = SocketAddr::V4(SocketAddrV4::new(NODE_IP, 30091));
-    let dir = tempfile::tempdir().unwrap();
-    let watch = ConntrackWatch::start(lab.node_ns()).unwrap();
-    let runtime_root = lab.runtime_root();
-    let recorder = Recorder::start(
-        dir.path(),
-        &["--runtime-root", runtime_root.to_str().unwrap()],
-    );
-    let via_cluster = http_fresh(&lab, cluster, 40).unwrap();
-    let via_node_port = http_fresh(&lab, node_port, 8).unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(500));
-    let log = recorder.output.clone();
-    let mut recording = recorder.stop();
-    let events = watch.stop().unwrap();
+    let ((via_cluster, via_node_port), recording, log, _dir) = record(&lab, || {
+        (
+            http_fresh(&lab, cluster, 40).unwrap(),
+            http_fresh(&lab, node_port, 8).unwrap(),
+        )
+    });
     assert_eq!(recording.summary.as_ref().unwrap().lost_events, 0);
-    only_node(&mut recording, lab.node_ns());
-    let conns: Vec<&ConnRecord> = recording.conns.iter().collect();
-    assert_same_decisions(&conns, &events, lab.node_ns());
-    assert_eq!(conns.len(), 40 + 8, "{conns:#?}");
+    assert_eq!(recording.conns.len(), 40 + 8, "{:#?}", recording.conns);
 
     for (conn, pod) in records_of(&recording.conns, &via_cluster, cluster) {
         assert_ne!(
@@ -276,34 +280,14 @@ fn internal_policy(rules: RuleMode, tag: &str) {
     }
     let inode = common::netns_inode(lab.node_ns());
     let line = service_line(&recording.services, inode, INNER_SERVICE);
-    // Even shares (iptables writes its probabilities to 10 digits).
-    let even = |set: &[observer::model::record::EndpointShare], want: Vec<SocketAddrV4>| {
-        let got: Vec<SocketAddr> = set.iter().map(|e| e.addr).collect();
-        let want: Vec<SocketAddr> = want.into_iter().map(SocketAddr::V4).collect();
-        assert_eq!(got, want, "{set:?}");
-        let n = want.len() as f64;
-        assert!(
-            set.iter()
-                .all(|e| (e.expected_share - 1.0 / n).abs() < 1e-9),
-            "{set:?}"
-        );
-    };
-    even(&line.endpoints, inner.endpoint_addrs());
-    even(
+    assert_even(&line.endpoints, inner.endpoint_addrs());
+    assert_even(
         line.local_endpoints.as_deref().expect("local endpoints"),
         inner.local_endpoint_addrs(),
     );
     // Judged against the local endpoints: no false stale pins, no skew beyond chance.
-    let check = Command::new(env!("CARGO_BIN_EXE_observer"))
-        .args(["check", "--max-stale", "0", "--service", INNER_SERVICE])
-        .arg(&log)
-        .output()
-        .unwrap();
-    assert!(
-        check.status.success(),
-        "{}",
-        String::from_utf8_lossy(&check.stdout)
-    );
+    let (code, stdout) = observer(&["check", "--max-stale", "0"], INNER_SERVICE, &log);
+    assert_eq!(code, Some(0), "{stdout}");
 }
 
 fn affinity(rules: RuleMode, tag: &str) {
@@ -321,22 +305,8 @@ fn affinity(rules: RuleMode, tag: &str) {
     );
     lab.add_service(sticky.clone()).unwrap();
     let cluster = SocketAddr::V4(sticky.cluster_addr());
-    let dir = tempfile::tempdir().unwrap();
-    let watch = ConntrackWatch::start(lab.node_ns()).unwrap();
-    let runtime_root = lab.runtime_root();
-    let recorder = Recorder::start(
-        dir.path(),
-        &["--runtime-root", runtime_root.to_str().unwrap()],
-    );
-    let answers = http_fresh(&lab, cluster, 30).unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(500));
-    let log = recorder.output.clone();
-    let mut recording = recorder.stop();
-    let events = watch.stop().unwrap();
-    only_node(&mut recording, lab.node_ns());
-    let conns: Vec<&ConnRecord> = recording.conns.iter().collect();
-    assert_same_decisions(&conns, &events, lab.node_ns());
-    assert_eq!(conns.len(), 30, "{conns:#?}");
+    let (answers, recording, log, _dir) = record(&lab, || http_fresh(&lab, cluster, 30).unwrap());
+    assert_eq!(recording.conns.len(), 30, "{:#?}", recording.conns);
     // The client's own record: one pod for all 30.
     let pods: BTreeSet<&str> = answers.iter().map(|a| a.pod.as_str()).collect();
     assert_eq!(pods.len(), 1, "{answers:?}");
@@ -363,18 +333,7 @@ fn affinity(rules: RuleMode, tag: &str) {
     );
     assert_eq!(line.endpoints.len(), 3, "{line:?}");
 
-    let observer = |args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_observer"))
-            .args(args)
-            .args(["--service", STICKY_SERVICE])
-            .arg(&log)
-            .output()
-            .unwrap();
-        (
-            out.status.code(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-        )
-    };
+    let observer = |args: &[&str]| observer(args, STICKY_SERVICE, &log);
     // Judged on stickiness: 30 of 30 on one pod is what affinity is for.
     let (code, stdout) = observer(&["check", "--max-skew", "1.5"]);
     assert_eq!(code, Some(0), "{stdout}");

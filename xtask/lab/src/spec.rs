@@ -196,6 +196,21 @@ impl Service {
     }
 
     /// The endpoints on the lab's node ([`Pod::on_node`]), in kube-proxy's order.
+    /// kube-proxy's `usesClusterPolicyChain`: some of the port's traffic picks from every
+    /// endpoint (KUBE-SVC, `service-*`).
+    pub fn uses_cluster_chain(&self) -> bool {
+        !self.endpoints.is_empty()
+            && (!self.traffic.internal_local
+                || self.node_port.is_some() && !self.traffic.external_local)
+    }
+
+    /// kube-proxy's `usesLocalPolicyChain`: some of it picks from this node's endpoints
+    /// (KUBE-SVL, `local-*`).
+    pub fn uses_local_chain(&self) -> bool {
+        (self.traffic.internal_local || self.traffic.external_local && self.node_port.is_some())
+            && !self.local_endpoint_addrs().is_empty()
+    }
+
     pub fn local_endpoint_addrs(&self) -> Vec<SocketAddrV4> {
         let local: Vec<Ipv4Addr> = self
             .endpoints

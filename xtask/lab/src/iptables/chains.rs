@@ -64,18 +64,6 @@ impl Port {
         }
     }
 
-    /// `UsesClusterEndpoints`: some traffic picks from every endpoint (KUBE-SVC).
-    fn uses_cluster_chain(&self, node_port: bool) -> bool {
-        self.has_endpoints()
-            && (!self.traffic.internal_local || (node_port && !self.traffic.external_local))
-    }
-
-    /// `usesLocalPolicyChain`: some traffic picks from this node's endpoints (KUBE-SVL).
-    fn uses_local_chain(&self, node_port: bool) -> bool {
-        !self.local.is_empty()
-            && (self.traffic.internal_local || (node_port && self.traffic.external_local))
-    }
-
     fn sep_chain(&self, endpoint: &SocketAddrV4) -> String {
         ipt_sep_chain(&self.spn, self.proto, &endpoint.to_string())
     }
@@ -135,11 +123,10 @@ pub(super) fn service_chains(svc: &Service, into: &mut Chains, active: &mut BTre
     if p.has_endpoints() && svc.node_port.is_some() {
         external_chain(&p, into, active);
     }
-    let node_port = svc.node_port.is_some();
-    if p.uses_cluster_chain(node_port) {
+    if svc.uses_cluster_chain() {
         waterfall(&p, &p.svc_chain, &p.endpoints, into, active);
     }
-    if p.uses_local_chain(node_port) {
+    if svc.uses_local_chain() {
         waterfall(&p, &p.svl_chain, &p.local, into, active);
     }
     for ep in &p.endpoints {

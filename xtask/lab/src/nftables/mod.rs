@@ -188,10 +188,10 @@ fn ensure_chains(
             ensure_chain(out, chain);
         }
     }
-    if policies::uses_cluster_chain(svc) {
+    if svc.uses_cluster_chain() {
         ensure_chain(out, &n.service);
     }
-    if policies::uses_local_chain(svc) {
+    if svc.uses_local_chain() {
         ensure_chain(out, &n.local);
     }
     if has_endpoints && svc.node_port.is_some() {
@@ -263,10 +263,10 @@ fn service_rules(svc: &Service, n: &Names, family: Family, layout: Layout, out: 
     match layout {
         Layout::V1_35 => {
             let all: Vec<usize> = (0..n.endpoints.len()).collect();
-            if policies::uses_cluster_chain(svc) {
+            if svc.uses_cluster_chain() {
                 policies::to_endpoints(svc, n, (&t, ipx), &n.service, &all, out);
             }
-            if policies::uses_local_chain(svc) {
+            if svc.uses_local_chain() {
                 let local = policies::local_endpoints(svc, n, family);
                 policies::to_endpoints(svc, n, (&t, ipx), &n.local, &local, out);
             }

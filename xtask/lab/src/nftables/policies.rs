@@ -24,19 +24,6 @@ pub(super) fn local_endpoints(svc: &Service, n: &Names, family: Family) -> Vec<u
         .collect()
 }
 
-/// Whether kube-proxy writes the Service port's `local-*` chain (`usesLocalPolicyChain`).
-pub(super) fn uses_local_chain(svc: &Service) -> bool {
-    (svc.traffic.internal_local || svc.traffic.external_local && svc.node_port.is_some())
-        && !svc.local_endpoint_addrs().is_empty()
-}
-
-/// Whether some traffic picks from every endpoint, in the `service-*` chain
-/// (`usesClusterPolicyChain`).
-pub(super) fn uses_cluster_chain(svc: &Service) -> bool {
-    !svc.endpoints.is_empty()
-        && (!svc.traffic.internal_local || svc.node_port.is_some() && !svc.traffic.external_local)
-}
-
 /// `internalTrafficChain`: where ClusterIP traffic goes, the `local-*` chain with the
 /// internal Local policy (the lab writes it only in the 1.35 layout).
 pub(super) fn internal_chain(svc: &Service, n: &Names) -> String {
@@ -118,7 +105,7 @@ pub(super) fn external_local(
             "add rule {t} {ext} fib saddr type local goto {service} comment \"short-circuit local traffic\""
         ),
     ]);
-    if uses_local_chain(svc) {
+    if svc.uses_local_chain() {
         out.push(format!("add rule {t} {ext} goto {}", n.local));
     }
 }
@@ -130,16 +117,28 @@ mod tests {
 
     const SVC: &str = "service-2EUJKCR2-shop/checkout/tcp/http";
 
-    #[test]
-    fn local_policy_external_chain_and_local_chain() {
-        let mut svcs = services(&pods("t"));
-        svcs[0].endpoints.push(Pod {
+    /// An endpoint on another node.
+    fn remote() -> Pod {
+        Pod {
             name: "checkout-remote".into(),
             ns: "t-peer".into(),
             ip: "10.244.2.2".parse().unwrap(),
             http_port: 8080,
             udp_port: 5353,
-        });
+        }
+    }
+
+    /// The `numgen` dispatch rule of `chain` in script `s`.
+    fn vmap<'a>(s: &'a str, chain: &str) -> &'a str {
+        s.lines()
+            .find(|l| l.starts_with(&format!("add rule ip kube-proxy {chain} numgen")))
+            .unwrap()
+    }
+
+    #[test]
+    fn local_policy_external_chain_and_local_chain() {
+        let mut svcs = services(&pods("t"));
+        svcs[0].endpoints.push(remote());
         svcs[0].traffic.external_local = true;
         let s = sync(&svcs, None, &[], Layout::V1_35).script;
         let ext = SVC.replacen("service-", "external-", 1);
@@ -159,15 +158,9 @@ mod tests {
         ] {
             assert!(s.lines().any(|l| l == want), "missing {want}\n{s}");
         }
-        let vmap = |chain: &str| {
-            s.lines()
-                .find(|l| l.starts_with(&format!("add rule ip kube-proxy {chain} numgen")))
-                .unwrap()
-                .to_owned()
-        };
-        assert!(vmap(SVC).contains("numgen random mod 4 vmap"), "{s}");
-        assert!(vmap(&local).contains("numgen random mod 3 vmap"), "{s}");
-        assert!(!vmap(&local).contains("10.244.2.2"), "{s}");
+        assert!(vmap(&s, SVC).contains("numgen random mod 4 vmap"), "{s}");
+        assert!(vmap(&s, &local).contains("numgen random mod 3 vmap"), "{s}");
+        assert!(!vmap(&s, &local).contains("10.244.2.2"), "{s}");
     }
 
     /// `internalTrafficPolicy: Local`: the ClusterIP's `service-ips` element goes to the
@@ -176,13 +169,7 @@ mod tests {
     #[test]
     fn internal_local_policy_sends_cluster_ip_traffic_to_the_local_chain() {
         let mut svcs = services(&pods("t"));
-        svcs[0].endpoints.push(Pod {
-            name: "checkout-remote".into(),
-            ns: "t-peer".into(),
-            ip: "10.244.2.2".parse().unwrap(),
-            http_port: 8080,
-            udp_port: 5353,
-        });
+        svcs[0].endpoints.push(remote());
         svcs[0].traffic.internal_local = true;
         let s = sync(&svcs, None, &[], Layout::V1_35).script;
         let (ext, local) = (
@@ -200,14 +187,8 @@ mod tests {
         ] {
             assert!(s.lines().any(|l| l == want), "missing {want}\n{s}");
         }
-        let vmap = |chain: &str| {
-            s.lines()
-                .find(|l| l.starts_with(&format!("add rule ip kube-proxy {chain} numgen")))
-                .unwrap()
-                .to_owned()
-        };
-        assert!(vmap(SVC).contains("numgen random mod 4 vmap"), "{s}");
-        assert!(vmap(&local).contains("numgen random mod 3 vmap"), "{s}");
+        assert!(vmap(&s, SVC).contains("numgen random mod 4 vmap"), "{s}");
+        assert!(vmap(&s, &local).contains("numgen random mod 3 vmap"), "{s}");
         assert!(
             !s.contains(&format!("add rule ip kube-proxy {SVC} ip daddr")),
             "{s}"

@@ -25,9 +25,7 @@ impl DnsSide {
             malformed_by_netns: Default::default(),
         }
     }
-}
 
-impl DnsSide {
     /// The queries answered (or answered in error) by these messages, in order.
     pub fn on_events(&mut self, events: &[DnsEvent]) -> Vec<DnsRecord> {
         let mut done = Vec::new();

@@ -14,12 +14,12 @@ use crate::naming::services::{FIRST_READ, Namer};
 
 /// How long a finished connection may wait for a re-read of its namespace's rules
 /// before it is named from the rules read before.
-pub(super) const NAME_WAIT: Duration = Duration::from_secs(2);
+const NAME_WAIT: Duration = Duration::from_secs(2);
 
 /// How long it may wait for the first read of its namespace's rules before it is
 /// written without a name (`nft -j` of 5,000 Services took 6 s on a busy lab machine).
 /// Bounds the memory held: connections closing meanwhile.
-pub(crate) const FIRST_NAME_WAIT: Duration = Duration::from_secs(15);
+const FIRST_NAME_WAIT: Duration = Duration::from_secs(15);
 
 /// A record waiting in the queue.
 enum Pending {

@@ -29,9 +29,7 @@ impl RejectSide {
     pub fn is_quiet(&self) -> bool {
         self.drained.is_empty() && self.tracker.is_idle()
     }
-}
 
-impl RejectSide {
     /// The rejected flows the kernel reported since the last drain that end now, and the
     /// namespaces of those that go on (their rules are read from the first on).
     pub fn drain(&mut self, capture: &mut Capture) -> (Vec<RejectRecord>, Vec<u32>) {

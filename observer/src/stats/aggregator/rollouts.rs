@@ -17,6 +17,12 @@ impl Aggregator {
     /// The rollout window behind `service`'s skew, when its connections opened in one.
     pub fn rollout(&self, service: &ServiceStats) -> Option<Rollout> {
         service.skew_detail()?;
+        let timeline = self.timeline.service(&service.service, service.proto);
+        // No endpoint ever left or joined: no window, and no connections to walk (a scrape
+        // asks this of every Service).
+        if timeline.departures.is_empty() && timeline.arrivals.is_empty() {
+            return None;
+        }
         let index = *self.index.get(&(service.service.clone(), service.proto))?;
         let opened: Vec<Opened> = self
             .open
@@ -29,10 +35,6 @@ impl Aggregator {
                 requests: c.requests,
             })
             .collect();
-        rollout(
-            service,
-            &opened,
-            &self.timeline.service(&service.service, service.proto),
-        )
+        rollout(service, &opened, &timeline)
     }
 }

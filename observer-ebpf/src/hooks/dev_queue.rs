@@ -60,7 +60,7 @@ pub fn dev_queue_raw(ctx: RawTracePointContext) -> i32 {
 }
 
 #[inline(always)]
-fn handle<S: SkbFields>(skb: S) -> Result<(), ReadFailed> {
+pub(super) fn handle<S: SkbFields>(skb: S) -> Result<(), ReadFailed> {
     // A packet without a DNAT decision costs the skb's `_nfct` and the entry's `status`,
     // and no map lookup. (A tracked connection whose `nf_conn` the kernel freed and
     // reused for a connection without DNAT is ended by user space, on conntrack's

@@ -2,6 +2,7 @@
 
 mod dev_queue;
 mod dns_egress;
+mod forward_netfilter;
 mod local_delivery;
 mod netfilter_drop;
 mod revalidate;

@@ -6,6 +6,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 
 use super::args::idle_seconds;
+use crate::kernel::attach::HookChoice;
 use crate::kernel::capture::{Capture, CaptureOptions};
 use crate::model::record::ConntrackEnds;
 use crate::naming::pods::{DEFAULT_RUNTIME_ROOTS, PodNamer, PodNamerConfig, RuntimeSource};
@@ -51,6 +52,35 @@ pub struct CaptureArgs {
     /// `auto` revalidates where the kernel can and subscribes elsewhere.
     #[arg(long, value_enum, value_name = "HOW", default_value = "auto")]
     pub conntrack_ends: EndsChoice,
+    /// Where the program that follows forwarded packets runs: `netfilter` links it at
+    /// the netfilter hooks of each node network namespace, once per packet (Linux 6.4 and
+    /// later); `dev-queue` attaches it to tracepoint net_dev_queue, once per device a
+    /// packet crosses, in every namespace; `auto` is `netfilter` where the kernel has it.
+    #[arg(long, value_enum, value_name = "HOOK", default_value = "dev-queue", env = "OBSERVER_HOOK")]
+    pub hook: HookArg,
+    /// A node network namespace for `--hook netfilter` (a file such as /run/netns/NAME
+    /// or /proc/PID/ns/net); repeatable. Default: observer's own, kube-proxy's, and
+    /// those in /run/netns except pods' (cni-*), also when they appear later.
+    #[arg(long, value_name = "FILE")]
+    pub node_netns: Vec<std::path::PathBuf>,
+}
+
+/// `--hook`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HookArg {
+    Auto,
+    Netfilter,
+    DevQueue,
+}
+
+impl From<HookArg> for HookChoice {
+    fn from(arg: HookArg) -> HookChoice {
+        match arg {
+            HookArg::Auto => HookChoice::Auto,
+            HookArg::Netfilter => HookChoice::Netfilter,
+            HookArg::DevQueue => HookChoice::DevQueue,
+        }
+    }
 }
 
 /// `--conntrack-ends`.
@@ -128,6 +158,8 @@ impl CaptureArgs {
             btf_path: self.btf.clone(),
             ring_buffer_bytes: self.ring_buffer_bytes,
             dns_ring_buffer_bytes: self.dns_ring_buffer_bytes,
+            hook: self.hook.into(),
+            node_netns: self.node_netns.clone(),
         })?;
         for warning in &capture.warnings {
             eprintln!("observer: warning: {warning}");

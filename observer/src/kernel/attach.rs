@@ -7,6 +7,7 @@ use aya::{
 };
 
 use crate::kernel::load::error_chain;
+use crate::kernel::netfilter::{NetfilterError, NetfilterProgram};
 
 /// The tracepoint the forwarding hook attaches to.
 const DEV_QUEUE: &str = "net_dev_queue";
@@ -48,15 +49,48 @@ pub enum AttachError {
 
 /// A hook observer cannot work without was refused.
 #[derive(Debug, thiserror::Error)]
-#[error("the kernel refused to attach to tracepoint {hook}: {reason}")]
-pub struct HookError {
-    hook: &'static str,
-    reason: AttachError,
+pub enum HookError {
+    #[error("the kernel refused to attach to tracepoint {hook}: {reason}")]
+    Tracepoint {
+        hook: &'static str,
+        reason: AttachError,
+    },
+    #[error(
+        "--hook netfilter cannot work here: {0}; the netfilter program needs Linux 6.4 or later (--hook dev-queue works on any kernel observer supports)"
+    )]
+    Netfilter(NetfilterError),
+    #[error(
+        "the netfilter program could be linked in no network namespace (see the warnings); --hook dev-queue watches every namespace"
+    )]
+    NoNamespace,
+}
+
+/// `--hook`: where the forwarding program runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HookChoice {
+    /// The netfilter hooks where the kernel has them (6.4+), else `net_dev_queue`.
+    Auto,
+    Netfilter,
+    DevQueue,
+}
+
+/// The first kernel with netfilter programs (`BPF_PROG_TYPE_NETFILTER`).
+pub const NETFILTER_SINCE: (u32, u32) = (6, 4);
+
+/// Where the forwarding program runs.
+#[derive(Debug)]
+pub enum Forwarding {
+    /// On the `net_dev_queue` tracepoint: every device a packet crosses, every
+    /// namespace at once.
+    DevQueue,
+    /// Linked at the netfilter hooks of each node namespace (`kernel::netfilter`).
+    Netfilter(NetfilterProgram),
 }
 
 /// What `attach_all` attached, and what works less well than it could.
 pub struct Attached {
     pub hooks: u32,
+    pub forwarding: Forwarding,
     /// One sentence each.
     pub warnings: Vec<String>,
     /// Why the revalidation program could not load; `None` when it loaded.
@@ -68,9 +102,10 @@ pub struct Attached {
 pub fn attach_all(
     ebpf: &mut Ebpf,
     vmlinux: Result<&aya::Btf, &str>,
+    forwarding: (HookChoice, &[u8], Option<(u32, u32)>),
 ) -> Result<Attached, HookError> {
     let mut warnings = Vec::new();
-    attach_dev_queue(ebpf, vmlinux, &mut warnings)?;
+    let forwarding = attach_forwarding(ebpf, vmlinux, forwarding, &mut warnings)?;
     let mut hooks = 1;
     match attach_btf(ebpf, vmlinux, &NETFILTER_DROP) {
         Ok(()) => {
@@ -92,7 +127,7 @@ pub fn attach_all(
                 ("dns_egress", CgroupSkbAttachType::Egress, "cgroup_skb/egress"),
             ] {
                 attach_cgroup(ebpf, &root, program, attach_type)
-                    .map_err(|reason| HookError { hook, reason })?;
+                    .map_err(|reason| HookError::Tracepoint { hook, reason })?;
                 hooks += 1;
             }
         }
@@ -110,6 +145,7 @@ pub fn attach_all(
     }
     Ok(Attached {
         hooks,
+        forwarding,
         warnings,
         revalidation_refused,
     })
@@ -162,6 +198,33 @@ fn attach_btf(
     Ok(())
 }
 
+/// Loads the forwarding program where `choice` says: the netfilter program on a kernel
+/// that has netfilter programs (`release`, major and minor) unless `--hook dev-queue`,
+/// else on `net_dev_queue`. `--hook auto` falls back to `net_dev_queue`, with a warning,
+/// where the kernel refuses the netfilter program; `--hook netfilter` fails there.
+fn attach_forwarding(
+    ebpf: &mut Ebpf,
+    vmlinux: Result<&aya::Btf, &str>,
+    (choice, object, release): (HookChoice, &[u8], Option<(u32, u32)>),
+    warnings: &mut Vec<String>,
+) -> Result<Forwarding, HookError> {
+    let new_enough = release.is_some_and(|release| release >= NETFILTER_SINCE);
+    if choice == HookChoice::Netfilter || (choice == HookChoice::Auto && new_enough) {
+        match NetfilterProgram::load(object, ebpf) {
+            Ok(program) => {
+                log::debug!("the forwarding program loaded as a netfilter program");
+                return Ok(Forwarding::Netfilter(program));
+            }
+            Err(err) if choice == HookChoice::Netfilter => return Err(HookError::Netfilter(err)),
+            Err(err) => warnings.push(format!(
+                "the kernel refused the netfilter program ({err}); the forwarding program runs on net_dev_queue instead, at a higher cost per packet"
+            )),
+        }
+    }
+    attach_dev_queue(ebpf, vmlinux, warnings)?;
+    Ok(Forwarding::DevQueue)
+}
+
 /// Attaches the forwarding hook to `net_dev_queue`: the BTF tracepoint program where
 /// the kernel takes it, else the raw tracepoint program (fields through helper calls),
 /// saying so in `warnings`.
@@ -177,11 +240,11 @@ fn attach_dev_queue(
         }
         Err(reason) => reason,
     };
-    let program = raw_tracepoint(ebpf, "dev_queue_raw").map_err(|reason| HookError {
+    let program = raw_tracepoint(ebpf, "dev_queue_raw").map_err(|reason| HookError::Tracepoint {
         hook: DEV_QUEUE,
         reason,
     })?;
-    program.attach(DEV_QUEUE).map_err(|err| HookError {
+    program.attach(DEV_QUEUE).map_err(|err| HookError::Tracepoint {
         hook: DEV_QUEUE,
         reason: AttachError::Program(err),
     })?;

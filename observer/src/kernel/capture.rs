@@ -16,8 +16,9 @@ use observer_common::{
 
 use std::os::fd::AsFd as _;
 
-use crate::kernel::attach::{self, AttachError, HookError, REVALIDATE};
-use crate::kernel::host::{Caps, kernel_release, raise_memlock, too_old};
+use crate::kernel::attach::{self, AttachError, Forwarding, HookChoice, HookError, REVALIDATE};
+use crate::kernel::host::{Caps, kernel_release, parse_release, raise_memlock, too_old};
+use crate::kernel::node_links::NodeLinks;
 use crate::kernel::load::{self, BtfFileError, KernelBtf, LoadError, error_chain};
 use crate::kernel::{decode, mapped_array::MappedArray};
 
@@ -62,6 +63,19 @@ pub struct CaptureOptions {
     pub ring_buffer_bytes: Option<u32>,
     /// The same for the DNS messages' ring buffer (default 2 MiB).
     pub dns_ring_buffer_bytes: Option<u32>,
+    /// Where the forwarding program runs (`--hook`).
+    pub hook: HookChoice,
+    /// The network namespaces the netfilter program is linked in (`--node-netns`);
+    /// empty: found (`node_links`).
+    pub node_netns: Vec<std::path::PathBuf>,
+}
+
+/// Where the forwarding program ran.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ForwardingHook {
+    NetDevQueue,
+    /// Linked at the netfilter hooks of this many namespaces.
+    Netfilter { namespaces: usize },
 }
 
 /// Summed per-CPU counters (see `observer_common::counters`).
@@ -105,6 +119,9 @@ pub struct Capture {
     lost_by_netns: HashMap<MapData, u32, u64>,
     dns_dropped_by_netns: HashMap<MapData, u32, u64>,
     hooks_attached: u32,
+    /// The netfilter program and its links; `None` where the forwarding program runs
+    /// on `net_dev_queue`.
+    node_links: Option<NodeLinks>,
     /// The revalidation program's slots (see `gone_connections`).
     checked: MappedArray,
     /// Why the revalidation program could not load (then conntrack's destroy events
@@ -138,10 +155,47 @@ impl Capture {
             dns_ring_buffer_bytes: options.dns_ring_buffer_bytes,
         };
         let mut ebpf = load::load(&sizes, &kernel).map_err(CaptureError::Load)?;
-        let attached =
-            attach::attach_all(&mut ebpf, kernel.vmlinux.as_ref().map_err(String::as_str))
-                .map_err(CaptureError::Attach)?;
-        Capture::new(ebpf, options.max_connections, attached).map_err(CaptureError::Load)
+        let release = kernel_release().as_deref().and_then(parse_release);
+        let attached = attach::attach_all(
+            &mut ebpf,
+            kernel.vmlinux.as_ref().map_err(String::as_str),
+            (options.hook, load::object(), release),
+        )
+        .map_err(CaptureError::Attach)?;
+        let node_links = match attached.forwarding {
+            Forwarding::Netfilter(ref _program) => true,
+            Forwarding::DevQueue => false,
+        };
+        let mut capture =
+            Capture::new(ebpf, options.max_connections, attached, options.node_netns.clone())
+                .map_err(CaptureError::Load)?;
+        if node_links {
+            let warnings = capture.link_new_namespaces();
+            capture.warnings.extend(warnings);
+            if capture.node_links.as_ref().is_some_and(|l| l.namespaces() == 0) {
+                return Err(CaptureError::Attach(HookError::NoNamespace));
+            }
+        }
+        Ok(capture)
+    }
+
+    /// Links the netfilter program in node namespaces that appeared since the last call
+    /// (none where it runs on `net_dev_queue`); one sentence per namespace that refused.
+    pub fn link_new_namespaces(&mut self) -> Vec<String> {
+        match (&mut self.node_links, &self.ebpf) {
+            (Some(links), Some(_)) => links.link_new(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Where the forwarding program runs.
+    pub fn forwarding_hook(&self) -> ForwardingHook {
+        match &self.node_links {
+            Some(links) => ForwardingHook::Netfilter {
+                namespaces: links.namespaces(),
+            },
+            None => ForwardingHook::NetDevQueue,
+        }
     }
 
     /// Takes the maps out of the attached object.
@@ -149,6 +203,7 @@ impl Capture {
         mut ebpf: Ebpf,
         max_connections: u32,
         attached: attach::Attached,
+        node_netns: Vec<std::path::PathBuf>,
     ) -> Result<Capture, LoadError> {
         let conns = load::take_map(&mut ebpf, "CONNS")?;
         let conns_fd = match &conns {
@@ -170,6 +225,10 @@ impl Capture {
             checked: load::map_checked(&mut ebpf, max_connections)?,
             ebpf: Some(ebpf),
             hooks_attached: attached.hooks,
+            node_links: match attached.forwarding {
+                Forwarding::Netfilter(program) => Some(NodeLinks::new(program, node_netns)),
+                Forwarding::DevQueue => None,
+            },
             revalidation_refused: attached.revalidation_refused,
             warnings: attached.warnings,
         })
@@ -220,6 +279,9 @@ impl Capture {
 
     /// Detaches every program; maps stay readable so the last events can be drained.
     pub fn detach(&mut self) {
+        if let Some(links) = &mut self.node_links {
+            links.unlink();
+        }
         self.ebpf = None;
     }
 

@@ -15,6 +15,11 @@ use crate::kernel::{
 /// The compiled kernel programs, built by `build.rs` and embedded in the binary.
 static PROGRAMS: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/observer"));
 
+/// The object's bytes (the netfilter program is loaded from them again, `netfilter`).
+pub fn object() -> &'static [u8] {
+    PROGRAMS
+}
+
 /// Why the object or its maps could not be loaded. Each message names what failed.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {

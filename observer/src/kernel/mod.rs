@@ -11,4 +11,6 @@ pub mod decode;
 pub mod host;
 pub mod load;
 pub mod mapped_array;
+pub mod netfilter;
+pub mod node_links;
 pub mod offsets;

@@ -151,7 +151,13 @@ pub struct ConnState {
     /// ICMP port unreachable about the connection (TCP or UDP). Written by reply
     /// packets only.
     pub refused: u8,
-    pub _pad: [u8; 2],
+    /// The entry was not confirmed yet at the first packet seen, and no packet or
+    /// revalidation has seen it confirmed since (0 or 1). Only the netfilter hook, which
+    /// runs just before confirmation, sees such entries. One that ends so never became a
+    /// connection: it lost a clash (its packet went on with the winner's entry) or was
+    /// dropped at confirmation.
+    pub unconfirmed: u8,
+    pub _pad: [u8; 1],
     /// Client -> the address it dialed (ClusterIP:port, NodePort, ...).
     pub original: FlowTuple,
     /// Backend (pod IP:targetPort) -> client (or the SNAT address).

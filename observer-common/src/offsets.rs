@@ -107,6 +107,9 @@ pub mod ctinfo {
 pub mod status {
     /// `IPS_SEEN_REPLY_BIT`: the entry has seen a packet in the reply direction.
     pub const SEEN_REPLY_BIT: u64 = 1;
+    /// `IPS_CONFIRMED_BIT`: the entry is in conntrack's table (set by confirmation,
+    /// at the end of a new connection's first packet's path through the namespace).
+    pub const CONFIRMED_BIT: u64 = 3;
     pub const DST_NAT_BIT: u64 = 5;
     /// `IPS_DYING_BIT`: the entry was deleted (flush, delete, garbage collection).
     pub const DYING_BIT: u64 = 9;

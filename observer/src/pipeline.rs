@@ -23,6 +23,7 @@ pub use session::{SessionOptions, monotonic_ns};
 use crate::conntrack::listener::Note;
 use crate::kernel::capture::Capture;
 use crate::model::record::{Close, ConnRecord, ConntrackEnds, SummaryRecord};
+use crate::model::tracker::NoRecord;
 use crate::model::update::{ConnId, Update};
 use crate::naming::services::FIRST_READ;
 
@@ -100,6 +101,7 @@ impl Session {
         for result in self.tracker.finish(&self.capture.connections(), now) {
             match result {
                 Ok((id, record)) => self.finished(id, record)?,
+                Err(NoRecord::NeverConfirmed) => self.never_confirmed += 1,
                 Err(_) => self.unrecordable += 1,
             }
         }
@@ -156,8 +158,10 @@ impl Session {
                 follower.watch(event.state.netns);
             }
             // Only the live view shows connections before they end: without it, an open
-            // event makes no record.
-            if event.kind == EVENT_OPEN && !self.output.has_view() {
+            // event makes no record. One whose entry is not confirmed yet is shown from
+            // the sweep that finds it confirmed.
+            if event.kind == EVENT_OPEN && (!self.output.has_view() || event.state.unconfirmed != 0)
+            {
                 self.tracker.opened(event);
                 self.naming.prime(event.state.netns);
                 continue;
@@ -165,6 +169,7 @@ impl Session {
             match self.tracker.on_event(event) {
                 Ok((id, record)) if record.end.is_some() => self.finished(id, record)?,
                 Ok((id, record)) => self.progress(id, record),
+                Err(NoRecord::NeverConfirmed) => self.never_confirmed += 1,
                 Err(_) if event.kind == EVENT_CLOSE => self.unrecordable += 1,
                 Err(_) => {}
             }
@@ -234,6 +239,10 @@ impl Session {
         }
         match self.tracker.end(conntrack, state, close) {
             Ok((id, record)) => self.finished(id, record),
+            Err(NoRecord::NeverConfirmed) => {
+                self.never_confirmed += 1;
+                Ok(())
+            }
             Err(_) => {
                 self.unrecordable += 1;
                 Ok(())

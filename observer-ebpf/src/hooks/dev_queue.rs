@@ -101,7 +101,10 @@ pub(super) fn handle<S: SkbFields>(skb: S) -> Result<(), ReadFailed> {
             // connection: the old one ended without FIN or RST.
             let time = clock::exact();
             end_now(conntrack, state, CLOSE_EXPIRED, time.0);
-            return open(skb, conntrack, info, dir, &packet, time);
+            return open(skb, conntrack, (info, ct_status), dir, &packet, time);
+        }
+        if load!(state.unconfirmed) != 0 && ct_status & (1 << status::CONFIRMED_BIT) != 0 {
+            store!(state.unconfirmed, 0);
         }
         let now = if needs_exact_time(state, &packet) {
             clock::exact().0
@@ -111,7 +114,14 @@ pub(super) fn handle<S: SkbFields>(skb: S) -> Result<(), ReadFailed> {
         follow(conntrack, state, dir, &packet, now);
         return Ok(());
     }
-    open(skb, conntrack, info, dir, &packet, clock::exact())
+    open(
+        skb,
+        conntrack,
+        (info, ct_status),
+        dir,
+        &packet,
+        clock::exact(),
+    )
 }
 
 /// An ICMP error about a tracked connection, coming from the backend's side: a port
@@ -167,7 +177,7 @@ fn follow(conntrack: u64, state: *mut ConnState, dir: usize, packet: &Packet, no
 fn open<S: SkbFields>(
     skb: S,
     conntrack: u64,
-    info: u64,
+    (info, ct_status): (u64, u64),
     dir: usize,
     packet: &Packet,
     (now, jiffies): (u64, u64),
@@ -178,7 +188,8 @@ fn open<S: SkbFields>(
         // ACKs of one that just closed.
         return Ok(());
     }
-    let Some(fresh) = new_state(conntrack, dir, start_seen, (now, jiffies))? else {
+    let confirmed = ct_status & (1 << status::CONFIRMED_BIT) != 0;
+    let Some(fresh) = new_state(conntrack, dir, (start_seen, confirmed), (now, jiffies))? else {
         return Ok(());
     };
     let (_, fresh_bytes) = account(fresh, dir, packet, now);
@@ -214,7 +225,7 @@ fn open<S: SkbFields>(
 fn new_state(
     conntrack: u64,
     dir: usize,
-    start_seen: bool,
+    (start_seen, confirmed): (bool, bool),
     (now, jiffies): (u64, u64),
 ) -> Result<Option<*mut ConnState>, ReadFailed> {
     let Some(fresh) = SCRATCH.get_ptr_mut(0) else {
@@ -226,6 +237,7 @@ fn new_state(
     init.start_ns = now;
     init.start_jiffies = jiffies;
     init.start_seen = start_seen as u8;
+    init.unconfirmed = !confirmed as u8;
     init.netns = read_netns(conntrack)?;
     let tuples = read_tuples(conntrack)?;
     convert(&tuples.original, &mut init.original);

@@ -35,6 +35,7 @@ use observer_common::{
 use crate::{
     kernel::{ReadFailed, read, read_original},
     maps::{CHECKED, CONNS, offset},
+    state::{load, store},
 };
 
 #[raw_tracepoint]
@@ -68,7 +69,7 @@ extern "C" fn check(index: u64, _context: *mut c_void) -> i64 {
     if conntrack == 0 || conntrack & GONE_MARK != 0 {
         return 0;
     }
-    let Some(state) = CONNS.get_ptr(&conntrack) else {
+    let Some(state) = CONNS.get_ptr_mut(&conntrack) else {
         return 0;
     };
     // A failed read (counted) proves nothing: the connection stays.
@@ -87,18 +88,22 @@ extern "C" fn check(index: u64, _context: *mut c_void) -> i64 {
 /// earlier would race observer's own idle timeout, which conntrack's UDP timeout equals
 /// by default (30 s), and turn a `timeout` into an `expired`.
 #[inline(always)]
-fn gone(conntrack: u64, state: *const ConnState) -> Result<bool, ReadFailed> {
+fn gone(conntrack: u64, state: *mut ConnState) -> Result<bool, ReadFailed> {
     let users: u32 = read(conntrack, offset!(ct_use))?;
-    if users == 0 {
-        return Ok(true);
-    }
     let flags: u64 = read(conntrack, offset!(ct_status))?;
-    if flags & (1 << status::DYING_BIT) != 0 {
-        return Ok(true);
-    }
+    // A freed entry keeps its status bits until its memory is reused, so `CONFIRMED`
+    // still says whether a connection first seen unconfirmed (`ConnState::unconfirmed`)
+    // ever became one; an entry whose tuple changed (reused memory) says nothing.
     let mut current = FlowTuple::default();
     read_original(conntrack, &mut current)?;
     // SAFETY: a live map value; the tuples are written once, before insertion.
     let tracked = unsafe { &(*state).original };
-    Ok(current.src != tracked.src || current.dst != tracked.dst)
+    let same = current.src == tracked.src && current.dst == tracked.dst;
+    if same && flags & (1 << status::CONFIRMED_BIT) != 0 && load!(state.unconfirmed) != 0 {
+        store!(state.unconfirmed, 0);
+    }
+    if users == 0 || flags & (1 << status::DYING_BIT) != 0 {
+        return Ok(true);
+    }
+    Ok(!same)
 }

@@ -56,7 +56,13 @@ pub struct CaptureArgs {
     /// the netfilter hooks of each node network namespace, once per packet (Linux 6.4 and
     /// later); `dev-queue` attaches it to tracepoint net_dev_queue, once per device a
     /// packet crosses, in every namespace; `auto` is `netfilter` where the kernel has it.
-    #[arg(long, value_enum, value_name = "HOOK", default_value = "dev-queue", env = "OBSERVER_HOOK")]
+    #[arg(
+        long,
+        value_enum,
+        value_name = "HOOK",
+        default_value = "dev-queue",
+        env = "OBSERVER_HOOK"
+    )]
     pub hook: HookArg,
     /// A node network namespace for `--hook netfilter` (a file such as /run/netns/NAME
     /// or /proc/PID/ns/net); repeatable. Default: observer's own, kube-proxy's, and

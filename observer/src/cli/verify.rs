@@ -117,6 +117,7 @@ pub fn run(args: VerifyArgs) -> anyhow::Result<Outcome> {
     }
     let recording = Recording::parse("memory", &text)?;
     let ends = recording.summary.as_ref().and_then(|s| s.conntrack_ends);
+    let hook = recording.summary.as_ref().and_then(|s| s.forwarding_hook);
     let decisions = decisions(notes)?;
     if decisions.is_empty() {
         bail!(
@@ -133,6 +134,7 @@ pub fn run(args: VerifyArgs) -> anyhow::Result<Outcome> {
         .collect();
     let mut coverage = coverage(&decisions, &conns);
     coverage.conntrack_ends = ends;
+    coverage.forwarding_hook = hook;
     emit(&match args.output.format {
         OutputFormat::Table => render(&coverage),
         OutputFormat::Json => render_json(&coverage),

@@ -240,14 +240,17 @@ fn attach_dev_queue(
         }
         Err(reason) => reason,
     };
-    let program = raw_tracepoint(ebpf, "dev_queue_raw").map_err(|reason| HookError::Tracepoint {
-        hook: DEV_QUEUE,
-        reason,
-    })?;
-    program.attach(DEV_QUEUE).map_err(|err| HookError::Tracepoint {
-        hook: DEV_QUEUE,
-        reason: AttachError::Program(err),
-    })?;
+    let program =
+        raw_tracepoint(ebpf, "dev_queue_raw").map_err(|reason| HookError::Tracepoint {
+            hook: DEV_QUEUE,
+            reason,
+        })?;
+    program
+        .attach(DEV_QUEUE)
+        .map_err(|err| HookError::Tracepoint {
+            hook: DEV_QUEUE,
+            reason: AttachError::Program(err),
+        })?;
     log::debug!("net_dev_queue attached as a raw tracepoint");
     warnings.push(format!(
         "{btf_refused}; the raw tracepoint program runs instead, at a higher cost per packet"

@@ -18,8 +18,8 @@ use std::os::fd::AsFd as _;
 
 use crate::kernel::attach::{self, AttachError, Forwarding, HookChoice, HookError, REVALIDATE};
 use crate::kernel::host::{Caps, kernel_release, parse_release, raise_memlock, too_old};
-use crate::kernel::node_links::NodeLinks;
 use crate::kernel::load::{self, BtfFileError, KernelBtf, LoadError, error_chain};
+use crate::kernel::node_links::NodeLinks;
 use crate::kernel::{decode, mapped_array::MappedArray};
 
 /// Why capture could not start. Each message is one sentence naming cause and fix.
@@ -75,7 +75,9 @@ pub struct CaptureOptions {
 pub enum ForwardingHook {
     NetDevQueue,
     /// Linked at the netfilter hooks of this many namespaces.
-    Netfilter { namespaces: usize },
+    Netfilter {
+        namespaces: usize,
+    },
 }
 
 /// Summed per-CPU counters (see `observer_common::counters`).
@@ -166,13 +168,21 @@ impl Capture {
             Forwarding::Netfilter(ref _program) => true,
             Forwarding::DevQueue => false,
         };
-        let mut capture =
-            Capture::new(ebpf, options.max_connections, attached, options.node_netns.clone())
-                .map_err(CaptureError::Load)?;
+        let mut capture = Capture::new(
+            ebpf,
+            options.max_connections,
+            attached,
+            options.node_netns.clone(),
+        )
+        .map_err(CaptureError::Load)?;
         if node_links {
             let warnings = capture.link_new_namespaces();
             capture.warnings.extend(warnings);
-            if capture.node_links.as_ref().is_some_and(|l| l.namespaces() == 0) {
+            if capture
+                .node_links
+                .as_ref()
+                .is_some_and(|l| l.namespaces() == 0)
+            {
                 return Err(CaptureError::Attach(HookError::NoNamespace));
             }
         }

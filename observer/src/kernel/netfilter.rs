@@ -133,13 +133,12 @@ impl NetfilterProgram {
                 continue;
             }
             for hooknum in HOOKS {
-                let link = link_create(&self.fd, pf, hooknum).map_err(|error| {
-                    NetfilterError::Link {
+                let link =
+                    link_create(&self.fd, pf, hooknum).map_err(|error| NetfilterError::Link {
                         family,
                         hooknum,
                         error,
-                    }
-                })?;
+                    })?;
                 links.push(link);
             }
             families.push(family);

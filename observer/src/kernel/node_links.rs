@@ -151,7 +151,11 @@ mod tests {
     #[test]
     fn pod_namespaces_named_by_containerd_are_no_nodes() {
         let dir = tempfile::tempdir().unwrap();
-        for name in ["lab-node", "cni-5f3c2d1e-aaaa-bbbb-cccc-0123456789ab", "a-pod"] {
+        for name in [
+            "lab-node",
+            "cni-5f3c2d1e-aaaa-bbbb-cccc-0123456789ab",
+            "a-pod",
+        ] {
             std::fs::write(dir.path().join(name), "").unwrap();
         }
         let found = named_node_namespaces(dir.path());

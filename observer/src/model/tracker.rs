@@ -49,6 +49,20 @@ fn kernel_close(close: u32) -> Close {
     }
 }
 
+/// Why a tracked connection has no record.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum NoRecord {
+    /// It cannot be recorded: a lost connection.
+    #[error(transparent)]
+    Unknown(#[from] UnknownProtocol),
+    /// It ended before its conntrack entry was ever seen confirmed
+    /// (`ConnState::unconfirmed`): its first packet lost a clash (it went on with the
+    /// winning entry, a connection of its own) or was dropped at confirmation. No
+    /// connection.
+    #[error("its conntrack entry was never confirmed")]
+    NeverConfirmed,
+}
+
 pub struct Tracker {
     clock: Clock,
     idle_timeout_ns: u64,
@@ -71,7 +85,7 @@ impl Tracker {
     }
 
     /// An open or close event from the ring buffer.
-    pub fn on_event(&mut self, event: &ConnEvent) -> Result<(ConnId, ConnRecord), UnknownProtocol> {
+    pub fn on_event(&mut self, event: &ConnEvent) -> Result<(ConnId, ConnRecord), NoRecord> {
         let id = ConnId::of(event.conntrack, &event.state);
         if event.kind == EVENT_OPEN {
             let record = self.record(&event.state, Close::Open, event.time_ns)?;
@@ -107,8 +121,10 @@ impl Tracker {
                 continue;
             }
             let moved = self.open.insert(id, state.last_ns) != Some(state.last_ns);
+            // Shown once its entry is confirmed (a connection, not a clash's loser).
             if moved
                 && progress
+                && state.unconfirmed == 0
                 && let Ok(record) = self.record(state, Close::Open, now_ns)
             {
                 sweep.progress.push((id, record));
@@ -133,7 +149,7 @@ impl Tracker {
         conntrack: u64,
         state: &ConnState,
         close: Close,
-    ) -> Result<(ConnId, ConnRecord), UnknownProtocol> {
+    ) -> Result<(ConnId, ConnRecord), NoRecord> {
         let id = ConnId::of(conntrack, state);
         self.open.remove(&id);
         Ok((id, self.record(state, close, state.last_ns)?))
@@ -147,7 +163,7 @@ impl Tracker {
         state: &ConnState,
         close: Close,
         until_ns: u64,
-    ) -> Result<(ConnId, ConnRecord), UnknownProtocol> {
+    ) -> Result<(ConnId, ConnRecord), NoRecord> {
         let id = ConnId::of(conntrack, state);
         self.open.remove(&id);
         Ok((id, self.record(state, close, until_ns)?))
@@ -159,7 +175,7 @@ impl Tracker {
         &mut self,
         entries: &[(u64, ConnState)],
         now_ns: u64,
-    ) -> Vec<Result<(ConnId, ConnRecord), UnknownProtocol>> {
+    ) -> Vec<Result<(ConnId, ConnRecord), NoRecord>> {
         self.open.clear();
         entries
             .iter()
@@ -193,7 +209,10 @@ impl Tracker {
         state: &ConnState,
         close: Close,
         until_ns: u64,
-    ) -> Result<ConnRecord, UnknownProtocol> {
+    ) -> Result<ConnRecord, NoRecord> {
+        if close != Close::Open && state.unconfirmed != 0 {
+            return Err(NoRecord::NeverConfirmed);
+        }
         let proto = tuple::proto(state.original.protocol)?;
         let end_ns = until_ns.max(state.start_ns);
         Ok(ConnRecord {
@@ -333,6 +352,29 @@ mod tests {
             line,
             r#"{"type":"conn","proto":"tcp","client":"10.244.1.9:45364","client_pod":null,"original_dst":"10.96.35.226:80","backend":"10.244.1.13:8080","backend_pod":null,"service":null,"frontend":null,"endpoint_in_rules":null,"netns":4026532301,"start":"2026-08-06T13:46:36.000000Z","end":"2026-08-06T13:46:40.000500Z","duration_ms":4000.5,"requests":30,"bytes_to_backend":93,"bytes_from_backend":180,"close":"fin","connect_ms":null,"start_seen":true}"#
         );
+    }
+
+    #[test]
+    fn an_entry_never_seen_confirmed_is_no_connection_and_is_not_shown_while_open() {
+        let mut tracker = tracker();
+        let mut loser = state(PROTO_UDP, 100 * SECOND, 100 * SECOND);
+        loser.unconfirmed = 1;
+        let sweep = tracker.sweep(&[(9, loser)], 100 * SECOND, true);
+        assert!(sweep.progress.is_empty(), "a clash's loser is never shown");
+        for close in [Close::Expired, Close::Timeout] {
+            assert_eq!(tracker.end(9, &loser, close), Err(NoRecord::NeverConfirmed));
+        }
+        let close = ConnEvent {
+            kind: EVENT_CLOSE,
+            close: CLOSE_EXPIRED,
+            conntrack: 9,
+            time_ns: 100 * SECOND,
+            state: loser,
+        };
+        assert_eq!(tracker.on_event(&close), Err(NoRecord::NeverConfirmed));
+        // Seen confirmed since (a later packet, or the revalidation): a connection.
+        loser.unconfirmed = 0;
+        assert!(tracker.end(9, &loser, Close::Expired).is_ok());
     }
 
     #[test]

@@ -28,6 +28,7 @@ pub(super) use follower::Follower;
 use super::{Session, monotonic_ns};
 use crate::conntrack::listener::Note;
 use crate::model::record::{Close, ConnRecord, ConntrackEnds};
+use crate::model::tracker::NoRecord;
 use crate::model::update::ConnId;
 use matching::{CtKey, Destroyed, destroyed_close};
 
@@ -144,6 +145,7 @@ impl Session {
             let (close, until) = how(&state);
             match self.tracker.ended(conntrack, &state, close, until) {
                 Ok((id, record)) => self.finished(id, record)?,
+                Err(NoRecord::NeverConfirmed) => self.never_confirmed += 1,
                 Err(_) => self.malformed += 1,
             }
         }

@@ -11,7 +11,7 @@ use tokio::sync::mpsc;
 use super::output::Output;
 use super::{ConntrackStart, dns, naming, pressure, reconcile, rejects};
 use crate::kernel::capture::Capture;
-use crate::model::record::{ConntrackEnds, SummaryRecord};
+use crate::model::record::{ConntrackEnds, ForwardingHook, SummaryRecord};
 use crate::model::tracker::{Clock, Tracker};
 use crate::model::update::{CaptureStats, Update};
 use crate::naming::pods::PodNamer;
@@ -56,6 +56,9 @@ pub(super) struct Session {
     pub(super) malformed: u64,
     /// Final records that could not be made (an unknown protocol): lost connections.
     pub(super) unrecordable: u64,
+    /// Connections whose conntrack entry was never confirmed: no connection (see
+    /// `NoRecord::NeverConfirmed`).
+    pub(super) never_confirmed: u64,
     pub(super) events: u64,
     /// Drained ring-buffer records, reused from drain to drain: a fresh vector each
     /// time grew (copying) and faulted in new pages at every 50 ms drain.
@@ -89,6 +92,7 @@ impl Session {
             idle_timeout_ns: options.idle_timeout.as_nanos() as u64,
             malformed: 0,
             unrecordable: 0,
+            never_confirmed: 0,
             events: 0,
             drained: Default::default(),
             dns: dns::DnsSide::new(clock),
@@ -121,7 +125,8 @@ impl Session {
             counters.lost_table_full + counters.lost_unreported + self.unrecordable;
         CaptureStats {
             events: self.events,
-            dnat_events: counters.tracked + counters.lost_table_full,
+            dnat_events: (counters.tracked + counters.lost_table_full)
+                .saturating_sub(self.never_confirmed),
             lost_connections,
             lost_events: counters.events_dropped + self.malformed,
             read_errors: counters.read_errors,
@@ -159,6 +164,13 @@ impl Session {
             lost_rejects: stats.lost_rejects,
             conntrack: self.pressure.summary(),
             conntrack_ends,
+            never_confirmed: self.never_confirmed,
+            forwarding_hook: Some(match self.capture.forwarding_hook() {
+                crate::kernel::capture::ForwardingHook::NetDevQueue => ForwardingHook::NetDevQueue,
+                crate::kernel::capture::ForwardingHook::Netfilter { .. } => {
+                    ForwardingHook::Netfilter
+                }
+            }),
             blind_spots: self.naming.blind_spots().to_vec(),
             started,
             ended: Utc::now(),

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 
 use super::text::thousands;
-use crate::model::record::{ConnRecord, ConntrackEnds, Proto};
+use crate::model::record::{ConnRecord, ConntrackEnds, ForwardingHook, Proto};
 
 /// One DNAT decision as conntrack reported it (a NEW event).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -67,6 +67,8 @@ pub struct Coverage {
     pub lost: Vec<Decision>,
     /// How the recording learned of entries conntrack removed without a FIN or RST.
     pub conntrack_ends: Option<ConntrackEnds>,
+    /// Where the recording's forwarding program ran.
+    pub forwarding_hook: Option<ForwardingHook>,
 }
 
 /// How many lost decisions the report names.
@@ -114,6 +116,7 @@ pub fn render_json(coverage: &Coverage) -> String {
         counts: JsonCounts::of(&coverage.total),
         unmatched_records: coverage.unmatched_records,
         conntrack_ends: coverage.conntrack_ends,
+        forwarding_hook: coverage.forwarding_hook,
     };
     let services = coverage
         .services
@@ -147,6 +150,8 @@ enum JsonLine<'a> {
         unmatched_records: u64,
         #[serde(skip_serializing_if = "Option::is_none")]
         conntrack_ends: Option<ConntrackEnds>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        forwarding_hook: Option<ForwardingHook>,
     },
     Service {
         service: &'a str,
@@ -219,6 +224,12 @@ pub fn render(coverage: &Coverage) -> String {
             "  (entries conntrack removed without a FIN or RST were found by its destroy events: this kernel refused the check observer prefers)\n",
         ),
         None => {}
+    }
+    if let Some(hook) = coverage.forwarding_hook {
+        out.push_str(&format!(
+            "  (forwarded packets were followed at {})\n",
+            hook.described()
+        ));
     }
     out
 }

@@ -282,6 +282,16 @@ pub struct SummaryRecord {
     /// in older logs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub conntrack_ends: Option<ConntrackEnds>,
+    /// First packets seen (by the netfilter hook, before conntrack confirmed their
+    /// entry) whose entry ended unconfirmed: it lost a clash to another packet of the
+    /// same flow, whose entry is the connection, or was dropped. Not connections, not in
+    /// `dnat_events`. Absent when there were none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub never_confirmed: u64,
+    /// Where the program that follows forwarded packets ran. Absent in older logs
+    /// (which all ran on `net_dev_queue`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forwarding_hook: Option<ForwardingHook>,
     /// What observer could not see or follow of the node's Service datapath, one sentence
     /// each: rules it could not follow, frontends named by address, no kube-proxy rules,
     /// IPVS, a kube-proxy-free datapath. Absent when there was nothing to say.
@@ -312,6 +322,27 @@ impl ConntrackEnds {
         match self {
             ConntrackEnds::Revalidated => "revalidated",
             ConntrackEnds::DestroyEvents => "destroy_events",
+        }
+    }
+}
+
+/// Where the program that follows forwarded packets ran.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ForwardingHook {
+    /// Tracepoint `net_dev_queue`: every device a packet crosses, in every namespace.
+    NetDevQueue,
+    /// The netfilter hooks (LOCAL_IN, POST_ROUTING) of each node namespace: once per
+    /// packet (Linux 6.4+).
+    Netfilter,
+}
+
+impl ForwardingHook {
+    /// How `verify` names it.
+    pub fn described(self) -> &'static str {
+        match self {
+            ForwardingHook::NetDevQueue => "tracepoint net_dev_queue",
+            ForwardingHook::Netfilter => "the netfilter hooks of the node namespaces",
         }
     }
 }

@@ -217,7 +217,7 @@ impl Session {
         for (id, record) in sweep.progress {
             self.progress(id, record);
         }
-        for (conntrack, state, close) in sweep.ended {
+        for (conntrack, state, close) in self.confirmed_now(sweep.ended) {
             self.end(conntrack, &state, close)?;
         }
         self.release_held()?;
@@ -228,6 +228,33 @@ impl Session {
         let stats = self.stats();
         self.output.show(Update::Stats(stats));
         Ok(())
+    }
+
+    /// `ended` with the states of those still `unconfirmed` read again after the
+    /// revalidation program looked at them: a flow of one datagram gets no later packet
+    /// to see its entry confirmed, and the revalidation may not have reached it yet (it
+    /// runs less often over a large table).
+    fn confirmed_now(
+        &mut self,
+        mut ended: Vec<(u64, ConnState, Close)>,
+    ) -> Vec<(u64, ConnState, Close)> {
+        let unconfirmed: Vec<u64> = ended
+            .iter()
+            .filter(|(_, state, _)| state.unconfirmed != 0)
+            .map(|(conntrack, ..)| *conntrack)
+            .collect();
+        if unconfirmed.is_empty() || self.capture.gone_connections(&unconfirmed).is_err() {
+            return ended;
+        }
+        for (conntrack, state, _) in &mut ended {
+            if state.unconfirmed != 0
+                && let Some(now) = self.capture.connection(*conntrack)
+                && now.start_ns == state.start_ns
+            {
+                state.unconfirmed = now.unconfirmed;
+            }
+        }
+        ended
     }
 
     /// Ends a tracked connection from user space: removes it from the kernel tables and

@@ -416,6 +416,10 @@ impl Recorder {
         // `--output`: the name older builds know (`--write`'s alias now), so that
         // `--compare` can run them.
         command.args(["record", "--output"]).arg(&log);
+        // With the netfilter hook (`OBSERVER_HOOK=netfilter`), only the node's namespace
+        // is linked, as on a real node (the lab's pods are named namespaces too). Builds
+        // that do not know the variable ignore it.
+        command.env("OBSERVER_NODE_NETNS", format!("/run/netns/{PREFIX}-node"));
         let observer = Observer::start(command, false)?;
         Ok(Recorder { observer, log })
     }

@@ -36,6 +36,7 @@ pub fn test(extra: &[String], kernels: bool) -> anyhow::Result<()> {
         .args(extra)
         .args(["--", "--include-ignored", "--test-threads=1"])
         .env("OBSERVER_DIST", &dist_dir));
+    let tests = tests.and(netfilter_pass(extra, &dist_dir));
     // Run on Debian's kernels even when a test failed: both results are worth having.
     let kernels = if kernels {
         crate::kernels::kernels(crate::kernels::KernelsArgs::with_dist(dist_dir.clone()))
@@ -47,6 +48,51 @@ pub fn test(extra: &[String], kernels: bool) -> anyhow::Result<()> {
         (Err(e), Ok(())) | (Ok(()), Err(e)) => Err(e),
         (Err(tests), Err(kernels)) => bail!("{tests:#}; and {kernels:#}"),
     }
+}
+
+/// The root tests that follow forwarded packets, run again with the forwarding program on
+/// the netfilter hooks (`OBSERVER_HOOK=netfilter`, which observer reads for `--hook`):
+/// churn, floods and overload, conntrack's own flushes, deletes and reuse, long UDP flows,
+/// host-network clients, DNS, outcomes, IPv6, and the policies' expected shares.
+const NETFILTER_TESTS: [&str; 11] = [
+    "churn",
+    "hostile",
+    "overload",
+    "conntrack_lab",
+    "udp_stream",
+    "host_network",
+    "dns_lab",
+    "outcomes",
+    "ipv6",
+    "traffic_policies",
+    "last_packet",
+];
+
+/// `NETFILTER_TESTS` under `--hook netfilter`, where the kernel links netfilter programs.
+fn netfilter_pass(extra: &[String], dist_dir: &std::path::Path) -> anyhow::Result<()> {
+    let release = nix::sys::utsname::uname()?
+        .release()
+        .to_string_lossy()
+        .into_owned();
+    let version: Vec<u32> = release
+        .split(|c: char| !c.is_ascii_digit())
+        .take(2)
+        .filter_map(|part| part.parse().ok())
+        .collect();
+    if version.as_slice() < [6, 12].as_slice() {
+        println!("Linux {release}: no netfilter hook pass (it needs 6.12)");
+        return Ok(());
+    }
+    let mut command = Command::new("cargo");
+    command.args(["test", "--locked", "--no-fail-fast", "-p", "observer"]);
+    for test in NETFILTER_TESTS {
+        command.args(["--test", test]);
+    }
+    run(command
+        .args(extra)
+        .args(["--", "--include-ignored", "--test-threads=1"])
+        .env("OBSERVER_DIST", dist_dir)
+        .env("OBSERVER_HOOK", "netfilter"))
 }
 
 /// The whole run writes about 5 GB (release builds for two targets, ~30 test binaries,

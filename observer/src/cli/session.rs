@@ -67,7 +67,12 @@ pub struct CaptureArgs {
     /// A node network namespace for `--hook netfilter` (a file such as /run/netns/NAME
     /// or /proc/PID/ns/net); repeatable. Default: observer's own, kube-proxy's, and
     /// those in /run/netns except pods' (cni-*), also when they appear later.
-    #[arg(long, value_name = "FILE")]
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "OBSERVER_NODE_NETNS",
+        value_delimiter = ':'
+    )]
     pub node_netns: Vec<std::path::PathBuf>,
 }
 

@@ -56,13 +56,17 @@ pub enum HookError {
         reason: AttachError,
     },
     #[error(
-        "--hook netfilter cannot work here: {0}; the netfilter program needs Linux 6.4 or later (--hook dev-queue works on any kernel observer supports)"
+        "--hook netfilter cannot work here: {0}; --hook dev-queue works on any kernel observer supports"
     )]
     Netfilter(NetfilterError),
     #[error(
-        "the netfilter program could be linked in no network namespace (see the warnings); --hook dev-queue watches every namespace"
+        "--hook netfilter needs Linux 6.12 or later (this is {0}): before it, a netfilter link did not hold its network namespace, which could be freed under it (CVE-2024-50130); --hook dev-queue works on any kernel observer supports"
     )]
-    NoNamespace,
+    NetfilterTooOld(String),
+    #[error(
+        "the netfilter program could be linked in no network namespace: {0}; --hook dev-queue watches every namespace"
+    )]
+    NoNamespace(String),
 }
 
 /// `--hook`: where the forwarding program runs.
@@ -74,8 +78,11 @@ pub enum HookChoice {
     DevQueue,
 }
 
-/// The first kernel with netfilter programs (`BPF_PROG_TYPE_NETFILTER`).
-pub const NETFILTER_SINCE: (u32, u32) = (6, 4);
+/// The first kernel where observer links netfilter programs: they exist since 6.4, but
+/// until 6.12 a link did not hold its network namespace (commit 1230fe7ad397,
+/// CVE-2024-50130), so a namespace deleted while linked left the link pointing at freed
+/// memory.
+pub const NETFILTER_SINCE: (u32, u32) = (6, 12);
 
 /// Where the forwarding program runs.
 #[derive(Debug)]
@@ -209,6 +216,12 @@ fn attach_forwarding(
     warnings: &mut Vec<String>,
 ) -> Result<Forwarding, HookError> {
     let new_enough = release.is_some_and(|release| release >= NETFILTER_SINCE);
+    if choice == HookChoice::Netfilter && !new_enough {
+        let release = release.map_or("an unknown release".to_owned(), |(major, minor)| {
+            format!("{major}.{minor}")
+        });
+        return Err(HookError::NetfilterTooOld(release));
+    }
     if choice == HookChoice::Netfilter || (choice == HookChoice::Auto && new_enough) {
         match NetfilterProgram::load(object, ebpf) {
             Ok(program) => {

@@ -176,15 +176,16 @@ impl Capture {
         )
         .map_err(CaptureError::Load)?;
         if node_links {
-            let warnings = capture.link_new_namespaces();
-            capture.warnings.extend(warnings);
-            if capture
-                .node_links
-                .as_ref()
-                .is_some_and(|l| l.namespaces() == 0)
-            {
-                return Err(CaptureError::Attach(HookError::NoNamespace));
+            // Namespaces that do not exist yet are linked when they appear; but when
+            // every one there is refused, nothing would ever be seen.
+            let refusals = capture.link_new_namespaces();
+            let linked = capture.node_links.as_ref().map_or(0, NodeLinks::namespaces);
+            if linked == 0 && !refusals.is_empty() {
+                return Err(CaptureError::Attach(HookError::NoNamespace(
+                    refusals.join("; "),
+                )));
             }
+            capture.warnings.extend(refusals);
         }
         Ok(capture)
     }

@@ -36,9 +36,22 @@ const FAMILIES: [(u32, &str); 2] = [(2, "IPv4"), (10, "IPv6")];
 /// itself or sends on (forwarded or its own), after every NAT decision.
 const HOOKS: [u32; 2] = [1, 4];
 
-/// Just before conntrack confirms (`NF_IP_PRI_CONNTRACK_CONFIRM` is `INT_MAX`, which a
-/// link may not take).
-const PRIORITY: i32 = i32::MAX - 1;
+/// Just before conntrack confirms: `NF_IP_PRI_CONNTRACK_CONFIRM` is `INT_MAX` (which a
+/// link may not take), except IPv6's LOCAL_IN confirmation at `INT_MAX - 1`
+/// (net/netfilter/nf_conntrack_proto.c, `ipv6_conntrack_ops`). A link may not share its
+/// priority with any other hook of its namespace, family and hook (`-EBUSY`,
+/// net/netfilter/core.c `nf_hook_entries_grow`), such as another observer's: the next
+/// lower priorities are tried, down to `PRIORITIES` of them, all after every NAT hook.
+fn first_priority(pf: u32, hooknum: u32) -> i32 {
+    if pf == 10 && hooknum == 1 {
+        i32::MAX - 2
+    } else {
+        i32::MAX - 1
+    }
+}
+
+/// How many priorities below the first a link tries.
+const PRIORITIES: i32 = 16;
 
 /// How much of the verifier's log a refusal keeps (the log of a program this size is
 /// a few MiB; a buffer too small for it fails the load).
@@ -133,12 +146,13 @@ impl NetfilterProgram {
                 continue;
             }
             for hooknum in HOOKS {
-                let link =
-                    link_create(&self.fd, pf, hooknum).map_err(|error| NetfilterError::Link {
+                let link = link_at_free_priority(&self.fd, pf, hooknum).map_err(|error| {
+                    NetfilterError::Link {
                         family,
                         hooknum,
                         error,
-                    })?;
+                    }
+                })?;
                 links.push(link);
             }
             families.push(family);
@@ -236,9 +250,28 @@ fn load_with_log(
     bpf(bpf_cmd::BPF_PROG_LOAD, &mut attr)
 }
 
-/// `BPF_LINK_CREATE` of `program` at netfilter hook `hooknum` of family `pf`, in the
-/// calling thread's namespace.
-fn link_create(program: &OwnedFd, pf: u32, hooknum: u32) -> std::io::Result<OwnedFd> {
+/// Links `program` at the first free priority from `first_priority` down.
+fn link_at_free_priority(program: &OwnedFd, pf: u32, hooknum: u32) -> std::io::Result<OwnedFd> {
+    let first = first_priority(pf, hooknum);
+    let mut tried = 0;
+    loop {
+        match link_create(program, pf, hooknum, first - tried) {
+            Err(err) if err.raw_os_error() == Some(libc::EBUSY) && tried + 1 < PRIORITIES => {
+                tried += 1;
+            }
+            result => return result,
+        }
+    }
+}
+
+/// `BPF_LINK_CREATE` of `program` at netfilter hook `hooknum` of family `pf` with
+/// `priority`, in the calling thread's namespace.
+fn link_create(
+    program: &OwnedFd,
+    pf: u32,
+    hooknum: u32,
+    priority: i32,
+) -> std::io::Result<OwnedFd> {
     // SAFETY: `bpf_attr` is plain data; all-zero is its documented default.
     let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
     // SAFETY: writing the `BPF_LINK_CREATE` member of the union, the one this command
@@ -249,7 +282,7 @@ fn link_create(program: &OwnedFd, pf: u32, hooknum: u32) -> std::io::Result<Owne
         let netfilter = &mut attr.link_create.__bindgen_anon_3.netfilter;
         netfilter.pf = pf;
         netfilter.hooknum = hooknum;
-        netfilter.priority = PRIORITY;
+        netfilter.priority = priority;
         netfilter.flags = 0;
     }
     bpf(bpf_cmd::BPF_LINK_CREATE, &mut attr)

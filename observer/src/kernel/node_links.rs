@@ -6,7 +6,8 @@
 //! `kube-proxy` processes (kind nodes seen from their host), and every namespace named
 //! in `/run/netns` except CNI's pod namespaces, which containerd names `cni-<uuid>`
 //! (a lab's nodes; pods' own namespaces hold no Service DNAT). `--node-netns` names
-//! them instead. A namespace that cannot be linked is said once, in a warning.
+//! them instead. A namespace that cannot be linked is said once, in a warning; one
+//! whose file is gone is unlinked, so that its link does not keep it alive.
 
 use std::collections::{HashMap, HashSet};
 use std::os::unix::fs::MetadataExt as _;
@@ -48,6 +49,11 @@ impl NodeLinks {
     /// Links the program in every node namespace not linked yet; one sentence per
     /// namespace that refused (said once).
     pub fn link_new(&mut self) -> Vec<String> {
+        // A link holds its namespace (Linux 6.12+): one whose file went (`ip netns
+        // delete`, a process that exited) is let go, or it would live on unused.
+        self.linked.retain(|inode, (path, _)| {
+            std::fs::metadata(path.as_path()).is_ok_and(|m| m.ino() == *inode)
+        });
         let mut warnings = Vec::new();
         for path in self.candidates() {
             let Ok(inode) = std::fs::metadata(&path).map(|m| m.ino()) else {
@@ -75,7 +81,15 @@ impl NodeLinks {
                     ));
                 }
                 // Gone between the listing and the link: nothing to watch.
-                Err(_) => {}
+                Err(netns::EnterError::Open(err)) if err.kind() == std::io::ErrorKind::NotFound => {
+                }
+                Err(err) => {
+                    self.refused.insert(inode);
+                    warnings.push(format!(
+                        "{} is not watched: cannot enter it as a network namespace ({err})",
+                        path.display()
+                    ));
+                }
             }
         }
         warnings

@@ -137,6 +137,14 @@ impl Session {
         how: impl FnOnce(&ConnState) -> (Close, u64),
     ) -> anyhow::Result<()> {
         let conntrack = id.conntrack;
+        if self
+            .capture
+            .connection(conntrack)
+            .is_some_and(|state| state.unconfirmed != 0)
+        {
+            // Destroy events: the revalidation program may never have looked at it.
+            let _ = self.capture.gone_connections(&[conntrack]);
+        }
         if let Some(state) = self.capture.connection(conntrack)
             && state.start_ns == id.start_ns
             && CtKey::of_state(&state) == *key

@@ -1,0 +1,155 @@
+//! Root tests of the netfilter hook (`--hook netfilter`, issue 31): observer links its
+//! forwarding program at the netfilter hooks of each node namespace, including one that
+//! appears after it started, and lets go of one that is deleted (a link holds its
+//! namespace). Ground truth: the client's own record of which pod answered each
+//! connection, and the links observer's process holds (`/proc/PID/fdinfo`).
+
+mod common;
+
+use std::collections::HashMap;
+use std::net::{SocketAddr, SocketAddrV4};
+use std::time::{Duration, Instant};
+
+use common::{Recorder, prefix, require_root};
+use observer::model::record::{Close, ForwardingHook};
+use observer_lab::{Lab, LabConfig, RuleMode, Topology, http_fresh};
+
+/// New connections the client makes through the Service.
+const CONNECTIONS: usize = 40;
+
+/// The netfilter links process `pid` holds, each `(pf, hooknum)`.
+fn netfilter_links(pid: u32) -> Vec<(u32, u32)> {
+    let mut links = Vec::new();
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fdinfo")) else {
+        return links;
+    };
+    for fd in fds.flatten() {
+        let Ok(info) = std::fs::read_to_string(fd.path()) else {
+            continue;
+        };
+        let field = |name: &str| {
+            info.lines()
+                .find_map(|line| line.strip_prefix(name))
+                .map(|value| value.trim().to_owned())
+        };
+        if field("link_type:").as_deref() == Some("netfilter") {
+            let number = |name| field(name).and_then(|v| v.parse().ok()).unwrap_or(u32::MAX);
+            links.push((number("pf:"), number("hooknum:")));
+        }
+    }
+    links.sort_unstable();
+    links
+}
+
+/// Waits up to `within` for `pid` to hold `count` netfilter links; the links it holds.
+fn wait_for_links(pid: u32, count: usize, within: Duration) -> Vec<(u32, u32)> {
+    let began = Instant::now();
+    loop {
+        let links = netfilter_links(pid);
+        if links.len() == count || began.elapsed() > within {
+            return links;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+#[ignore = "needs root: run with --include-ignored"]
+fn a_node_namespace_made_after_start_is_linked_then_let_go_when_deleted() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let tag = prefix("nflate");
+    let node = format!("/run/netns/{tag}-node");
+    // Only the lab's node: the namespace does not exist yet.
+    let recorder = Recorder::start(
+        dir.path(),
+        &[
+            "--hook",
+            "netfilter",
+            "--node-netns",
+            &node,
+            "--no-pod-names",
+        ],
+    );
+    assert_eq!(
+        netfilter_links(recorder.pid()),
+        Vec::new(),
+        "nothing to link yet"
+    );
+    let lab = Lab::up(LabConfig {
+        topology: Topology::Bridged,
+        rules: RuleMode::Iptables,
+        prefix: tag.clone(),
+    })
+    .expect("lab up");
+    // IPv4's LOCAL_IN (1) and POST_ROUTING (4); the lab's node has IPv6 off but its
+    // stack, so IPv6 (10) is linked too. Linked at the next sweep (every second).
+    let links = wait_for_links(recorder.pid(), 4, Duration::from_secs(10));
+    assert_eq!(links, vec![(2, 1), (2, 4), (10, 1), (10, 4)]);
+    let checkout = lab.service("checkout").unwrap().cluster_addr();
+    let answers = http_fresh(&lab, checkout, CONNECTIONS).expect("the client's connections");
+    let pod_ip: HashMap<String, _> = lab.pods().iter().map(|p| (p.name.clone(), p.ip)).collect();
+    std::thread::sleep(Duration::from_secs(1));
+    let node_ns = lab.node_ns().to_owned();
+    let inode = common::netns_inode(&node_ns);
+    drop(lab);
+    // The node's namespace file is gone: observer lets go of its links, which would
+    // keep the namespace alive.
+    let links = wait_for_links(recorder.pid(), 0, Duration::from_secs(10));
+    assert_eq!(links, Vec::new(), "links of a deleted namespace");
+    let mut recording = recorder.stop();
+    recording.conns.retain(|conn| conn.netns == inode);
+    assert_eq!(recording.conns.len(), CONNECTIONS, "{:?}", recording.conns);
+    for answer in &answers {
+        let conn = recording
+            .conns
+            .iter()
+            .find(|c| c.client.port() == answer.client_port)
+            .unwrap_or_else(|| panic!("no record of client port {}", answer.client_port));
+        assert_eq!(
+            conn.backend,
+            SocketAddr::V4(SocketAddrV4::new(pod_ip[&answer.pod], 8080)),
+            "{conn:?}"
+        );
+        assert_eq!((conn.requests, conn.close), (1, Close::Fin), "{conn:?}");
+        assert_eq!(conn.bytes_to_backend, 84, "{conn:?}");
+        assert!(conn.start_seen, "{conn:?}");
+    }
+    let summary = recording.summary.expect("a summary line");
+    assert_eq!(summary.forwarding_hook, Some(ForwardingHook::Netfilter));
+    assert_eq!(
+        summary.never_confirmed, 0,
+        "TCP entries are never a clash's loser"
+    );
+}
+
+#[test]
+#[ignore = "needs root: run with --include-ignored"]
+fn a_file_that_is_no_namespace_is_one_sentence() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_observer"))
+        .args([
+            "record",
+            "--duration",
+            "1",
+            "--hook",
+            "netfilter",
+            "--node-netns",
+        ])
+        .arg("/dev/null")
+        .arg("--write")
+        .arg(dir.path().join("x.jsonl"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("could be linked in no network namespace"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("/dev/null"),
+        "the warning names it: {stderr}"
+    );
+}

@@ -181,6 +181,18 @@ pub unsafe fn refuses(state: *const ConnState) -> bool {
         && (protocol == PROTO_TCP || load!(state.replied) == 0)
 }
 
+/// Whether a packet of a connection past its decision carries nothing `account` uses but
+/// the time: TCP without payload, SYN, FIN or RST (a pure ACK, about one packet in three
+/// of a keep-alive exchange). The programs let it go before any map lookup, except
+/// when conntrack marked it NEW: then it is a decision (an entry picked up mid-stream).
+/// The connection's `last_ns` is then its last packet that carried data or a flag.
+#[inline(always)]
+pub fn carries_nothing(packet: &Packet) -> bool {
+    packet.protocol == PROTO_TCP
+        && packet.payload == 0
+        && packet.tcp_flags & (TCP_SYN | TCP_FIN | TCP_RST) == 0
+}
+
 /// Whether `ConnState::fins` holds a FIN of each direction (one half each).
 #[inline(always)]
 pub fn both_fins(fins: u64) -> bool {

@@ -14,7 +14,9 @@ use crate::{
     skb::SkbFields,
 };
 
-pub use observer_common::accounting::{Packet, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN};
+pub use observer_common::accounting::{
+    Packet, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, carries_nothing,
+};
 
 /// An IPv6 header and a TCP header: read at the IP header, it holds an IPv4 header
 /// without options and its TCP header too (`V4_TRANSPORT`). Past the end of a short

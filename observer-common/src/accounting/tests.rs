@@ -235,3 +235,41 @@ fn delivered_datagrams_count_and_an_answer_is_no_refusal() {
     assert!(!conn.refuses());
     assert_eq!((conn.0.bytes, conn.0.requests), ([60, 60], 2));
 }
+
+#[test]
+fn a_pure_ack_changes_nothing_but_the_time_so_the_programs_skip_it() {
+    let mut conn = Conn::tcp();
+    conn.see(ORIGINAL, tcp(TCP_SYN, 1000, 0), 1);
+    conn.see(REPLY, tcp(TCP_SYN | TCP_ACK, 5000, 0), 2);
+    conn.see(ORIGINAL, tcp(TCP_ACK, 1001, 78), 3);
+    conn.see(REPLY, tcp(TCP_ACK, 5001, 0), 4);
+    conn.see(REPLY, tcp(TCP_ACK | 0x08, 5001, 180), 5);
+    for (dir, ack) in [
+        (ORIGINAL, tcp(TCP_ACK, 1079, 0)),
+        (REPLY, tcp(TCP_ACK, 5181, 0)),
+        (ORIGINAL, tcp(TCP_ACK | 0x08, 1079, 0)),
+    ] {
+        assert!(carries_nothing(&ack));
+        let before = conn.0;
+        assert_eq!(conn.see(dir, ack, 9), (CLOSE_NONE, 0));
+        let mut after = conn.0;
+        after.last_ns = before.last_ns;
+        assert_eq!(after, before, "only last_ns moved");
+    }
+    for carrying in [
+        tcp(TCP_ACK, 1079, 1),
+        tcp(TCP_SYN, 1, 0),
+        tcp(TCP_FIN | TCP_ACK, 1079, 0),
+        tcp(TCP_RST, 1079, 0),
+    ] {
+        assert!(
+            !carries_nothing(&carrying),
+            "flags {:#x}",
+            carrying.tcp_flags
+        );
+    }
+    assert!(
+        !carries_nothing(&udp(1, 1, 0)),
+        "an empty datagram is a datagram"
+    );
+}

@@ -36,7 +36,9 @@ use crate::{
         BPF_NOEXIST, CONNS, DIALED, SCRATCH, count, count_lost, forget_lost, lost_at, offset,
         remember_lost,
     },
-    packet::{Packet, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, parse, port_unreachable},
+    packet::{
+        Packet, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, carries_nothing, parse, port_unreachable,
+    },
     skb::{BtfSkb, ProbedSkb, SkbFields},
     state::{is_dns, load, store},
 };
@@ -90,6 +92,10 @@ pub(super) fn handle<S: SkbFields>(skb: S) -> Result<(), ReadFailed> {
     let Some(packet) = parse(skb, len, data_len)? else {
         return Ok(());
     };
+    // A pure ACK changes nothing but a connection's time (`carries_nothing`): no lookup.
+    if info != ctinfo::NEW && carries_nothing(&packet) {
+        return Ok(());
+    }
     let dir = if info >= ctinfo::IS_REPLY {
         REPLY
     } else {

@@ -189,6 +189,10 @@ impl Session {
     }
 
     fn sweep(&mut self) -> anyhow::Result<()> {
+        // The netfilter hook: node namespaces that appeared since (or went).
+        for warning in self.capture.link_new_namespaces() {
+            self.output.warn(warning);
+        }
         // Every event first: the sweep asks conntrack about entries found at start, and
         // one the kernel programs adopted and saw close since must be matched to that
         // adoption (whose open event may still wait in the ring buffer while the drain

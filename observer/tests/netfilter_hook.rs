@@ -33,7 +33,17 @@ fn netfilter_links(pid: u32) -> Vec<(u32, u32)> {
                 .map(|value| value.trim().to_owned())
         };
         if field("link_type:").as_deref() == Some("netfilter") {
-            let number = |name| field(name).and_then(|v| v.parse().ok()).unwrap_or(u32::MAX);
+            // One line: `pf:\t2\thooknum:\t4\tprio:\t2147483646`.
+            let words: Vec<&str> = info
+                .lines()
+                .find(|line| line.starts_with("pf:"))
+                .map(|line| line.split_whitespace().collect())
+                .unwrap_or_default();
+            let number = |name: &str| {
+                let at = words.iter().position(|word| *word == name);
+                at.and_then(|at| words.get(at + 1)?.parse().ok())
+                    .unwrap_or(u32::MAX)
+            };
             links.push((number("pf:"), number("hooknum:")));
         }
     }

@@ -412,7 +412,7 @@ fn start_with_kernel_btf_elsewhere(dir: &std::path::Path, extra: &[&str]) -> Rec
     // warns that rejections are not seen).
     assert_programs(
         &recorder,
-        &[BPF_PROG_TYPE_RAW_TRACEPOINT],
+        &[forwarding(BPF_PROG_TYPE_RAW_TRACEPOINT)],
         "the raw tracepoint program",
     );
     recorder
@@ -421,6 +421,17 @@ fn start_with_kernel_btf_elsewhere(dir: &std::path::Path, extra: &[&str]) -> Rec
 const BPF_PROG_TYPE_CGROUP_SKB: u32 = 8;
 const BPF_PROG_TYPE_RAW_TRACEPOINT: u32 = 17;
 const BPF_PROG_TYPE_TRACING: u32 = 26;
+const BPF_PROG_TYPE_NETFILTER: u32 = 32;
+
+/// The forwarding program's type: `on_dev_queue` where it runs on `net_dev_queue`, a
+/// netfilter program where this run puts it on the netfilter hooks.
+fn forwarding(on_dev_queue: u32) -> u32 {
+    if common::netfilter_hook() {
+        BPF_PROG_TYPE_NETFILTER
+    } else {
+        on_dev_queue
+    }
+}
 
 /// Asserts that observer holds the two cgroup_skb programs, the revalidation program (a
 /// raw tracepoint program, loaded and run but attached to nothing: this kernel has
@@ -462,7 +473,7 @@ fn start_normally(dir: &std::path::Path, extra: &[&str]) -> Recorder {
     let recorder = Recorder::start(dir, extra);
     assert_programs(
         &recorder,
-        &[BPF_PROG_TYPE_TRACING, BPF_PROG_TYPE_TRACING],
+        &[forwarding(BPF_PROG_TYPE_TRACING), BPF_PROG_TYPE_TRACING],
         "the BTF tracepoint programs (net_dev_queue, skb:kfree_skb)",
     );
     recorder

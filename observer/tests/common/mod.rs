@@ -94,6 +94,13 @@ impl Recorder {
     }
 }
 
+/// Whether observer follows forwarded packets on the netfilter hooks in this run:
+/// `OBSERVER_HOOK=netfilter`, which `cargo xtask test`'s second pass sets (observer reads
+/// it for `--hook`; its default is `dev-queue`).
+pub fn netfilter_hook() -> bool {
+    std::env::var("OBSERVER_HOOK").is_ok_and(|hook| hook == "netfilter")
+}
+
 /// The inode of a named network namespace (`/run/netns/NAME`): what the log's `netns`
 /// field holds for decisions made there.
 pub fn netns_inode(name: &str) -> u32 {

@@ -36,7 +36,7 @@ pub fn test(extra: &[String], kernels: bool) -> anyhow::Result<()> {
         .args(extra)
         .args(["--", "--include-ignored", "--test-threads=1"])
         .env("OBSERVER_DIST", &dist_dir));
-    let tests = tests.and(netfilter_pass(extra, &dist_dir));
+    let tests = tests.and(dev_queue_pass(extra, &dist_dir));
     // Run on Debian's kernels even when a test failed: both results are worth having.
     let kernels = if kernels {
         crate::kernels::kernels(crate::kernels::KernelsArgs::with_dist(dist_dir.clone()))
@@ -51,10 +51,12 @@ pub fn test(extra: &[String], kernels: bool) -> anyhow::Result<()> {
 }
 
 /// The root tests that follow forwarded packets, run again with the forwarding program on
-/// the netfilter hooks (`OBSERVER_HOOK=netfilter`, which observer reads for `--hook`):
-/// churn, floods and overload, conntrack's own flushes, deletes and reuse, long UDP flows,
-/// host-network clients, DNS, outcomes, IPv6, and the policies' expected shares.
-const NETFILTER_TESTS: [&str; 11] = [
+/// `net_dev_queue` (`OBSERVER_HOOK=dev-queue`, which observer reads for `--hook`) where
+/// the first pass ran it on the netfilter hooks (`--hook auto`, Linux 6.12+): churn,
+/// floods and overload, conntrack's own flushes, deletes and reuse, long UDP flows,
+/// host-network clients, DNS, outcomes, IPv6, the policies' expected shares, and the
+/// programs observer holds.
+const SECOND_HOOK_TESTS: [&str; 12] = [
     "churn",
     "hostile",
     "overload",
@@ -66,10 +68,12 @@ const NETFILTER_TESTS: [&str; 11] = [
     "ipv6",
     "traffic_policies",
     "last_packet",
+    "record_lab",
 ];
 
-/// `NETFILTER_TESTS` under `--hook netfilter`, where the kernel links netfilter programs.
-fn netfilter_pass(extra: &[String], dist_dir: &std::path::Path) -> anyhow::Result<()> {
+/// `SECOND_HOOK_TESTS` under `--hook dev-queue`, where the first pass used the netfilter
+/// hooks (on older kernels both passes would be the same).
+fn dev_queue_pass(extra: &[String], dist_dir: &std::path::Path) -> anyhow::Result<()> {
     let release = nix::sys::utsname::uname()?
         .release()
         .to_string_lossy()
@@ -80,19 +84,19 @@ fn netfilter_pass(extra: &[String], dist_dir: &std::path::Path) -> anyhow::Resul
         .filter_map(|part| part.parse().ok())
         .collect();
     if version.as_slice() < [6, 12].as_slice() {
-        println!("Linux {release}: no netfilter hook pass (it needs 6.12)");
+        println!("Linux {release}: the tests ran on net_dev_queue (the netfilter hook needs 6.12)");
         return Ok(());
     }
     let mut command = Command::new("cargo");
     command.args(["test", "--locked", "--no-fail-fast", "-p", "observer"]);
-    for test in NETFILTER_TESTS {
+    for test in SECOND_HOOK_TESTS {
         command.args(["--test", test]);
     }
     run(command
         .args(extra)
         .args(["--", "--include-ignored", "--test-threads=1"])
         .env("OBSERVER_DIST", dist_dir)
-        .env("OBSERVER_HOOK", "netfilter"))
+        .env("OBSERVER_HOOK", "dev-queue"))
 }
 
 /// The whole run writes about 5 GB (release builds for two targets, ~30 test binaries,

@@ -60,7 +60,7 @@ pub struct CaptureArgs {
         long,
         value_enum,
         value_name = "HOOK",
-        default_value = "dev-queue",
+        default_value = "auto",
         env = "OBSERVER_HOOK"
     )]
     pub hook: HookArg,

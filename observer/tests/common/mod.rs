@@ -94,11 +94,20 @@ impl Recorder {
     }
 }
 
-/// Whether observer follows forwarded packets on the netfilter hooks in this run:
-/// `OBSERVER_HOOK=netfilter`, which `cargo xtask test`'s second pass sets (observer reads
-/// it for `--hook`; its default is `dev-queue`).
+/// Whether observer follows forwarded packets on the netfilter hooks in this run, as
+/// `--hook` (which observer reads from `OBSERVER_HOOK`, set by `cargo xtask test`'s
+/// second pass) chooses: `auto` (the default) on Linux 6.12 and later, or `netfilter`.
 pub fn netfilter_hook() -> bool {
-    std::env::var("OBSERVER_HOOK").is_ok_and(|hook| hook == "netfilter")
+    match std::env::var("OBSERVER_HOOK").as_deref() {
+        Ok("netfilter") => true,
+        Ok("dev-queue") => false,
+        _ => {
+            let release = nix::sys::utsname::uname().expect("uname");
+            let release = release.release().to_string_lossy();
+            observer::kernel::host::parse_release(&release)
+                .is_some_and(|version| version >= observer::kernel::attach::NETFILTER_SINCE)
+        }
+    }
 }
 
 /// The inode of a named network namespace (`/run/netns/NAME`): what the log's `netns`

@@ -108,7 +108,7 @@ impl Drop for StopOnDrop<'_> {
 fn flood_while_connecting<T: Send>(
     lab: &Lab,
     flood: impl FnOnce(&AtomicBool) -> T + Send,
-) -> (T, Client, u64) {
+) -> (T, Client, Decisions) {
     let checkout = lab.service("checkout").unwrap().cluster_addr();
     let echo = lab.service("echo").unwrap().cluster_addr();
     let before = lab.dnat_decisions().expect("DNAT counters");
@@ -141,7 +141,22 @@ fn flood_while_connecting<T: Send>(
             "{clashes} clash(es) resolved: as many decisions were no connection of their own, unless kept as two entries"
         );
     }
-    (report, client, decisions - clashes)
+    (
+        report,
+        client,
+        Decisions {
+            made: decisions - clashes,
+            clashes,
+        },
+    )
+}
+
+/// The node's DNAT decisions during a flood, and the clashes conntrack resolved among
+/// them (`clash_resolve`): `made` has them taken off.
+#[derive(Clone, Copy)]
+struct Decisions {
+    made: u64,
+    clashes: u64,
 }
 
 /// Stops observer; returns this node's part of the log, the summary line, the node's
@@ -233,7 +248,7 @@ fn assert_every_decision_recorded(
     recording: &Recording,
     summary: &SummaryRecord,
     inode: u32,
-    decisions: u64,
+    decisions: Decisions,
 ) {
     let started: Vec<_> = recording.conns.iter().filter(|c| c.start_seen).collect();
     let mut flows: HashMap<(Proto, SocketAddr, SocketAddr), Vec<SocketAddr>> = HashMap::new();
@@ -258,9 +273,23 @@ fn assert_every_decision_recorded(
     }
     assert_eq!(
         started.len() as u64 + node_lost(summary, inode),
-        decisions + loser_entries,
+        decisions.made + loser_entries,
         "records + lost connections == the node's DNAT decisions: {summary:?}"
     );
+    if common::netfilter_hook() {
+        // The netfilter program sees each first packet before conntrack confirms its
+        // entry: every clash's loser merged away, and every entry conntrack could not
+        // insert (`insert_failed`), ended unconfirmed, no connection.
+        let insert_failed = summary
+            .conntrack
+            .get(&inode.to_string())
+            .map_or(0, |c| c.insert_failed);
+        assert_eq!(
+            summary.never_confirmed,
+            decisions.clashes - loser_entries + insert_failed,
+            "entries never confirmed == clashes merged away + failed inserts: {summary:?}"
+        );
+    }
     assert!(recording.conns.iter().all(|c| c.netns == inode));
 }
 
@@ -335,7 +364,7 @@ fn dns_scenario(tag: &str, extra: &[&str]) -> (FloodReport, u64) {
     eprintln!(
         "DNS flood from {flooder}: {} queries in {:.1} s ({:.0}/s), {} answered by the servers, {} responses back; \
          observer: {} dns lines holding {in_lines} messages, {malformed} malformed, {lost} lost; \
-         client: {} connections in {:.1} s; {decisions} DNAT decisions, {} records, {} lost, {} connection events delayed",
+         client: {} connections in {:.1} s; {} DNAT decisions, {} records, {} lost, {} connection events delayed",
         report.sent,
         report.seconds,
         report.rate(),
@@ -344,6 +373,7 @@ fn dns_scenario(tag: &str, extra: &[&str]) -> (FloodReport, u64) {
         recording.dns.len(),
         client.tcp.len() + client.udp.len(),
         client.took.as_secs_f64(),
+        decisions.made,
         recording.conns.len(),
         node_lost(&summary, inode),
         summary.lost_events,
@@ -446,7 +476,7 @@ fn udp_and_syn_floods_cost_no_connection_record() {
     };
     eprintln!(
         "UDP flood: {} datagrams in {:.1} s ({:.0}/s), {} records; SYN flood: {} SYNs ({:.0}/s), {} records; \
-         client: {} connections in {:.1} s; {decisions} DNAT decisions, {} records, {} lost, {} connection events delayed",
+         client: {} connections in {:.1} s; {} DNAT decisions, {} records, {} lost, {} connection events delayed",
         reports.0.sent,
         reports.0.seconds,
         reports.0.rate(),
@@ -456,6 +486,7 @@ fn udp_and_syn_floods_cost_no_connection_record() {
         flood_records(Proto::Tcp),
         client.tcp.len() + client.udp.len(),
         client.took.as_secs_f64(),
+        decisions.made,
         recording.conns.len(),
         node_lost(&summary, inode),
         summary.lost_events,

@@ -63,6 +63,11 @@ fn wait_for_links(pid: u32, count: usize, within: Duration) -> Vec<(u32, u32)> {
     }
 }
 
+/// `observer record` with the netfilter hook linked in the node namespace `node` only.
+fn record_at_netfilter(dir: &std::path::Path, node: &str, extra: &str) -> Recorder {
+    Recorder::start(dir, &["--hook", "netfilter", "--node-netns", node, extra])
+}
+
 #[test]
 #[ignore = "needs root: run with --include-ignored"]
 fn a_node_namespace_made_after_start_is_linked_then_let_go_when_deleted() {
@@ -71,16 +76,7 @@ fn a_node_namespace_made_after_start_is_linked_then_let_go_when_deleted() {
     let tag = prefix("nflate");
     let node = format!("/run/netns/{tag}-node");
     // Only the lab's node: the namespace does not exist yet.
-    let recorder = Recorder::start(
-        dir.path(),
-        &[
-            "--hook",
-            "netfilter",
-            "--node-netns",
-            &node,
-            "--no-pod-names",
-        ],
-    );
+    let recorder = record_at_netfilter(dir.path(), &node, "--no-pod-names");
     assert_eq!(
         netfilter_links(recorder.pid()),
         Vec::new(),
@@ -162,4 +158,90 @@ fn a_file_that_is_no_namespace_is_one_sentence() {
         stderr.contains("/dev/null"),
         "the warning names it: {stderr}"
     );
+}
+
+/// Sends each flow's first datagram twice at once, from two processes on two CPUs
+/// sharing one socket (busy-waiting on shared memory to start together), so that
+/// conntrack sees two new entries for one flow and resolves the clash. Prints the
+/// client's ports. Sockets stay open, so that no flow reuses another's port.
+const CLASHING: &str = r#"
+import json, mmap, os, socket, struct, sys
+host, port, flows = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+cpus = sorted(os.sched_getaffinity(0))
+ports, sockets = [], []
+for i in range(flows):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind(("0.0.0.0", 0))
+    ports.append(s.getsockname()[1])
+    flag = mmap.mmap(-1, 8)
+    child = os.fork()
+    if child == 0:
+        os.sched_setaffinity(0, {cpus[-1]})
+        flag[0:1] = b"\x01"
+        while flag[1:2] != b"\x01":
+            pass
+        s.sendto(b"c" * 40, (host, port))
+        os._exit(0)
+    os.sched_setaffinity(0, {cpus[0]})
+    while flag[0:1] != b"\x01":
+        pass
+    flag[1:2] = b"\x01"
+    s.sendto(b"p" * 40, (host, port))
+    os.waitpid(child, 0)
+    sockets.append(s)
+print(json.dumps(ports))
+"#;
+
+#[test]
+#[ignore = "needs root: run with --include-ignored"]
+fn first_datagrams_that_clash_are_one_connection_each() {
+    use common::udp_flow::{FLOW_IP, dnat_to, run_client};
+    require_root();
+    let lab = Lab::up(LabConfig {
+        topology: Topology::Bridged,
+        rules: RuleMode::Iptables,
+        prefix: prefix("nfclash"),
+    })
+    .expect("lab up");
+    dnat_to(&lab, &lab.pods()[0]);
+    let dir = tempfile::tempdir().unwrap();
+    let node = format!("/run/netns/{}", lab.node_ns());
+    let recorder = record_at_netfilter(dir.path(), &node, "--idle-timeout=1");
+    let clashes_before = lab.clashes_resolved().expect("conntrack statistics");
+    let ports: Vec<u16> = run_client(&lab, CLASHING, &["900"]);
+    let clashes = lab.clashes_resolved().expect("conntrack statistics") - clashes_before;
+    std::thread::sleep(Duration::from_secs(3));
+    let inode = common::netns_inode(lab.node_ns());
+    let mut recording = recorder.stop();
+    recording
+        .conns
+        .retain(|conn| conn.netns == inode && conn.original_dst.ip().to_string() == FLOW_IP);
+    let summary = recording.summary.clone().expect("a summary line");
+    eprintln!(
+        "{clashes} clashes resolved, {} never confirmed, {} records",
+        summary.never_confirmed,
+        recording.conns.len()
+    );
+    // Every flow's decision is one record, whichever of its two entries won.
+    let mut decided: HashMap<u16, usize> = HashMap::new();
+    for conn in recording.conns.iter().filter(|c| c.start_seen) {
+        *decided.entry(conn.client.port()).or_default() += 1;
+    }
+    let twice: Vec<_> = decided.iter().filter(|(_, count)| **count > 1).collect();
+    assert!(twice.is_empty(), "flows decided twice: {twice:?}");
+    let mut sent = ports.clone();
+    sent.sort_unstable();
+    let mut recorded: Vec<u16> = decided.keys().copied().collect();
+    recorded.sort_unstable();
+    assert_eq!(recorded, sent, "one record per flow");
+    // Each losing entry is never confirmed, and only those: as many as conntrack's
+    // clash_resolve counted (no entry failed to insert: each clash merged).
+    assert!(clashes > 0, "the test made no clash: it proves nothing");
+    assert_eq!(summary.never_confirmed, clashes, "{summary:?}");
+    let adopted: Vec<_> = recording.conns.iter().filter(|c| !c.start_seen).collect();
+    if !adopted.is_empty() {
+        eprintln!(
+            "records adopted mid-flow (a reply whose entry observer did not hold): {adopted:?}"
+        );
+    }
 }

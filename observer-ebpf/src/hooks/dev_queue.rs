@@ -10,6 +10,9 @@
 //! entry with its NAT decision. Both directions of a pod-to-Service connection are
 //! forwarded by the node, so both pass here. A bridged packet passes twice (bridge,
 //! then bridge port): `conn::account` counts each byte once.
+//!
+//! `handle`, the per-packet work, is also the netfilter program's
+//! (`forward_netfilter.rs`), which runs it once per packet where the kernel has it.
 
 use aya_ebpf::{
     macros::{btf_tracepoint, raw_tracepoint},
@@ -102,14 +105,18 @@ pub(super) fn handle<S: SkbFields>(skb: S) -> Result<(), ReadFailed> {
         ORIGINAL
     };
     if let Some(state) = CONNS.get_ptr_mut(&conntrack) {
-        if info == ctinfo::NEW && reused(conntrack, ct_status, state, &packet)? {
+        // An entry still unconfirmed may be a clash's loser, freed since and its memory
+        // taken by another connection, whose packets are not NEW any more: checked on
+        // every packet until it is seen confirmed.
+        let unconfirmed = load!(state.unconfirmed) != 0;
+        if (info == ctinfo::NEW || unconfirmed) && reused(conntrack, ct_status, state, &packet)? {
             // The kernel freed the entry we tracked and reused its memory for this new
             // connection: the old one ended without FIN or RST.
             let time = clock::exact();
             end_now(conntrack, state, CLOSE_EXPIRED, time.0);
             return open(skb, conntrack, (info, ct_status), dir, &packet, time);
         }
-        if load!(state.unconfirmed) != 0 && ct_status & (1 << status::CONFIRMED_BIT) != 0 {
+        if unconfirmed && ct_status & (1 << status::CONFIRMED_BIT) != 0 {
             store!(state.unconfirmed, 0);
         }
         let now = if needs_exact_time(state, &packet) {

@@ -1,7 +1,8 @@
 //! The kernel side as user space sees it: offsets read from BTF, the programs loaded
 //! (`load`) and attached (`attach`), the runtime handle on them (`capture`), and their
 //! ring-buffer events decoded; `host` says what this process may do on this kernel
-//! (capabilities, kernel release).
+//! (capabilities, kernel release). `netfilter` loads and links the forwarding program
+//! at the netfilter hooks (an extension of aya), `node_links` in which namespaces.
 
 pub mod attach;
 pub mod batch;

@@ -98,11 +98,20 @@ pub fn check(report: &str, expected: &Expected) -> Vec<String> {
         }
         let stderr = lines("STDERR");
         check_offsets(&stderr, expected, &mut fail);
-        if !stderr
-            .iter()
-            .any(|l| l.ends_with("net_dev_queue attached as a BTF tracepoint"))
-        {
-            fail("net_dev_queue was not attached as a BTF tracepoint".to_owned());
+        // `--hook auto`: the netfilter hooks from Linux 6.12, net_dev_queue before.
+        let (forwarding, hook) = if netfilter_kernel(&expected.release) {
+            (
+                "the forwarding program loaded as a netfilter program",
+                "the netfilter program was not loaded",
+            )
+        } else {
+            (
+                "net_dev_queue attached as a BTF tracepoint",
+                "net_dev_queue was not attached as a BTF tracepoint",
+            )
+        };
+        if !stderr.iter().any(|l| l.ends_with(forwarding)) {
+            fail(hook.to_owned());
         }
         for warning in stderr
             .iter()
@@ -415,3 +424,12 @@ fn check_summary(records: &[Value], n: usize, fail: &mut impl FnMut(String)) {
 
 #[cfg(test)]
 mod tests;
+
+/// Whether observer's `--hook auto` links the netfilter program on kernel `release`
+/// (6.12 and later).
+fn netfilter_kernel(release: &str) -> bool {
+    let mut numbers = release
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|part| part.parse::<u32>().ok());
+    matches!((numbers.next(), numbers.next()), (Some(major), Some(minor)) if (major, minor) >= (6, 12))
+}

@@ -246,3 +246,12 @@ fn without_ctnetlink_observer_says_so_once_and_never_with_a_bare_errno() {
         "without-ctnetlink: observer printed a bare errno: observer: warning: cannot dump conntrack in /proc/1/ns/net: Invalid argument"
     );
 }
+
+#[test]
+fn the_netfilter_hook_is_expected_from_6_12_on() {
+    use super::netfilter_kernel;
+    assert!(netfilter_kernel("6.12.118+deb12-cloud-amd64"));
+    assert!(netfilter_kernel("6.18.0"));
+    assert!(!netfilter_kernel("6.1.0-57-arm64"));
+    assert!(!netfilter_kernel("5.10.0-46-cloud-amd64"));
+}

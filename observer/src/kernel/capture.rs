@@ -164,10 +164,6 @@ impl Capture {
             (options.hook, load::object(), release),
         )
         .map_err(CaptureError::Attach)?;
-        let node_links = match attached.forwarding {
-            Forwarding::Netfilter(ref _program) => true,
-            Forwarding::DevQueue => false,
-        };
         let mut capture = Capture::new(
             ebpf,
             options.max_connections,
@@ -175,7 +171,7 @@ impl Capture {
             options.node_netns.clone(),
         )
         .map_err(CaptureError::Load)?;
-        if node_links {
+        if capture.node_links.is_some() {
             // Namespaces that do not exist yet are linked when they appear; but when
             // every one there is refused, nothing would ever be seen.
             let refusals = capture.link_new_namespaces();

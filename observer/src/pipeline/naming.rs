@@ -50,6 +50,37 @@ pub(super) struct Naming {
     /// Whether backends are on the deciding node, and clients the node itself.
     locality: Locality,
     held: Hold<Pending>,
+    /// The same moment on both clocks, taken once: records' wall-clock times come from
+    /// the monotonic clock through a fixed pair too, so one fixed pair turns them back.
+    anchor: Anchor,
+}
+
+/// An instant and the wall-clock time at it.
+struct Anchor {
+    instant: Instant,
+    wall: chrono::DateTime<chrono::Utc>,
+}
+
+impl Anchor {
+    fn now() -> Anchor {
+        Anchor {
+            instant: Instant::now(),
+            wall: chrono::Utc::now(),
+        }
+    }
+
+    /// The instant a record's wall-clock time stands for (`None` out of `Instant`'s
+    /// range). A clock read per record cost more than the rest of its naming.
+    fn instant(&self, wall: chrono::DateTime<chrono::Utc>) -> Option<Instant> {
+        let after = wall - self.wall;
+        match after.to_std() {
+            Ok(after) => self.instant.checked_add(after),
+            Err(_) => (-after)
+                .to_std()
+                .ok()
+                .and_then(|before| self.instant.checked_sub(before)),
+        }
+    }
 }
 
 impl Naming {
@@ -60,6 +91,7 @@ impl Naming {
             netns_seen: Default::default(),
             locality: Default::default(),
             held: Hold::new(NAME_WAIT, FIRST_NAME_WAIT),
+            anchor: Anchor::now(),
         }
     }
 
@@ -106,10 +138,7 @@ impl Naming {
         let Some(namer) = self.namer.as_mut() else {
             return Ok(None);
         };
-        let started = (chrono::Utc::now() - record.start)
-            .to_std()
-            .ok()
-            .and_then(|ago| now.checked_sub(ago));
+        let started = self.anchor.instant(record.start).filter(|at| *at <= now);
         let lookup = namer.lookup(
             record.netns,
             record.proto,
@@ -286,5 +315,26 @@ impl Naming {
             output.emit(Emitted::Endpoints(change))?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wall_time_turns_back_into_the_instant_it_stands_for_either_side_of_the_anchor() {
+        let anchor = Anchor::now();
+        let after = anchor.wall + chrono::Duration::milliseconds(3_250);
+        let before = anchor.wall - chrono::Duration::milliseconds(2_000);
+        assert_eq!(
+            anchor.instant(after),
+            Some(anchor.instant + Duration::from_millis(3_250))
+        );
+        assert_eq!(
+            anchor.instant(before),
+            anchor.instant.checked_sub(Duration::from_secs(2))
+        );
+        assert_eq!(anchor.instant(anchor.wall), Some(anchor.instant));
     }
 }

@@ -25,14 +25,14 @@ pub fn set_policy(namer: &Namer, locality: &mut Locality, record: &mut ConnRecor
     }
     let client_is_node = locality.client_is_node(record.netns, record.client.ip());
     record.policy = namer
-        .expect(
+        .policy(
             record.netns,
             record.proto,
             record.original_dst,
             record.client,
             client_is_node,
         )
-        .filter(|expected| expected.policy == super::rules::Policy::Local)
+        .filter(|policy| *policy == super::rules::Policy::Local)
         .map(|_| crate::model::record::TrafficPolicy::Local);
 }
 

@@ -7,7 +7,8 @@
 //! host-network backend elsewhere on the node's own uplink. The node's addresses answer
 //! the second. Answers are kept per namespace and address: pods do not move.
 
-use std::collections::HashMap;
+use crate::model::NetMap;
+use rustc_hash::FxHashMap;
 use std::net::IpAddr;
 use std::path::PathBuf;
 
@@ -139,9 +140,10 @@ fn lookup(path: &std::path::Path, dst: IpAddr) -> Option<(Route, Option<u32>)> {
 /// Answers per (namespace, address), and each namespace's path and addresses.
 #[derive(Default)]
 pub struct Locality {
-    paths: HashMap<u32, Option<PathBuf>>,
-    node_addresses: HashMap<u32, Vec<IpAddr>>,
-    backends: HashMap<(u32, IpAddr), Option<bool>>,
+    paths: FxHashMap<u32, Option<PathBuf>>,
+    node_addresses: FxHashMap<u32, Vec<IpAddr>>,
+    /// Asked for every connection: foldhash, not SipHash.
+    backends: NetMap<(u32, IpAddr), Option<bool>>,
 }
 
 /// Backends remembered at most (then forgotten all at once).

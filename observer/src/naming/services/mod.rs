@@ -411,6 +411,21 @@ impl Namer {
             .expect(proto, original_dst, client, client_is_node)
     }
 
+    /// The policy of [`Namer::expect`]'s case, without copying its endpoints.
+    pub fn policy(
+        &self,
+        netns: u32,
+        proto: Proto,
+        original_dst: SocketAddr,
+        client: SocketAddr,
+        client_is_node: Option<bool>,
+    ) -> Option<rules::Policy> {
+        let space = self.spaces.get(&netns)?;
+        space
+            .map
+            .policy(proto, original_dst, client, client_is_node)
+    }
+
     /// The name from the rules known now, without asking for anything.
     pub fn cached(
         &self,

@@ -12,12 +12,13 @@ pub mod program;
 pub use iptables::Tables as IptablesTables;
 pub use nft::Table as NftTable;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 
+use crate::model::NetMap;
 use crate::model::record::{
     Affinity, EndpointShare, Frontend, FrontendKind, Proto, RejectReason, ServiceRecord,
 };
@@ -136,8 +137,9 @@ struct Entry {
 #[derive(Clone, Default)]
 pub struct ServiceMap {
     services: BTreeMap<(Proto, String), ServicePort>,
-    by_addr: HashMap<(Proto, SocketAddr), Entry>,
-    by_node_port: HashMap<(Proto, u16), Entry>,
+    /// Keyed by what clients dial: foldhash, not SipHash (every connection looks one up).
+    by_addr: NetMap<(Proto, SocketAddr), Entry>,
+    by_node_port: NetMap<(Proto, u16), Entry>,
     /// Rules observer could not follow, one sentence each.
     warnings: Vec<String>,
     /// The rules themselves, in the order a packet meets them (per dump), to tell why
@@ -320,6 +322,35 @@ impl ServiceMap {
         client: SocketAddr,
         client_is_node: Option<bool>,
     ) -> Option<Expectation> {
+        let (case, policy) = self.case(proto, original_dst, client, client_is_node)?;
+        Some(Expectation {
+            endpoints: case.endpoints.clone(),
+            policy,
+            turned_away: case.turned_away,
+        })
+    }
+
+    /// The policy of [`ServiceMap::expect`]'s case, without copying its endpoints: every
+    /// connection to a Service asks.
+    pub fn policy(
+        &self,
+        proto: Proto,
+        original_dst: SocketAddr,
+        client: SocketAddr,
+        client_is_node: Option<bool>,
+    ) -> Option<Policy> {
+        self.case(proto, original_dst, client, client_is_node)
+            .map(|(_, policy)| policy)
+    }
+
+    /// The case a connection from `client` to `original_dst` falls in, and its policy.
+    fn case(
+        &self,
+        proto: Proto,
+        original_dst: SocketAddr,
+        client: SocketAddr,
+        client_is_node: Option<bool>,
+    ) -> Option<(&Case, Policy)> {
         let entry = self.entry(proto, original_dst)?;
         let port = self.services.get(&entry.key)?;
         let who = Client {
@@ -336,11 +367,7 @@ impl ServiceMap {
             Some(local) if local.is_empty() && case.endpoints.is_empty() => Policy::Local,
             _ => Policy::Cluster,
         };
-        Some(Expectation {
-            endpoints: case.endpoints.clone(),
-            policy,
-            turned_away: case.turned_away,
-        })
+        Some((case, policy))
     }
 
     /// Why the rules turned away a connection from `client` to `dialed` that was never

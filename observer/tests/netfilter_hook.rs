@@ -92,6 +92,18 @@ fn a_node_namespace_made_after_start_is_linked_then_let_go_when_deleted() {
     // stack, so IPv6 (10) is linked too. Linked at the next sweep (every second).
     let links = wait_for_links(recorder.pid(), 4, Duration::from_secs(10));
     assert_eq!(links, vec![(2, 1), (2, 4), (10, 1), (10, 4)]);
+    // Its flowtables were read when it was linked (an nf_tables dump): the lab has none,
+    // and a request the kernel refused would be said here.
+    let said: Vec<String> = recorder
+        .stderr()
+        .into_iter()
+        .filter(|line| line.contains("flowtable"))
+        .collect();
+    assert_eq!(
+        said,
+        Vec::<String>::new(),
+        "the lab's node has no flowtable"
+    );
     let checkout = lab.service("checkout").unwrap().cluster_addr();
     let answers = http_fresh(&lab, checkout, CONNECTIONS).expect("the client's connections");
     let pod_ip: HashMap<String, _> = lab.pods().iter().map(|p| (p.name.clone(), p.ip)).collect();

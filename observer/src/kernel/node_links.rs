@@ -7,13 +7,16 @@
 //! in `/run/netns` except CNI's pod namespaces, which containerd names `cni-<uuid>`
 //! (a lab's nodes; pods' own namespaces hold no Service DNAT). `--node-netns` names
 //! them instead. A namespace that cannot be linked is said once, in a warning; one
-//! whose file is gone is unlinked, so that its link does not keep it alive.
+//! whose file is gone is unlinked, so that its link does not keep it alive. A linked
+//! namespace with an nftables flowtable is said in a warning (see `flowtables`),
+//! checked when linked and every ten seconds after.
 
 use std::collections::{HashMap, HashSet};
 use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use crate::kernel::flowtables::{self, Flowtable};
 use crate::kernel::netfilter::{Links, NetfilterProgram};
 use crate::netns;
 
@@ -33,6 +36,10 @@ pub struct NodeLinks {
     refused: HashSet<u64>,
     /// The namespaces of `kube-proxy` processes, as last read, and when.
     processes: (Vec<PathBuf>, Option<Instant>),
+    /// When the linked namespaces' flowtables were last read.
+    flowtables_read: Option<Instant>,
+    /// Flowtables (or unreadable namespaces, with `None`) said, by namespace inode.
+    flowtables_said: HashSet<(u64, Option<Flowtable>)>,
 }
 
 impl NodeLinks {
@@ -43,6 +50,8 @@ impl NodeLinks {
             linked: HashMap::new(),
             refused: HashSet::new(),
             processes: (Vec::new(), None),
+            flowtables_read: None,
+            flowtables_said: HashSet::new(),
         }
     }
 
@@ -63,16 +72,20 @@ impl NodeLinks {
                 continue;
             }
             let program = &self.program;
-            match netns::run_in_file(&path, netns::Kind::Network, || program.link_here()) {
-                Ok(Ok(links)) => {
+            let linked = netns::run_in_file(&path, netns::Kind::Network, || {
+                (program.link_here(), flowtables::in_current_namespace())
+            });
+            match linked {
+                Ok((Ok(links), flowtables)) => {
                     log::debug!(
                         "netfilter program linked in {} ({})",
                         path.display(),
                         links.families.join(", ")
                     );
+                    self.say_flowtables(inode, &path, flowtables, &mut warnings);
                     self.linked.insert(inode, (path, links));
                 }
-                Ok(Err(err)) => {
+                Ok((Err(err), _)) => {
                     self.refused.insert(inode);
                     warnings.push(format!(
                         "network namespace {} ({}) is not watched: {err}",
@@ -92,7 +105,71 @@ impl NodeLinks {
                 }
             }
         }
+        self.read_flowtables(&mut warnings);
         warnings
+    }
+
+    /// Reads the linked namespaces' flowtables again, every `PROCESS_SCAN`.
+    fn read_flowtables(&mut self, warnings: &mut Vec<String>) {
+        let due = self
+            .flowtables_read
+            .is_none_or(|at| at.elapsed() >= PROCESS_SCAN);
+        if !due {
+            return;
+        }
+        self.flowtables_read = Some(Instant::now());
+        let linked: Vec<(u64, PathBuf)> = self
+            .linked
+            .iter()
+            .map(|(inode, (path, _))| (*inode, path.clone()))
+            .collect();
+        for (inode, path) in linked {
+            let read = netns::run_in_file(&path, netns::Kind::Network, || {
+                flowtables::in_current_namespace()
+            })
+            .map_err(std::io::Error::from)
+            .and_then(|read| read);
+            // Deleted since it was linked: the next call lets its link go.
+            if read
+                .as_ref()
+                .is_err_and(|err| err.kind() == std::io::ErrorKind::NotFound)
+            {
+                continue;
+            }
+            self.say_flowtables(inode, &path, read, warnings);
+        }
+    }
+
+    /// One sentence per flowtable of namespace `inode` not said before, or, once, why
+    /// its flowtables could not be read.
+    fn say_flowtables(
+        &mut self,
+        inode: u64,
+        path: &Path,
+        read: std::io::Result<Vec<Flowtable>>,
+        warnings: &mut Vec<String>,
+    ) {
+        match read {
+            Ok(found) => {
+                for flowtable in found {
+                    let sentence = format!(
+                        "network namespace {inode} ({}) has nftables flowtable {flowtable}: the flows it offloads skip netfilter's hooks and carry no conntrack entry, so their packets after the first few are not counted",
+                        path.display()
+                    );
+                    if self.flowtables_said.insert((inode, Some(flowtable))) {
+                        warnings.push(sentence);
+                    }
+                }
+            }
+            Err(err) => {
+                if self.flowtables_said.insert((inode, None)) {
+                    warnings.push(format!(
+                        "cannot tell whether network namespace {inode} ({}) offloads flows to an nftables flowtable: {err}",
+                        path.display()
+                    ));
+                }
+            }
+        }
     }
 
     /// How many namespaces the program is linked in.

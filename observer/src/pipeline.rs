@@ -237,7 +237,9 @@ impl Session {
     /// `ended` with the states of those still `unconfirmed` read again after the
     /// revalidation program looked at them: a flow of one datagram gets no later packet
     /// to see its entry confirmed, and the revalidation may not have reached it yet (it
-    /// runs less often over a large table).
+    /// runs less often over a large table). Those never confirmed come first: a clash's
+    /// loser before its winner, so that what it carried joins the winner's record
+    /// (`model::clash`) when both idle out in one sweep.
     fn confirmed_now(
         &mut self,
         mut ended: Vec<(u64, ConnState, Close)>,
@@ -247,17 +249,17 @@ impl Session {
             .filter(|(_, state, _)| state.unconfirmed != 0)
             .map(|(conntrack, ..)| *conntrack)
             .collect();
-        if unconfirmed.is_empty() || self.capture.gone_connections(&unconfirmed).is_err() {
-            return ended;
-        }
-        for (conntrack, state, _) in &mut ended {
-            if state.unconfirmed != 0
-                && let Some(now) = self.capture.connection(*conntrack)
-                && now.start_ns == state.start_ns
-            {
-                state.unconfirmed = now.unconfirmed;
+        if !unconfirmed.is_empty() && self.capture.gone_connections(&unconfirmed).is_ok() {
+            for (conntrack, state, _) in &mut ended {
+                if state.unconfirmed != 0
+                    && let Some(now) = self.capture.connection(*conntrack)
+                    && now.start_ns == state.start_ns
+                {
+                    state.unconfirmed = now.unconfirmed;
+                }
             }
         }
+        ended.sort_by_key(|(_, state, _)| state.unconfirmed == 0);
         ended
     }
 

@@ -172,6 +172,9 @@ fn a_file_that_is_no_namespace_is_one_sentence() {
     );
 }
 
+/// Bytes of each of a flow's two datagrams in `CLASHING`.
+const DATAGRAM_BYTES: u64 = 40;
+
 /// Sends each flow's first datagram twice at once, from two processes on two CPUs
 /// sharing one socket (busy-waiting on shared memory to start together), so that
 /// conntrack sees two new entries for one flow and resolves the clash. Prints the
@@ -250,10 +253,23 @@ fn first_datagrams_that_clash_are_one_connection_each() {
     // clash_resolve counted (no entry failed to insert: each clash merged).
     assert!(clashes > 0, "the test made no clash: it proves nothing");
     assert_eq!(summary.never_confirmed, clashes, "{summary:?}");
+    // The winner lives on after the clash: no reply is adopted as a connection of its
+    // own, and each flow's record holds both datagrams (the loser's merged into it by
+    // conntrack, and by observer), both replies, and ends by the idle timeout, not as
+    // `expired` at the loser's open (which superseded the winner before 2026-12-05).
+    // The pod's UDP echo answers each datagram with its name (pod_server.py).
+    let reply_bytes = lab.pods()[0].name.len() as u64;
     let adopted: Vec<_> = recording.conns.iter().filter(|c| !c.start_seen).collect();
-    if !adopted.is_empty() {
-        eprintln!(
-            "records adopted mid-flow (a reply whose entry observer did not hold): {adopted:?}"
+    assert!(
+        adopted.is_empty(),
+        "replies adopted as connections: {adopted:?}"
+    );
+    for conn in &recording.conns {
+        assert_eq!(
+            (conn.bytes_to_backend, conn.bytes_from_backend, conn.close),
+            (2 * DATAGRAM_BYTES, 2 * reply_bytes, Close::Timeout),
+            "{conn:?}"
         );
+        assert!(conn.requests >= 1, "{conn:?}");
     }
 }

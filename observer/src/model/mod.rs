@@ -1,5 +1,6 @@
 //! Connection records: the log schema (`record`), the tracker that turns kernel events
-//! and table sweeps into records (`tracker`), and the updates the pipeline hands to its
+//! and table sweeps into records (`tracker`, which adds a UDP clash's losing datagrams to
+//! the winner's record: `clash`), and the updates the pipeline hands to its
 //! consumers (`update`). Plain data, no aya or tokio types.
 
 /// A hash map keyed by what the network chooses (addresses, ports): foldhash is fast and
@@ -7,6 +8,7 @@
 /// (`nf_conn` addresses, namespace inodes) use the faster unseeded `rustc_hash`.
 pub type NetMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
+pub mod clash;
 pub mod record;
 pub mod rejects;
 pub mod span;

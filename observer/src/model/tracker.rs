@@ -10,6 +10,7 @@ use observer_common::conn::{
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
+use crate::model::clash::ClashMerges;
 use crate::model::record::{Close, ConnRecord};
 use crate::model::tuple::{self, UnknownProtocol};
 use crate::model::update::ConnId;
@@ -68,6 +69,8 @@ pub struct Tracker {
     idle_timeout_ns: u64,
     /// Open connections and the `last_ns` reported for each.
     open: FxHashMap<ConnId, u64>,
+    /// What clashes' losers carried, for their winners' records.
+    clashes: ClashMerges,
 }
 
 impl Tracker {
@@ -76,6 +79,7 @@ impl Tracker {
             clock,
             idle_timeout_ns: idle_timeout.as_nanos() as u64,
             open: FxHashMap::default(),
+            clashes: ClashMerges::default(),
         }
     }
 
@@ -94,7 +98,10 @@ impl Tracker {
         }
         self.open.remove(&id);
         let close = kernel_close(event.close);
-        Ok((id, self.record(&event.state, close, event.state.last_ns)?))
+        Ok((
+            id,
+            self.final_record(&event.state, close, event.state.last_ns)?,
+        ))
     }
 
     /// An open event when no record of it is wanted (nothing shows connections before
@@ -137,6 +144,7 @@ impl Tracker {
             .map(|(conntrack, state)| ConnId::of(*conntrack, state))
             .collect();
         self.open.retain(|id, _| present.contains(id));
+        self.clashes.retain_live(entries);
         sweep
     }
 
@@ -152,7 +160,7 @@ impl Tracker {
     ) -> Result<(ConnId, ConnRecord), NoRecord> {
         let id = ConnId::of(conntrack, state);
         self.open.remove(&id);
-        Ok((id, self.record(state, close, state.last_ns)?))
+        Ok((id, self.final_record(state, close, state.last_ns)?))
     }
 
     /// A connection that ended outside the kernel programs' sight (conntrack destroyed
@@ -166,7 +174,7 @@ impl Tracker {
     ) -> Result<(ConnId, ConnRecord), NoRecord> {
         let id = ConnId::of(conntrack, state);
         self.open.remove(&id);
-        Ok((id, self.record(state, close, until_ns)?))
+        Ok((id, self.final_record(state, close, until_ns)?))
     }
 
     /// At the end of a recording: every connection still in the kernel table, as open
@@ -202,8 +210,26 @@ impl Tracker {
         silent && (state.original.protocol == PROTO_UDP || !answered)
     }
 
+    /// The last record of a connection that ended; one never confirmed is none, but
+    /// what it carried joins the record of the entry it lost its clash to.
+    fn final_record(
+        &mut self,
+        state: &ConnState,
+        close: Close,
+        until_ns: u64,
+    ) -> Result<ConnRecord, NoRecord> {
+        let record = self.record(state, close, until_ns);
+        match &record {
+            Err(NoRecord::NeverConfirmed) => self.clashes.lost(state),
+            Ok(_) => self.clashes.written(state),
+            Err(_) => {}
+        }
+        record
+    }
+
     /// The record for `state`: `close == Open` measures the duration up to `until_ns`;
-    /// otherwise the connection ended at `until_ns`.
+    /// otherwise the connection ended at `until_ns`. A clash's losers that merged into
+    /// it add their requests and bytes.
     fn record(
         &self,
         state: &ConnState,
@@ -215,6 +241,7 @@ impl Tracker {
         }
         let proto = tuple::proto(state.original.protocol)?;
         let end_ns = until_ns.max(state.start_ns);
+        let carried = self.clashes.carried(state).unwrap_or_default();
         Ok(ConnRecord {
             proto,
             client: tuple::socket_addr(state.original.family, &state.original.src),
@@ -231,9 +258,11 @@ impl Tracker {
             start: self.clock.wall(state.start_ns),
             end: (close != Close::Open).then(|| self.clock.wall(end_ns)),
             duration_ms: (end_ns - state.start_ns) as f64 / 1e6,
-            requests: state.requests as u64,
-            bytes_to_backend: state.bytes[0],
-            bytes_from_backend: state.bytes[1],
+            // The losers' datagrams were among the flow's first, before any reply: the
+            // same run of the client's payload as the winner's first, no request more.
+            requests: (state.requests as u64).max(carried.requests),
+            bytes_to_backend: state.bytes[0] + carried.bytes[0],
+            bytes_from_backend: state.bytes[1] + carried.bytes[1],
             close: outcome_close(state, close),
             connect_ms: connect_ms(state),
             start_seen: state.start_seen != 0,

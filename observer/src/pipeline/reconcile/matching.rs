@@ -146,7 +146,9 @@ impl ConntrackMatcher {
             }
             return;
         }
-        self.kernel_follows(key, id);
+        if event.state.unconfirmed == 0 {
+            self.kernel_follows(key, id);
+        }
         if let Some(found) = self.found.remove(&key)
             && event.state.start_seen == 0
         {
@@ -162,6 +164,9 @@ impl ConntrackMatcher {
         newest_last.sort_by_key(|(_, state)| state.start_ns);
         self.kernel.clear();
         for (conntrack, state) in newest_last {
+            if state.unconfirmed != 0 {
+                continue;
+            }
             let id = ConnId::of(*conntrack, state);
             self.kernel_follows(CtKey::of_state(state), id);
         }
@@ -176,8 +181,13 @@ impl ConntrackMatcher {
         }
     }
 
-    /// The kernel programs follow `key` at `current`. conntrack holds one entry per
-    /// original tuple (in zone 0): the one they followed before is gone, its end unseen.
+    /// The kernel programs follow `key` at `current`, a confirmed entry. conntrack holds
+    /// one confirmed entry per original tuple (in zone 0): the one they followed before
+    /// is gone, its end unseen. An entry not confirmed yet (the netfilter hook sees every
+    /// first packet before conntrack confirms it) supersedes nothing: two CPUs may each
+    /// hold one for the same tuple, and the one that loses the clash is dropped, never
+    /// confirmed, while the winner lives on. Superseding the winner with the loser ended
+    /// it at once and adopted its replies as a second connection.
     fn kernel_follows(&mut self, key: CtKey, current: ConnId) {
         if let Some(previous) = self.kernel.insert(key, current)
             && previous != current

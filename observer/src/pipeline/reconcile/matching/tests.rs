@@ -337,6 +337,33 @@ fn a_newer_entry_for_the_same_tuple_supersedes_the_followed_one() {
 }
 
 #[test]
+fn an_entry_not_confirmed_yet_supersedes_nothing() {
+    // A clash: two CPUs each made an entry for the flow's first datagrams, and the
+    // netfilter hook saw both before conntrack confirmed either.
+    let mut view = ConntrackMatcher::default();
+    let unconfirmed = |conntrack| {
+        let mut event = event(EVENT_OPEN, conntrack, 50, flags::START_SEEN);
+        event.state.unconfirmed = 1;
+        event
+    };
+    view.on_kernel_event(&unconfirmed(0xa000));
+    view.on_kernel_event(&unconfirmed(0xb000));
+    assert!(view.take_superseded().is_empty(), "the winner lives on");
+    // A sweep finds the winner confirmed, the loser not (yet ended): the winner stays.
+    let mut winner = unconfirmed(0xa000).state;
+    winner.start_ns = 1;
+    winner.unconfirmed = 0;
+    let mut loser = unconfirmed(0xb000).state;
+    loser.start_ns = 2;
+    view.on_sweep(&[(0xa000, winner), (0xb000, loser)]);
+    assert!(view.take_superseded().is_empty(), "the loser is newer");
+    // Once confirmed, a newer entry does supersede.
+    loser.unconfirmed = 0;
+    view.on_sweep(&[(0xa000, winner), (0xb000, loser)]);
+    assert_eq!(view.take_superseded(), vec![(id(0xa000, 1), key(50))]);
+}
+
+#[test]
 fn connections_older_than_their_subscription_lack_destroy_events() {
     let mut state = event(EVENT_OPEN, 0xa000, 13, flags::START_SEEN).state;
     state.start_ns = 1_000;

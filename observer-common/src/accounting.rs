@@ -236,31 +236,49 @@ fn fresh_tcp_bytes(state: *mut ConnState, dir: usize, packet: &Packet) -> u32 {
     end.wrapping_sub(start)
 }
 
-/// UDP payload bytes of `packet`, counted only on the direction's `udp_dev` (see its
-/// doc): a datagram passing several devices is counted once, on the last device the
-/// direction's first datagram passed, which every later datagram passes too.
+/// The low bit of `ConnState::udp_first_skb` once the direction's device settled (the
+/// rest is then that device): `sk_buff` and `net_device` addresses are aligned, so it is
+/// never set in either.
+pub const UDP_SETTLED: u64 = 1;
+
+/// UDP payload bytes of `packet`, counted only on the direction's counting device (see
+/// `ConnState::udp_dev`): a datagram passing several devices is counted once, on the last
+/// device the direction's first datagram passed, which every later datagram passes too.
+///
+/// The first datagram moves `udp_dev` along while another datagram may settle it on
+/// another CPU: the settled device is written to `udp_first_skb`, a word the move never
+/// writes, so a move that lands after the settle changes nothing. (Writing both to
+/// `udp_dev` let a late move undo a settle: the datagram that settled it on the bridge
+/// was counted again on the bridge port.)
 #[inline(always)]
 fn fresh_udp_bytes(state: *mut ConnState, dir: usize, packet: &Packet) -> u32 {
-    let counted_on = load!(state.udp_dev[dir]);
-    if counted_on == 0 {
+    let device = load!(state.udp_dev[dir]);
+    if device == 0 {
         // The direction's first datagram, on its first device (or local delivery, where
         // `dev` is 0 and every datagram arrives once).
         store!(state.udp_dev[dir], packet.dev);
         store!(state.udp_first_skb[dir], packet.skb);
         return packet.payload;
     }
-    // Forwarded datagrams have a non-zero `skb`; 0 here means the device settled.
     let first = load!(state.udp_first_skb[dir]);
-    if counted_on == packet.dev {
-        if first != 0 && packet.skb != first {
-            // Another datagram on this device: it stays the one.
-            store!(state.udp_first_skb[dir], 0);
-        }
-        return packet.payload;
+    if first & UDP_SETTLED != 0 {
+        return if packet.dev == first & !UDP_SETTLED {
+            packet.payload
+        } else {
+            0
+        };
     }
-    if first != 0 && packet.skb == first {
+    if packet.skb == first {
         // The first datagram, already counted, now on a later device: count there.
-        store!(state.udp_dev[dir], packet.dev);
+        if packet.dev != device {
+            store!(state.udp_dev[dir], packet.dev);
+        }
+        return 0;
+    }
+    if packet.dev == device {
+        // Another datagram on the device the first one reached last: it stays the one.
+        store!(state.udp_first_skb[dir], device | UDP_SETTLED);
+        return packet.payload;
     }
     0
 }

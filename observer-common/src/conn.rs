@@ -111,8 +111,8 @@ pub struct ConnState {
     /// on its first pass, moved along while the same `sk_buff` passes later devices.
     pub udp_dev: [u64; 2],
     /// UDP: the address of each direction's first datagram's `sk_buff`, which moves
-    /// `udp_dev` along; 0 once another datagram was counted on `udp_dev`, which then
-    /// stays where it is.
+    /// `udp_dev` along; once another datagram was counted on `udp_dev`, that device with
+    /// `accounting::UDP_SETTLED` set: datagrams count there from then on.
     pub udp_first_skb: [u64; 2],
     /// FINs seen: low half from the client, high half from the backend (atomic adds
     /// of `FIN_ORIGINAL_ADD` / `FIN_REPLY_ADD`).

@@ -114,9 +114,19 @@ fn forget_dialed(conntrack: u64, key: &DialedKey) {
 /// removal succeeds reports, so a connection is closed exactly once. With the ring
 /// buffer full the entry stays, marked `closed`: user space's next sweep removes it
 /// and writes the record (a later packet of the connection retries the report).
+///
+/// Marked only while `conntrack`'s entry is still the one `state` points at: another CPU
+/// may have ended it meanwhile (and reported or counted it), and the kernel hands a
+/// removed element straight to the next insert, so `state` may hold another connection
+/// by now, which must not be marked closed. (A narrow window remains between this check
+/// and the store; docs/design.md, "A removed entry's memory".)
 #[inline(always)]
 pub fn close(conntrack: u64, state: *mut ConnState, reason: u32, now: u64) {
-    if !report(conntrack, state, reason, now) {
+    if !report(conntrack, state, reason, now)
+        && CONNS
+            .get_ptr(&conntrack)
+            .is_some_and(|current| core::ptr::eq(current, state))
+    {
         store!(state.closed, reason as u8);
         count(counters::EVENTS_DROPPED);
     }

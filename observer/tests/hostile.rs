@@ -262,10 +262,15 @@ fn assert_every_decision_recorded(
     for (flow, backends) in &flows {
         if backends.len() > 1 {
             let pods: std::collections::HashSet<_> = backends.iter().collect();
+            let records: Vec<_> = recording
+                .conns
+                .iter()
+                .filter(|c| (c.proto, c.client, c.original_dst) == *flow)
+                .collect();
             assert_eq!(
                 pods.len(),
                 backends.len(),
-                "one flow recorded twice to one pod: {flow:?} -> {backends:?}"
+                "one flow recorded twice to one pod: {flow:?} -> {backends:?}: {records:#?}"
             );
             eprintln!("a clash kept as two entries: {flow:?} -> {backends:?}");
             loser_entries += backends.len() as u64 - 1;

@@ -206,18 +206,41 @@ fn an_rst_is_a_refusal_only_before_any_answer() {
 #[test]
 fn a_forwarded_datagram_counts_once() {
     let mut conn = Conn::udp();
-    let (veth, bridge) = (0xa, 0xb);
-    // The first datagram (skb 1) on the pod's veth, then on the bridge.
-    assert_eq!(conn.see(ORIGINAL, udp(veth, 1, 30), 1).1, 30);
-    assert_eq!(conn.see(ORIGINAL, udp(bridge, 1, 30), 2).1, 0);
+    let (veth, bridge) = (0xa0, 0xb0);
+    // The first datagram (skb 0x100) on the pod's veth, then on the bridge.
+    assert_eq!(conn.see(ORIGINAL, udp(veth, 0x100, 30), 1).1, 30);
+    assert_eq!(conn.see(ORIGINAL, udp(bridge, 0x100, 30), 2).1, 0);
     assert_eq!(conn.0.udp_dev[ORIGINAL], bridge);
-    // The second datagram (skb 2): not on the veth, once on the bridge.
-    assert_eq!(conn.see(ORIGINAL, udp(veth, 2, 40), 3).1, 0);
-    assert_eq!(conn.see(ORIGINAL, udp(bridge, 2, 40), 4).1, 40);
-    assert_eq!(conn.0.udp_first_skb[ORIGINAL], 0, "the device settled");
-    assert_eq!(conn.see(ORIGINAL, udp(bridge, 3, 50), 5).1, 50);
+    // The second datagram: not on the veth, once on the bridge.
+    assert_eq!(conn.see(ORIGINAL, udp(veth, 0x200, 40), 3).1, 0);
+    assert_eq!(conn.see(ORIGINAL, udp(bridge, 0x200, 40), 4).1, 40);
+    assert_eq!(
+        conn.0.udp_first_skb[ORIGINAL],
+        bridge | UDP_SETTLED,
+        "the device settled"
+    );
+    assert_eq!(conn.see(ORIGINAL, udp(bridge, 0x300, 50), 5).1, 50);
     assert_eq!(conn.0.bytes[ORIGINAL], 120);
     assert_eq!(conn.0.requests, 1, "no answer between the datagrams");
+}
+
+/// A flow's first two datagrams on two CPUs at once (after a clash merged their
+/// entries): the second settles the bridge while the first, already past its check,
+/// moves the device on to the bridge port. That late move changes nothing: each
+/// datagram counts once, on the bridge.
+#[test]
+fn a_move_that_lands_after_the_settle_changes_nothing() {
+    let mut conn = Conn::udp();
+    let (bridge, port) = (0xb0, 0xc0);
+    assert_eq!(conn.see(ORIGINAL, udp(bridge, 0x100, 40), 1).1, 40);
+    assert_eq!(conn.see(ORIGINAL, udp(bridge, 0x200, 40), 2).1, 40);
+    // The first datagram's CPU read the state before the settle and stores its move now.
+    conn.0.udp_dev[ORIGINAL] = port;
+    assert_eq!(conn.see(ORIGINAL, udp(port, 0x100, 40), 3).1, 0);
+    assert_eq!(conn.see(ORIGINAL, udp(port, 0x200, 40), 4).1, 0);
+    assert_eq!(conn.see(ORIGINAL, udp(bridge, 0x300, 40), 5).1, 40);
+    assert_eq!(conn.see(ORIGINAL, udp(port, 0x300, 40), 6).1, 0);
+    assert_eq!(conn.0.bytes[ORIGINAL], 120);
 }
 
 /// At local delivery (`dev` and `skb` 0) every datagram arrives once and counts; an

@@ -217,8 +217,14 @@ fn open<S: SkbFields>(
                 report_opened(skb, conntrack, fresh, dir, packet, fresh_bytes, now)?;
             }
         }
-        // Another CPU inserted it first and reported it (this packet is another one).
-        Err(EEXIST) => capture_dns(conntrack, fresh, dir, packet, fresh_bytes, now),
+        // Another CPU inserted it first and reported it: this packet is another of its
+        // connection's (the flow's first datagrams on two CPUs, after a clash merged
+        // them), accounted on that entry as any later packet.
+        Err(EEXIST) => {
+            if let Some(state) = CONNS.get_ptr_mut(&conntrack) {
+                follow(conntrack, state, dir, packet, now);
+            }
+        }
         // The table is full. Only a decision made while attached (ctinfo NEW) is a lost
         // connection, and only once: its later packets find the table full too.
         Err(_) if start_seen => {

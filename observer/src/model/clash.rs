@@ -9,6 +9,11 @@
 //! its own. Its datagram was still the flow's, so its bytes (and request, if the winner's
 //! datagram carried none) are kept here until the record of the entry with the same
 //! original and reply tuple is written.
+//!
+//! Under `net_dev_queue` there is nothing to carry: it sees a loser only where the
+//! datagram passed a device before confirmation (the bridge, after waiting for the
+//! node to learn the pod's address), and the same datagram then passes the bridge port
+//! on the winner's entry, counted there. Carrying it too counted it twice.
 
 use observer_common::conn::{ConnState, FlowTuple, PROTO_UDP};
 
@@ -26,6 +31,8 @@ const MAX_LOSERS: usize = 65_536;
 pub struct ClashMerges {
     /// Keyed by tuples the network chooses: foldhash, seeded per process.
     losers: NetMap<Key, Carried>,
+    /// The winners' entries count the losers' datagrams themselves (`net_dev_queue`).
+    counted_by_winners: bool,
 }
 
 /// Requests and bytes (to, from the backend) of one or more losers: `requests` is 1
@@ -40,7 +47,7 @@ impl ClashMerges {
     /// A UDP entry ended without ever being confirmed: keep what it carried for the
     /// winner (TCP has no clash merge: a losing SYN is dropped and sent again).
     pub fn lost(&mut self, state: &ConnState) {
-        if state.original.protocol != PROTO_UDP {
+        if state.original.protocol != PROTO_UDP || self.counted_by_winners {
             return;
         }
         if self.losers.len() >= MAX_LOSERS {
@@ -50,6 +57,13 @@ impl ClashMerges {
         carried.requests = carried.requests.max(state.requests as u64);
         carried.bytes[0] += state.bytes[0];
         carried.bytes[1] += state.bytes[1];
+    }
+
+    /// From now on losers carry nothing: the hook sees their datagrams again on the
+    /// winners' entries (`net_dev_queue`; see the module doc).
+    pub fn counted_by_winners(&mut self) {
+        self.counted_by_winners = true;
+        self.losers.clear();
     }
 
     /// What losers merged into the connection `state` carried, if any.
@@ -139,6 +153,15 @@ mod tests {
         assert_eq!(merges.carried(&winner), None);
         merges.lost(&state(PROTO_TCP, 5000, 80));
         assert!(merges.is_empty(), "a losing SYN is dropped, not merged");
+    }
+
+    #[test]
+    fn losers_carry_nothing_where_the_winners_count_their_datagrams() {
+        let mut merges = ClashMerges::default();
+        merges.counted_by_winners();
+        let loser = state(PROTO_UDP, 5000, 53);
+        merges.lost(&loser);
+        assert_eq!(merges.carried(&loser), None);
     }
 
     #[test]

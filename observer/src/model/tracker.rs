@@ -83,6 +83,12 @@ impl Tracker {
         }
     }
 
+    /// The forwarding program runs on `net_dev_queue`: a clash's loser's datagram is
+    /// counted on its winner's entry too (`model::clash`).
+    pub fn losers_counted_by_winners(&mut self) {
+        self.clashes.counted_by_winners();
+    }
+
     /// Connections currently open.
     pub fn open_count(&self) -> usize {
         self.open.len()

@@ -83,9 +83,13 @@ impl Session {
             monotonic_ns: monotonic_ns(),
             wall: started,
         };
+        let mut tracker = Tracker::new(clock, options.idle_timeout);
+        if capture.forwarding_hook() == crate::kernel::capture::ForwardingHook::NetDevQueue {
+            tracker.losers_counted_by_winners();
+        }
         Session {
             capture,
-            tracker: Tracker::new(clock, options.idle_timeout),
+            tracker,
             output: Output::new(options.log, options.updates, options.warn),
             naming: naming::Naming::new(options.namer, options.pods),
             follower: None,

@@ -12,27 +12,45 @@ pub const FLOW_PORT: u16 = 8125;
 /// node's neighbour table: the node then has to ask for the pod's address (ARP) first,
 /// and a flow's first datagram takes a longer path through the node than later ones.
 pub fn dnat_to(lab: &Lab, pod: &Pod) {
+    dnat_split(lab, std::slice::from_ref(pod));
+}
+
+/// As `dnat_to`, with each new flow DNATed to one of `pods` at random, as kube-proxy's
+/// iptables rules choose: `-m statistic --mode random --probability 1/n`, then 1/(n-1),
+/// ..., the last rule without.
+pub fn dnat_split(lab: &Lab, pods: &[Pod]) {
     let port = FLOW_PORT.to_string();
-    let to = format!("{}:{}", pod.ip, pod.udp_port);
-    let rule = [
-        "-t",
-        "nat",
-        "-I",
-        "PREROUTING",
-        "1",
-        "-d",
-        FLOW_IP,
-        "-p",
-        "udp",
-        "--dport",
-        &port,
-        "-j",
-        "DNAT",
-        "--to-destination",
-        &to,
-    ];
-    let out = lab.run_in(lab.node_ns(), "iptables", &rule).unwrap();
-    assert!(out.status.success(), "iptables: {out:?}");
+    // Each rule is inserted first: the last pod's rule goes in first, ends up last.
+    for (at, pod) in pods.iter().enumerate().rev() {
+        let to = format!("{}:{}", pod.ip, pod.udp_port);
+        let probability = format!("{:.5}", 1.0 / (pods.len() - at) as f64);
+        let mut rule = vec![
+            "-t",
+            "nat",
+            "-I",
+            "PREROUTING",
+            "1",
+            "-d",
+            FLOW_IP,
+            "-p",
+            "udp",
+            "--dport",
+            &port,
+        ];
+        if at + 1 < pods.len() {
+            rule.extend([
+                "-m",
+                "statistic",
+                "--mode",
+                "random",
+                "--probability",
+                &probability,
+            ]);
+        }
+        rule.extend(["-j", "DNAT", "--to-destination", &to]);
+        let out = lab.run_in(lab.node_ns(), "iptables", &rule).unwrap();
+        assert!(out.status.success(), "iptables: {out:?}");
+    }
     let out = lab
         .run_in(lab.node_ns(), "ip", &["neigh", "flush", "all"])
         .unwrap();

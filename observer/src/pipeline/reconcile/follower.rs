@@ -263,19 +263,21 @@ impl Follower {
             let Some(socket) = self.requests.get_mut(&key.netns) else {
                 continue;
             };
-            if let Ok(None) = socket.get(&key.tuple()) {
-                gone.push((id, key));
+            match socket.get(&key.tuple()) {
+                Ok(Some(entry)) if key.is(&entry) => {}
+                Ok(_) => gone.push((id, key)),
+                Err(_) => {}
             }
         }
         gone
     }
 
-    /// Whether conntrack has an entry for `key` now: a destroy event for that tuple was
+    /// Whether conntrack has the entry `key` now: a destroy event with its tuples was
     /// about an older entry (TCP reuses a port in TIME_WAIT). Unknown counts as gone.
     pub fn still_there(&mut self, key: &CtKey) -> bool {
-        self.requests
-            .get_mut(&key.netns)
-            .is_some_and(|socket| matches!(socket.get(&key.tuple()), Ok(Some(_))))
+        self.requests.get_mut(&key.netns).is_some_and(
+            |socket| matches!(socket.get(&key.tuple()), Ok(Some(entry)) if key.is(&entry)),
+        )
     }
 
     /// Warnings not yet shown, once each.

@@ -15,13 +15,22 @@ use crate::model::record::{Close, ConnRecord, Proto};
 use crate::model::tuple;
 use crate::model::update::ConnId;
 
-/// Identifies a connection across conntrack and the kernel programs.
+/// Identifies a connection across conntrack and the kernel programs: its namespace and
+/// both tuples. The original tuple alone is not enough: when a UDP flow's first
+/// datagrams on two CPUs were DNATed to two pods, conntrack keeps the loser as an entry
+/// of its own until its first reply (`nf_ct_resolve_clash_harder`,
+/// net/netfilter/nf_conntrack_core.c), with the winner's original tuple and another
+/// reply tuple; a key without the reply made either end the other.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct CtKey {
     pub netns: u32,
     pub protocol: u8,
     pub client: SocketAddr,
     pub dialed: SocketAddr,
+    /// The reply tuple: the backend, and where its replies go (the client, or the
+    /// address it was masqueraded to).
+    pub backend: SocketAddr,
+    pub reply_to: SocketAddr,
 }
 
 impl CtKey {
@@ -31,6 +40,8 @@ impl CtKey {
             protocol: state.original.protocol,
             client: tuple::socket_addr(state.original.family, &state.original.src),
             dialed: tuple::socket_addr(state.original.family, &state.original.dst),
+            backend: tuple::socket_addr(state.reply.family, &state.reply.src),
+            reply_to: tuple::socket_addr(state.reply.family, &state.reply.dst),
         }
     }
 
@@ -40,7 +51,15 @@ impl CtKey {
             protocol: entry.original.protocol,
             client: entry.original.src,
             dialed: entry.original.dst,
+            backend: entry.reply.src,
+            reply_to: entry.reply.dst,
         }
+    }
+
+    /// Whether conntrack's answer to a question about `self.tuple()` is this entry (and
+    /// not another that now holds the original tuple).
+    pub fn is(&self, entry: &CtEntry) -> bool {
+        CtKey::of_entry(self.netns, entry) == *self
     }
 
     /// The original tuple, to ask conntrack about this entry.
@@ -182,8 +201,9 @@ impl ConntrackMatcher {
     }
 
     /// The kernel programs follow `key` at `current`, a confirmed entry. conntrack holds
-    /// one confirmed entry per original tuple (in zone 0): the one they followed before
-    /// is gone, its end unseen. An entry not confirmed yet (the netfilter hook sees every
+    /// one entry per original tuple (in zone 0) in its table, and a clash's loser that
+    /// lives on has another reply tuple (see `CtKey`): the one they followed before under
+    /// both tuples is gone, its end unseen. An entry not confirmed yet (the netfilter hook sees every
     /// first packet before conntrack confirms it) supersedes nothing: two CPUs may each
     /// hold one for the same tuple, and the one that loses the clash is dropped, never
     /// confirmed, while the winner lives on. Superseding the winner with the loser ended
@@ -270,15 +290,16 @@ impl ConntrackMatcher {
         keys.into_iter().map(|(_, key)| key).collect()
     }
 
-    /// What conntrack says now about a found entry (`None`: gone). A closed TCP state
-    /// ends it: TIME_WAIT after FIN, CLOSE after RST.
+    /// What conntrack says now about a found entry (`None`, or another entry on its
+    /// original tuple: gone). A closed TCP state ends it: TIME_WAIT after FIN, CLOSE
+    /// after RST.
     pub fn checked(
         &mut self,
         key: &CtKey,
         now_entry: Option<&CtEntry>,
         now: DateTime<Utc>,
     ) -> Option<(ConnId, ConnRecord)> {
-        let close = match now_entry.map(|entry| entry.tcp_state) {
+        let close = match now_entry.filter(|entry| key.is(entry)).map(|e| e.tcp_state) {
             None => Close::Expired,
             Some(Some(tcp_state::TIME_WAIT)) => Close::Fin,
             Some(Some(tcp_state::CLOSE)) => Close::Rst,

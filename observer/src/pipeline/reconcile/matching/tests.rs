@@ -376,3 +376,37 @@ fn connections_older_than_their_subscription_lack_destroy_events() {
         "adopted mid-connection"
     );
 }
+
+#[test]
+fn a_clash_loser_kept_as_an_entry_of_its_own_and_its_winner_supersede_neither() {
+    // The flow's first datagrams on two CPUs were DNATed to two pods: conntrack keeps
+    // the loser, with the winner's original tuple and its own reply tuple, until its
+    // first reply (nf_ct_resolve_clash_harder).
+    let mut view = ConntrackMatcher::default();
+    let mut winner = event(EVENT_OPEN, 0xa000, 50, flags::START_SEEN);
+    winner.state.start_ns = 1;
+    let mut loser = event(EVENT_OPEN, 0xb000, 50, flags::START_SEEN);
+    loser.state.start_ns = 2;
+    loser.state.reply.src = endpoint([10, 244, 1, 14], 8080);
+    view.on_kernel_event(&winner);
+    view.on_kernel_event(&loser);
+    view.on_sweep(&[(0xb000, loser.state), (0xa000, winner.state)]);
+    assert!(view.take_superseded().is_empty(), "both live on");
+    assert_eq!(view.all_kernel_connections().len(), 2);
+    // The loser's destroy event (after its reply) ends the loser only.
+    let mut loser_entry = entry(PROTO_TCP, 50, None);
+    loser_entry.reply.src = "10.244.1.14:8080".parse().unwrap();
+    let loser_key = CtKey::of_entry(NETNS, &loser_entry);
+    assert!(
+        !loser_key.is(&entry(PROTO_TCP, 50, None)),
+        "the winner's entry"
+    );
+    assert_eq!(
+        view.destroyed(&loser_key, &loser_entry, now()),
+        Destroyed::Kernel(id(0xb000, 2))
+    );
+    assert_eq!(
+        view.all_kernel_connections(),
+        vec![(id(0xa000, 1), key(50))]
+    );
+}

@@ -268,13 +268,13 @@ fn fresh_udp_bytes(state: *mut ConnState, dir: usize, packet: &Packet) -> u32 {
             0
         };
     }
-    if packet.skb == first {
+    if packet.skb == first && packet.dev != device {
         // The first datagram, already counted, now on a later device: count there.
-        if packet.dev != device {
-            store!(state.udp_dev[dir], packet.dev);
-        }
+        store!(state.udp_dev[dir], packet.dev);
         return 0;
     }
+    // Another datagram (one at the first's address on the same device is a later one in
+    // the first's freed memory: a datagram passes a device once).
     if packet.dev == device {
         // Another datagram on the device the first one reached last: it stays the one.
         store!(state.udp_first_skb[dir], device | UDP_SETTLED);

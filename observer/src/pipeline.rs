@@ -206,6 +206,7 @@ impl Session {
         let checked = self.follower.as_mut().map(|follower| {
             follower.matcher.on_sweep(&entries);
             let gone = follower.rescan();
+            follower.check_flowtables(&entries, std::time::Instant::now());
             (follower.check(Utc::now()), follower.take_warnings(), gone)
         });
         let (checked, warnings, gone) = checked.unwrap_or_default();

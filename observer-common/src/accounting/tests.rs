@@ -224,6 +224,18 @@ fn a_forwarded_datagram_counts_once() {
     assert_eq!(conn.0.requests, 1, "no answer between the datagrams");
 }
 
+/// A datagram passing one device only (a routed node): the next one may get the first's
+/// freed `sk_buff`, at the same address; it still counts.
+#[test]
+fn a_later_datagram_in_the_first_ones_memory_counts() {
+    let mut conn = Conn::udp();
+    let veth = 0xa0;
+    assert_eq!(conn.see(REPLY, udp(veth, 0x100, 60), 1).1, 60);
+    assert_eq!(conn.see(REPLY, udp(veth, 0x100, 70), 2).1, 70);
+    assert_eq!(conn.see(REPLY, udp(veth, 0x100, 80), 3).1, 80);
+    assert_eq!(conn.0.bytes[REPLY], 210);
+}
+
 /// A flow's first two datagrams on two CPUs at once (after a clash merged their
 /// entries): the second settles the bridge while the first, already past its check,
 /// moves the device on to the bridge port. That late move changes nothing: each

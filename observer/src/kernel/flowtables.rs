@@ -12,6 +12,8 @@
 use std::io;
 use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
 
+pub mod watch;
+
 use crate::netlink::{self, Attrs, Messages, NFGENMSG_LEN};
 
 /// `NETLINK_NETFILTER`; nf_tables' subsystem and message types.

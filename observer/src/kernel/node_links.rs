@@ -16,7 +16,7 @@ use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::kernel::flowtables::{self, Flowtable};
+use crate::kernel::flowtables::{self, watch::Watch};
 use crate::kernel::netfilter::{Links, NetfilterProgram};
 use crate::netns;
 
@@ -36,10 +36,8 @@ pub struct NodeLinks {
     refused: HashSet<u64>,
     /// The namespaces of `kube-proxy` processes, as last read, and when.
     processes: (Vec<PathBuf>, Option<Instant>),
-    /// When the linked namespaces' flowtables were last read.
-    flowtables_read: Option<Instant>,
-    /// Flowtables (or unreadable namespaces, with `None`) said, by namespace inode.
-    flowtables_said: HashSet<(u64, Option<Flowtable>)>,
+    /// The linked namespaces' flowtables.
+    flowtables: Watch,
 }
 
 impl NodeLinks {
@@ -50,8 +48,7 @@ impl NodeLinks {
             linked: HashMap::new(),
             refused: HashSet::new(),
             processes: (Vec::new(), None),
-            flowtables_read: None,
-            flowtables_said: HashSet::new(),
+            flowtables: Watch::default(),
         }
     }
 
@@ -82,7 +79,7 @@ impl NodeLinks {
                         path.display(),
                         links.families.join(", ")
                     );
-                    self.say_flowtables(inode, &path, flowtables, &mut warnings);
+                    self.flowtables.say(inode, &path, flowtables, &mut warnings);
                     self.linked.insert(inode, (path, links));
                 }
                 Ok((Err(err), _)) => {
@@ -109,66 +106,14 @@ impl NodeLinks {
         warnings
     }
 
-    /// Reads the linked namespaces' flowtables again, every `PROCESS_SCAN`.
+    /// Reads the linked namespaces' flowtables again, every `flowtables::watch::EVERY`.
     fn read_flowtables(&mut self, warnings: &mut Vec<String>) {
-        let due = self
-            .flowtables_read
-            .is_none_or(|at| at.elapsed() >= PROCESS_SCAN);
-        if !due {
+        if !self.flowtables.due(Instant::now()) {
             return;
         }
-        self.flowtables_read = Some(Instant::now());
-        let linked: Vec<(u64, PathBuf)> = self
-            .linked
-            .iter()
-            .map(|(inode, (path, _))| (*inode, path.clone()))
-            .collect();
-        for (inode, path) in linked {
-            let read = netns::run_in_file(&path, netns::Kind::Network, || {
-                flowtables::in_current_namespace()
-            })
-            .map_err(std::io::Error::from)
-            .and_then(|read| read);
-            // Deleted since it was linked: the next call lets its link go.
-            if read
-                .as_ref()
-                .is_err_and(|err| err.kind() == std::io::ErrorKind::NotFound)
-            {
-                continue;
-            }
-            self.say_flowtables(inode, &path, read, warnings);
-        }
-    }
-
-    /// One sentence per flowtable of namespace `inode` not said before, or, once, why
-    /// its flowtables could not be read.
-    fn say_flowtables(
-        &mut self,
-        inode: u64,
-        path: &Path,
-        read: std::io::Result<Vec<Flowtable>>,
-        warnings: &mut Vec<String>,
-    ) {
-        match read {
-            Ok(found) => {
-                for flowtable in found {
-                    let sentence = format!(
-                        "network namespace {inode} ({}) has nftables flowtable {flowtable}: the flows it offloads skip netfilter's hooks and carry no conntrack entry, so their packets after the first few are not counted",
-                        path.display()
-                    );
-                    if self.flowtables_said.insert((inode, Some(flowtable))) {
-                        warnings.push(sentence);
-                    }
-                }
-            }
-            Err(err) => {
-                if self.flowtables_said.insert((inode, None)) {
-                    warnings.push(format!(
-                        "cannot tell whether network namespace {inode} ({}) offloads flows to an nftables flowtable: {err}",
-                        path.display()
-                    ));
-                }
-            }
+        for (inode, (path, _)) in &self.linked {
+            // Deleted since it was linked: nothing said, the next call lets its link go.
+            self.flowtables.read(*inode, path, warnings);
         }
     }
 

@@ -95,6 +95,9 @@ impl Session {
         for warning in follower.take_warnings() {
             self.output.warn(warning);
         }
+        if self.capture.forwarding_hook() == crate::kernel::capture::ForwardingHook::NetDevQueue {
+            follower.watch_flowtables();
+        }
         self.follower = Some(follower);
         for (id, record) in found {
             self.progress(id, record);

@@ -49,6 +49,12 @@ pub const SCENARIOS: [&str; 2] = ["iptables", "nftables"];
 /// The run of `observer record` before `nf_conntrack_netlink` is loaded.
 pub const WITHOUT_CTNETLINK: &str = "without-ctnetlink";
 
+/// The run of `observer record` with an nftables flowtable on the node.
+pub const FLOWTABLE: &str = "flowtable";
+
+/// The warning it must print once: the guest's flowtable, named with its device.
+const FLOWTABLE_SAID: &str = "has nftables flowtable inet fast/ft on v-client: ";
+
 /// What observer says without conntrack's netlink interface (observer's
 /// `conntrack::NETLINK_MISSING`, as a user reads it).
 const NETLINK_MISSING: &str = "observer: warning: conntrack's netlink interface is missing (module nf_conntrack_netlink is not loaded): observer cannot adopt connections that began before it";
@@ -128,6 +134,11 @@ pub fn check(report: &str, expected: &Expected) -> Vec<String> {
         );
         check_detach(&lines("PROGS"), &stderr, &mut fail);
     }
+    check_flowtable(
+        &of("EXIT", FLOWTABLE),
+        &of("STDERR", FLOWTABLE),
+        &mut |what| failures.push(format!("{FLOWTABLE}: {what}")),
+    );
     match tagged("NOBTF").first() {
         Some(line) if line.starts_with("2 ") && line.contains("CONFIG_DEBUG_INFO_BTF") => {}
         other => failures.push(format!(
@@ -162,6 +173,30 @@ fn check_without_ctnetlink(exit: &[&str], stderr: &[&str], fail: &mut impl FnMut
         .find(|l| l.contains("Invalid argument") && !l.contains(" DEBUG "))
     {
         fail(format!("observer printed a bare errno: {bare}"));
+    }
+}
+
+/// With a flowtable on the node, observer says it once, in a warning naming it (under
+/// either hook), and warns about nothing else.
+fn check_flowtable(exit: &[&str], stderr: &[&str], fail: &mut impl FnMut(String)) {
+    if exit.first() != Some(&"0") {
+        fail(format!(
+            "observer record exited with {:?}, expected 0",
+            exit.first()
+        ));
+    }
+    let warnings: Vec<&&str> = stderr
+        .iter()
+        .filter(|l| l.starts_with("observer: warning:"))
+        .collect();
+    let said = warnings
+        .iter()
+        .filter(|l| l.contains(FLOWTABLE_SAID))
+        .count();
+    if said != 1 || warnings.len() != 1 {
+        fail(format!(
+            "expected one warning naming the flowtable ({FLOWTABLE_SAID:?}), got {warnings:?}"
+        ));
     }
 }
 

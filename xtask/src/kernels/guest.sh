@@ -166,6 +166,21 @@ nft flush ruleset
 nft -f /rules/nftables.nft 2>/tmp/r.err || say "FAIL nft -f: $(cat /tmp/r.err)"
 scenario nftables
 
+# A flowtable on the node, declared and offloading nothing: observer names it in one
+# warning under either hook (read where the netfilter program links, or, on
+# net_dev_queue, in each namespace a connection is in), while a connection stays open
+# across its sweeps.
+nft add table inet fast 2>/tmp/r.err || say "FAIL nft add table: $(cat /tmp/r.err)"
+nft add flowtable inet fast ft '{ hook ingress priority 0; devices = { v-client }; }' \
+    2>/tmp/r.err || say "FAIL nft add flowtable: $(cat /tmp/r.err)"
+held_open
+start_observer flowtable
+held_line "while observer runs"
+sleep 3
+exec 4>&-
+wait $held
+stop_observer flowtable
+
 /observer record --btf /nonexistent --write /tmp/nobtf.jsonl 2>/tmp/nobtf.err
 say "NOBTF $? $(cat /tmp/nobtf.err)"
 say "DONE"

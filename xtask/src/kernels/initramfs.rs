@@ -15,7 +15,7 @@ use super::debian::{file_name, pipe};
 /// and veth); their dependencies come along. A name with no file is built in.
 /// `crc32c_generic` first: where crc32c is a module (arm64), libcrc32c (nf_nat,
 /// nf_tables) asks the crypto API for it, and a bare initramfs has no modprobe to load it.
-const NETFILTER_MODULES: [&str; 25] = [
+const NETFILTER_MODULES: [&str; 26] = [
     "crc32c_generic",
     "veth",
     "nf_conntrack",
@@ -41,6 +41,8 @@ const NETFILTER_MODULES: [&str; 25] = [
     "ipt_REJECT",
     "nfnetlink",
     "nf_reject_ipv4",
+    // An nftables flowtable (the flowtable scenario's).
+    "nf_flow_table_inet",
 ];
 
 /// The guest loads these groups of modules in this order, each listed in

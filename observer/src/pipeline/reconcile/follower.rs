@@ -2,7 +2,7 @@
 //! (connections older than observer); while running, conntrack's destroy events, and
 //! questions about entries found at start that no packet has reached yet.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -11,6 +11,7 @@ use chrono::{DateTime, Utc};
 use crate::conntrack::listener::{Listener, Note};
 use crate::conntrack::socket::{CtSocket, EVENT_BUFFER, GROUP_DESTROY};
 use crate::conntrack::{CtEntry, NETLINK_MISSING, netlink_missing};
+use crate::kernel::flowtables::watch::Watch;
 use observer_common::conn::ConnState;
 
 use super::matching::{ConntrackMatcher, CtKey, lacks_destroy_events};
@@ -48,6 +49,9 @@ pub struct Follower {
     subscribed_at: HashMap<u32, u64>,
     /// Kernel connections without destroy events, by how often they were asked about.
     unreported: HashMap<CtKey, u64>,
+    /// Under `net_dev_queue`: the flowtables of the namespaces connections were seen in
+    /// (the netfilter hook reads those of the namespaces it links itself).
+    flowtables: Option<(Watch, HashSet<u32>)>,
 }
 
 impl Follower {
@@ -77,6 +81,7 @@ impl Follower {
             overruns: 0,
             subscribed_at: HashMap::new(),
             unreported: HashMap::new(),
+            flowtables: None,
         };
         let mut found = Vec::new();
         for netns in list_namespaces() {
@@ -278,6 +283,35 @@ impl Follower {
         self.requests.get_mut(&key.netns).is_some_and(
             |socket| matches!(socket.get(&key.tuple()), Ok(Some(entry)) if key.is(&entry)),
         )
+    }
+
+    /// Reads the flowtables of the namespaces connections were seen in from now on (see
+    /// `flowtables`): the forwarding program runs on `net_dev_queue`.
+    pub fn watch_flowtables(&mut self) {
+        self.flowtables = Some(Default::default());
+    }
+
+    /// Reads the flowtables of each namespace that a connection of the kernel table
+    /// `entries` is in: when first seen, and every `flowtables::watch::EVERY` after (all
+    /// seen so far). Each new one is a warning. Offloading takes established flows,
+    /// which a sweep finds in the table.
+    pub fn check_flowtables(&mut self, entries: &[(u64, ConnState)], now: Instant) {
+        let Some((watch, seen)) = self.flowtables.as_mut() else {
+            return;
+        };
+        let mut to_read: Vec<u32> = entries
+            .iter()
+            .map(|(_, state)| state.netns)
+            .filter(|netns| seen.insert(*netns))
+            .collect();
+        if watch.due(now) {
+            to_read = seen.iter().copied().collect();
+        }
+        for netns in to_read {
+            if let Some(path) = self.paths.get(&netns) {
+                watch.read(u64::from(netns), path, &mut self.warnings);
+            }
+        }
     }
 
     /// Warnings not yet shown, once each.

@@ -39,6 +39,8 @@ fn held(port: u16, sent: u64, received: u64) -> String {
 
 const NETLINK_SENTENCE: &str = "observer: warning: conntrack's netlink interface is missing (module nf_conntrack_netlink is not loaded): observer cannot adopt connections that began before it, nor see conntrack remove entries (timeouts, flushes, deletes), nor read conntrack's table fill and drops; load it with `modprobe nf_conntrack_netlink`";
 
+const FLOWTABLE_WARNING: &str = "observer: warning: network namespace 4026531840 (/proc/self/ns/net) has nftables flowtable inet fast/ft on v-client: the flows it offloads skip netfilter's hooks and carry no conntrack entry, so their packets after the first few are not counted";
+
 /// What a guest where everything works reports.
 fn good() -> String {
     let mut lines = vec![
@@ -65,6 +67,10 @@ fn good() -> String {
             format!("PROGS {s} 1 3 1 0"),
         ]);
     }
+    lines.extend([
+        "EXIT flowtable 0".to_owned(),
+        format!("STDERR flowtable {FLOWTABLE_WARNING}"),
+    ]);
     lines.push("NOBTF 2 observer: cannot read kernel BTF at /nonexistent (...); observer needs a kernel built with CONFIG_DEBUG_INFO_BTF=y".into());
     lines.push("DONE".into());
     lines.join("\n")
@@ -254,4 +260,25 @@ fn the_netfilter_hook_is_expected_from_6_12_on() {
     assert!(netfilter_kernel("6.18.0"));
     assert!(!netfilter_kernel("6.1.0-57-arm64"));
     assert!(!netfilter_kernel("5.10.0-46-cloud-amd64"));
+}
+
+#[test]
+fn the_flowtable_is_said_once_and_nothing_else() {
+    let unsaid = good().replace(&format!("STDERR flowtable {FLOWTABLE_WARNING}"), "");
+    assert_eq!(
+        check(&unsaid, &expected()),
+        vec![format!(
+            "flowtable: expected one warning naming the flowtable ({FLOWTABLE_SAID:?}), got []"
+        )]
+    );
+    let twice = good().replace(
+        &format!("STDERR flowtable {FLOWTABLE_WARNING}"),
+        &format!("STDERR flowtable {FLOWTABLE_WARNING}\nSTDERR flowtable {FLOWTABLE_WARNING}"),
+    );
+    assert_eq!(check(&twice, &expected()).len(), 1);
+    let failed = good().replace("EXIT flowtable 0", "EXIT flowtable 1");
+    assert_eq!(
+        check(&failed, &expected()),
+        vec!["flowtable: observer record exited with Some(\"1\"), expected 0".to_owned()]
+    );
 }

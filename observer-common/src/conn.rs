@@ -164,7 +164,11 @@ pub struct ConnState {
     pub reply: FlowTuple,
 }
 
-/// `ConnEvent::kind`: the connection's first packet after its DNAT decision.
+/// Index of the kernel's `SETTINGS` array: 1 when user space learns of new connections
+/// from the table (observer-ebpf's `maps::open_event_wanted`).
+pub const SETTING_OPENS_FROM_TABLE: u32 = 0;
+/// `ConnEvent::kind`: the connection's first packet after its DNAT decision (written only
+/// for connections adopted established once user space learns opens from the table).
 pub const EVENT_OPEN: u32 = 1;
 /// `ConnEvent::kind`: the connection closed (TCP FIN from both sides, or RST).
 pub const EVENT_CLOSE: u32 = 2;

@@ -7,7 +7,7 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
 };
 use observer_common::{
-    conn::{ConnState, DialedKey},
+    conn::{ConnState, DialedKey, SETTING_OPENS_FROM_TABLE},
     counters,
     offsets::KernelOffsets,
     reject::{RejectCount, RejectKey},
@@ -133,6 +133,25 @@ pub static CONNS: HashMap<u64, ConnState> = HashMap::with_max_entries(65536, 0);
 /// conntrack entry is gone (`GONE_MARK`). Same size as `CONNS`.
 #[map]
 pub static CHECKED: Array<u64> = Array::with_max_entries(65536, BPF_F_MMAPABLE);
+
+/// What user space asks of the programs while they run; index `conn::SETTING_OPENS_FROM_TABLE`:
+/// 1 once user space learns of new connections from its reads of `CONNS` (it revalidates
+/// them, so no conntrack destroy event needs one known first), and a connection whose
+/// first packet was seen gets no open event (its close event carries all of it). Until
+/// then, on kernels that follow conntrack's destroy events and where the forwarding
+/// program runs on `net_dev_queue`, every open has one.
+#[map]
+static SETTINGS: Array<u32> = Array::with_max_entries(1, 0);
+
+/// Whether an open event is wanted for a connection (`adopted`: observer attached while
+/// it was established; user space matches those to conntrack's entries at once).
+#[inline(always)]
+pub fn open_event_wanted(adopted: bool) -> bool {
+    adopted
+        || SETTINGS
+            .get(SETTING_OPENS_FROM_TABLE)
+            .is_none_or(|from_table| *from_table == 0)
+}
 
 /// `BPF_F_MMAPABLE` (include/uapi/linux/bpf.h): an array user space can `mmap`.
 const BPF_F_MMAPABLE: u32 = 1 << 10;

@@ -92,6 +92,8 @@ impl Session {
             .is_some_and(|f| f.ends == ConntrackEnds::Revalidated)
         {
             self.drain(usize::MAX)?;
+            let entries = self.capture.connections();
+            self.end_never_confirmed(entries)?;
             self.end_revalidated()?;
         }
         self.capture.detach();
@@ -193,12 +195,19 @@ impl Session {
         for warning in self.capture.link_new_namespaces() {
             self.output.warn(warning);
         }
+        // Their rules are read and watched from the start, not from a first connection
+        // that only a sweep may report (`Capture::learn_opens_from_table`): a Service's
+        // change right after it is seen as it happens.
+        for netns in self.capture.node_namespaces() {
+            self.naming.prime(netns);
+        }
         // Every event first: the sweep asks conntrack about entries found at start, and
         // one the kernel programs adopted and saw close since must be matched to that
         // adoption (whose open event may still wait in the ring buffer while the drain
         // timer is slow), not ended on its own as a second record.
         self.drain(DNS_DRAIN_MAX)?;
         let entries = self.table();
+        let entries = self.end_never_confirmed(entries)?;
         let now = monotonic_ns();
         let expired = self.dns.expire(now);
         self.write_dns(expired)?;

@@ -37,7 +37,7 @@ use crate::{
     kernel::{ReadFailed, convert, read, read_netns, read_original, read_tuples},
     maps::{
         BPF_NOEXIST, CONNS, DIALED, SCRATCH, count, count_lost, forget_lost, lost_at, offset,
-        remember_lost,
+        open_event_wanted, remember_lost,
     },
     packet::{
         Packet, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, carries_nothing, parse, port_unreachable,
@@ -292,7 +292,8 @@ fn keep_inserted(conntrack: u64, fresh: &ConnState, start_seen: bool, packet: &P
 }
 
 /// Reports a connection just entered in the table: counts it, remembers where its
-/// client dialed, emits its open event and copies its first DNS message.
+/// client dialed, emits its open event where user space wants one, and copies its first
+/// DNS message.
 #[inline(always)]
 fn report_opened<S: SkbFields>(
     skb: S,
@@ -307,7 +308,9 @@ fn report_opened<S: SkbFields>(
     let fresh_ref = unsafe { &*fresh };
     count(counters::TRACKED);
     remember_dialed(conntrack, fresh_ref, local_client(skb, dir)?);
-    emit(EVENT_OPEN, CLOSE_NONE, conntrack, fresh, now);
+    if open_event_wanted(fresh_ref.start_seen == 0) {
+        emit(EVENT_OPEN, CLOSE_NONE, conntrack, fresh, now);
+    }
     capture_dns(conntrack, fresh, dir, packet, fresh_bytes, now);
     Ok(())
 }

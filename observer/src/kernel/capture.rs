@@ -4,11 +4,11 @@
 
 use aya::{
     Ebpf,
-    maps::{HashMap, MapData, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
     programs::{RawTracePoint, RawTracePointRunOptions, TestRun as _},
 };
 use observer_common::{
-    conn::{ConnEvent, ConnState, DialedKey, GONE_MARK},
+    conn::{ConnEvent, ConnState, DialedKey, GONE_MARK, SETTING_OPENS_FROM_TABLE},
     counters,
     dns::DnsEvent,
     reject::{RejectCount, RejectEvent, RejectKey},
@@ -118,6 +118,8 @@ pub struct Capture {
     conns_fd: std::os::fd::OwnedFd,
     dialed: HashMap<MapData, DialedKey, u64>,
     counters: PerCpuArray<MapData, u64>,
+    /// observer-ebpf's `SETTINGS`.
+    settings: Array<MapData, u32>,
     lost_by_netns: HashMap<MapData, u32, u64>,
     dns_dropped_by_netns: HashMap<MapData, u32, u64>,
     hooks_attached: u32,
@@ -195,6 +197,14 @@ impl Capture {
         }
     }
 
+    /// The node namespaces the netfilter program is linked in (none on `net_dev_queue`),
+    /// as `ConnState::netns` names them.
+    pub fn node_namespaces(&self) -> Vec<u32> {
+        self.node_links.as_ref().map_or_else(Vec::new, |links| {
+            links.inodes().map(|inode| inode as u32).collect()
+        })
+    }
+
     /// Where the forwarding program runs.
     pub fn forwarding_hook(&self) -> ForwardingHook {
         match &self.node_links {
@@ -227,6 +237,7 @@ impl Capture {
             conns_fd,
             dialed: load::take(&mut ebpf, "DIALED")?,
             counters: load::take(&mut ebpf, "COUNTERS")?,
+            settings: load::take(&mut ebpf, "SETTINGS")?,
             lost_by_netns: load::take(&mut ebpf, "LOST_BY_NETNS")?,
             dns_dropped_by_netns: load::take(&mut ebpf, "DNS_DROPPED_BY_NETNS")?,
             checked: load::map_checked(&mut ebpf, max_connections)?,
@@ -378,6 +389,13 @@ impl Capture {
             .iter()
             .filter_map(Result::ok)
             .collect()
+    }
+
+    /// From now on user space learns of new connections from its reads of the table (and
+    /// revalidates them): the programs write no open event for a connection whose first
+    /// packet they saw, only for those they adopt established.
+    pub fn learn_opens_from_table(&mut self) -> Result<(), aya::maps::MapError> {
+        self.settings.set(SETTING_OPENS_FROM_TABLE, 1, 0)
     }
 
     /// Connections ever entered in the kernel's table (`counters::TRACKED`): the table

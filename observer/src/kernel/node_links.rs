@@ -122,6 +122,11 @@ impl NodeLinks {
         self.linked.len()
     }
 
+    /// The inodes of the namespaces the program is linked in.
+    pub fn inodes(&self) -> impl Iterator<Item = u64> + '_ {
+        self.linked.keys().copied()
+    }
+
     /// Unhooks the program everywhere.
     pub fn unlink(&mut self) {
         self.linked.clear();

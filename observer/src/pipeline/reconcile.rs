@@ -98,6 +98,22 @@ impl Session {
         if self.capture.forwarding_hook() == crate::kernel::capture::ForwardingHook::NetDevQueue {
             follower.watch_flowtables();
         }
+        // Revalidation checks the connections each sweep finds in the table: no destroy
+        // event has to find a connection known first, so the programs skip open events.
+        // Only where the netfilter program runs: its node namespaces' rules are read from
+        // the start (`Session::sweep`), not from a namespace's first connection.
+        let netfilter = matches!(
+            self.capture.forwarding_hook(),
+            crate::kernel::capture::ForwardingHook::Netfilter { .. }
+        );
+        if netfilter
+            && follower.ends == ConntrackEnds::Revalidated
+            && let Err(error) = self.capture.learn_opens_from_table()
+        {
+            self.output.warn(format!(
+                "cannot tell the kernel programs to skip open events ({error}): they write one per connection"
+            ));
+        }
         self.follower = Some(follower);
         for (id, record) in found {
             self.progress(id, record);
@@ -195,7 +211,7 @@ impl Session {
     }
 
     /// Runs the revalidation program (observer-ebpf's `hooks/revalidate.rs`) over the
-    /// kernel connections the matcher knows (every open event and every sweep tell it)
+    /// kernel connections the matcher knows (every sweep and every adoption's open event tell it)
     /// and ends those it finds gone, as their destroy events would. A failed run is said
     /// once and tried again next time.
     /// Returns how many connections it checked.
@@ -221,6 +237,49 @@ impl Session {
             .collect();
         self.end_destroyed(ended)?;
         Ok(conntracks.len())
+    }
+
+    /// Ends the entries of the kernel table `entries` still unconfirmed whose conntrack
+    /// entry is gone, never confirmed: a clash's loser (its datagram went on with the
+    /// winner's entry) or a first packet dropped at confirmation. At every sweep, so
+    /// that a loser ends within a second, before its winner (whose record then holds
+    /// what the loser carried, `model::clash`) and before the recording's end (where it
+    /// would be written as an open connection). The revalidation program marks those it
+    /// finds confirmed since. Returns the others, as the kernel has them now.
+    pub(super) fn end_never_confirmed(
+        &mut self,
+        mut entries: Vec<(u64, ConnState)>,
+    ) -> anyhow::Result<Vec<(u64, ConnState)>> {
+        let conntracks: Vec<u64> = entries
+            .iter()
+            .filter(|(_, state)| state.unconfirmed != 0)
+            .map(|(conntrack, _)| *conntrack)
+            .collect();
+        if conntracks.is_empty() {
+            return Ok(entries);
+        }
+        let Ok(gone) = self.capture.gone_connections(&conntracks) else {
+            // Said by the revalidation that failed the same way; the idle timeout ends
+            // them (`Session::confirmed_now`).
+            return Ok(entries);
+        };
+        let gone: std::collections::HashSet<u64> = gone.into_iter().collect();
+        let mut never_confirmed = Vec::new();
+        for (conntrack, state) in entries.iter_mut().filter(|(_, s)| s.unconfirmed != 0) {
+            match self.capture.connection(*conntrack) {
+                Some(now) if now.start_ns == state.start_ns => *state = now,
+                // Ended or replaced since the table was read: the next sweep sees it.
+                _ => continue,
+            }
+            if state.unconfirmed != 0 && gone.contains(conntrack) {
+                never_confirmed.push((*conntrack, *state));
+            }
+        }
+        for (conntrack, state) in &never_confirmed {
+            self.end(*conntrack, state, Close::Expired)?;
+        }
+        entries.retain(|(conntrack, _)| !never_confirmed.iter().any(|(c, _)| c == conntrack));
+        Ok(entries)
     }
 
     /// Ends kernel connections whose conntrack entry is gone, as its destroy event would

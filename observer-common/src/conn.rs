@@ -157,7 +157,11 @@ pub struct ConnState {
     /// connection: it lost a clash (its packet went on with the winner's entry) or was
     /// dropped at confirmation.
     pub unconfirmed: u8,
-    pub _pad: [u8; 1],
+    /// The connection has a `DIALED` entry (0 or 1): every connection, except where user
+    /// space learns opens from the table (`SETTING_OPENS_FROM_TABLE`), where only those
+    /// whose dialed address the socket-side hooks look up (a client on the node itself,
+    /// a DNS client) get one.
+    pub dialed: u8,
     /// Client -> the address it dialed (ClusterIP:port, NodePort, ...).
     pub original: FlowTuple,
     /// Backend (pod IP:targetPort) -> client (or the SNAT address).

@@ -80,12 +80,26 @@ pub fn emit(kind: u32, close: u32, conntrack: u64, state: *const ConnState, now:
     }
 }
 
-/// Makes a new connection findable by what its client dialed (see `DIALED`). A tuple
-/// already taken (the same client and address in another node's namespace) keeps its
-/// first owner. `DIALED_SEEN` lets `local_delivery` look for it only where that hook has
-/// work: a client on the node itself (`local_client`), whose replies never pass the
-/// forwarding hook, or a DNS exchange, whose TCP responses are copied there. A pod
-/// client's replies then cost that hook one byte read instead of two map lookups.
+/// Whether a new connection gets a `DIALED` entry (`ConnState::dialed`). The
+/// socket-side hooks look up only a client on the node itself (`local_client`), whose
+/// replies `local_delivery` accounts, and a DNS client, whose TCP messages both copy.
+/// Every other connection needs one only to be superseded in the kernel (`supersede`:
+/// a new connection on the tuple of one whose conntrack entry went unseen), which a
+/// destroy event about the old entry must not find first; where user space learns opens
+/// from the table it revalidates by entry address and supersedes at its sweep, and pod
+/// clients' connections skip the entry, its insert and its removal.
+#[inline(always)]
+pub fn dialed_wanted(local_client: bool, dns: bool, opens_from_table: bool) -> bool {
+    local_client || dns || !opens_from_table
+}
+
+/// Makes a new connection findable by what its client dialed (see `DIALED`), where
+/// `state.dialed` says so. A tuple already taken (the same client and address in another
+/// node's namespace) keeps its first owner. `DIALED_SEEN` lets `local_delivery` look for
+/// it only where that hook has work: a client on the node itself (`local_client`),
+/// whose replies never pass the forwarding hook, or a DNS exchange, whose TCP responses
+/// are copied there. A pod client's replies then cost that hook one byte read instead of
+/// two map lookups.
 #[inline(always)]
 pub fn remember_dialed(conntrack: u64, state: &ConnState, local_client: bool) {
     if local_client || is_dns(state) {
@@ -96,7 +110,9 @@ pub fn remember_dialed(conntrack: u64, state: &ConnState, local_client: bool) {
             state.original.protocol,
         ));
     }
-    let _ = DIALED.insert(&DialedKey::of(&state.original), &conntrack, BPF_NOEXIST);
+    if state.dialed != 0 {
+        let _ = DIALED.insert(&DialedKey::of(&state.original), &conntrack, BPF_NOEXIST);
+    }
 }
 
 /// Removes a `DIALED` entry, if it is `conntrack`'s.
@@ -144,10 +160,13 @@ pub fn end_now(conntrack: u64, state: *mut ConnState, reason: u32, now: u64) {
     }
     // SAFETY: a live map value; read before the removal frees it.
     let key = DialedKey::of(unsafe { &(*state).original });
+    let dialed = load!(state.dialed) != 0;
     let netns = load!(state.netns);
     let start_seen = load!(state.start_seen) != 0;
     if CONNS.remove(&conntrack).is_ok() {
-        forget_dialed(conntrack, &key);
+        if dialed {
+            forget_dialed(conntrack, &key);
+        }
         count(counters::EVENTS_DROPPED);
         if start_seen {
             count_lost(counters::LOST_UNREPORTED, netns);
@@ -166,8 +185,11 @@ fn report(conntrack: u64, state: *mut ConnState, reason: u32, now: u64) -> bool 
     fill(&mut entry, EVENT_CLOSE, reason, conntrack, state, now);
     // SAFETY: as above.
     let key = DialedKey::of(unsafe { &(*state).original });
+    let dialed = load!(state.dialed) != 0;
     if CONNS.remove(&conntrack).is_ok() {
-        forget_dialed(conntrack, &key);
+        if dialed {
+            forget_dialed(conntrack, &key);
+        }
         entry.submit(event_flags());
     } else {
         entry.discard(0);

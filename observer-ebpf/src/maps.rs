@@ -136,21 +136,20 @@ pub static CHECKED: Array<u64> = Array::with_max_entries(65536, BPF_F_MMAPABLE);
 
 /// What user space asks of the programs while they run; index `conn::SETTING_OPENS_FROM_TABLE`:
 /// 1 once user space learns of new connections from its reads of `CONNS` (it revalidates
-/// them, so no conntrack destroy event needs one known first), and a connection whose
-/// first packet was seen gets no open event (its close event carries all of it). Until
-/// then, on kernels that follow conntrack's destroy events and where the forwarding
-/// program runs on `net_dev_queue`, every open has one.
+/// them, so no conntrack destroy event needs one known first). Then a connection whose
+/// first packet was seen gets no open event (its close event carries all of it), and
+/// only connections the socket-side hooks look up get a `DIALED` entry
+/// (`conn::dialed_wanted`). Until then, on kernels that follow conntrack's destroy
+/// events and where the forwarding program runs on `net_dev_queue`, every open has both.
 #[map]
 static SETTINGS: Array<u32> = Array::with_max_entries(1, 0);
 
-/// Whether an open event is wanted for a connection (`adopted`: observer attached while
-/// it was established; user space matches those to conntrack's entries at once).
+/// Whether user space learns of new connections from the table (see `SETTINGS`).
 #[inline(always)]
-pub fn open_event_wanted(adopted: bool) -> bool {
-    adopted
-        || SETTINGS
-            .get(SETTING_OPENS_FROM_TABLE)
-            .is_none_or(|from_table| *from_table == 0)
+pub fn opens_from_table() -> bool {
+    SETTINGS
+        .get(SETTING_OPENS_FROM_TABLE)
+        .is_some_and(|from_table| *from_table != 0)
 }
 
 /// `BPF_F_MMAPABLE` (include/uapi/linux/bpf.h): an array user space can `mmap`.

@@ -15,17 +15,19 @@ use observer_lab::{Lab, LabConfig, RuleMode, Topology, http_fresh, http_keepaliv
 /// A keep-alive HTTP client in the lab's client namespace, driven line by line:
 /// `req N` sends N requests on the current connection (opening one if needed) and
 /// answers its local port; `hold` keeps the connection open but idle and starts the next
-/// `req` on a new one; `close` closes the current one (FIN).
+/// `req` on a new one; `close` closes the current one (FIN); `again` resets the current
+/// one (RST) and starts the next `req` on a new one from the same local port.
 const CLIENT: &str = r#"
-import http.client, json, sys
+import http.client, json, socket, struct, sys
 host, port = sys.argv[1], int(sys.argv[2])
-conn, held = None, []
+conn, held, source = None, [], None
 for line in sys.stdin:
     cmd = line.split()
     if cmd[0] == "req":
         if conn is None:
-            conn = http.client.HTTPConnection(host, port, timeout=5)
+            conn = http.client.HTTPConnection(host, port, timeout=5, source_address=source)
             conn.connect()
+            source = None
         for _ in range(int(cmd[1])):
             conn.request("GET", "/")
             conn.getresponse().read()
@@ -38,6 +40,12 @@ for line in sys.stdin:
         conn.close()
         conn = None
         print(0, flush=True)
+    elif cmd[0] == "again":
+        source = ("", conn.sock.getsockname()[1])
+        conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        conn.close()
+        conn = None
+        print(source[1], flush=True)
 "#;
 
 struct Client {
@@ -228,6 +236,75 @@ fn flushed_and_deleted(lab: &Lab, ends: Ends) {
         );
     }
     assert!(![flushed_port, deleted_port].contains(&flushed_next));
+}
+
+/// conntrack forgets a connection (`conntrack -D`), and its client at once connects again
+/// from the same port: conntrack makes a new entry on the old one's tuple, with a DNAT
+/// decision of its own. Two records (see below for a third): the first `expired` with
+/// its requests, ended within a revalidation's wait of its deletion, the second closed by
+/// FIN with its own, each with the pod that answered it. The kernel programs end the first at the second's SYN
+/// where a destroy event could find the tuple taken by the second (`supersede`);
+/// revalidating, user space ends it (by entry address, or at its sweep, where the newer
+/// entry on the same tuple supersedes it).
+fn port_reused_after_delete(lab: &Lab, ends: Ends) {
+    let dir = tempfile::tempdir().unwrap();
+    let recorder = Recorder::start(
+        dir.path(),
+        &["--idle-timeout", "30", "--conntrack-ends", ends.flag()],
+    );
+    let mut client = Client::start(lab);
+    let port = client.send("req 2");
+    // Past a sweep: user space knows the connection, as it knows most.
+    std::thread::sleep(Duration::from_millis(1200));
+    let deleted = chrono::Utc::now();
+    conntrack(
+        lab,
+        &["-D", "-p", "tcp", "--orig-port-src", &port.to_string()],
+    );
+    assert_eq!(client.send("again"), port);
+    assert_eq!(client.send("req 1"), port, "the same local port again");
+    client.send("close");
+    std::thread::sleep(Duration::from_secs(1));
+    let mut recording = recorder.stop();
+    ends.check(&recording);
+    only_node(&mut recording, lab.node_ns());
+    let mut records = by_port(&recording.conns, port);
+    records.sort_by_key(|record| record.start);
+    let seen = |record: &ConnRecord| (record.close, record.requests, record.start_seen);
+    let (first, last) = (records[0], records[records.len() - 1]);
+    assert_eq!(seen(first), (Close::Expired, 2, true), "{records:#?}");
+    assert_eq!(seen(last), (Close::Fin, 1, true), "{records:#?}");
+    // Where the new connection's first DNAT decision picked the old one's pod, that pod
+    // still had the old socket (the client's RST went out without an entry to DNAT it):
+    // it answered the SYN with an ACK, the client reset that, and its SYN sent again was
+    // a new entry and a new decision. So one unanswered connection to the first's pod
+    // may come between.
+    let between = &records[1..records.len() - 1];
+    assert!(between.len() <= 1, "{records:#?}");
+    for record in between {
+        assert_eq!(seen(record), (Close::Unanswered, 0, true), "{records:#?}");
+        assert_eq!(record.backend, first.backend, "{records:#?}");
+    }
+    let late = (first.end.expect("an end") - deleted).num_milliseconds();
+    assert!(
+        late < 400,
+        "ended {late} ms after its deletion: {records:#?}"
+    );
+    for record in &records {
+        assert!(record.backend_pod.is_some(), "{record:?}");
+    }
+}
+
+#[test]
+#[ignore = "root: run by cargo xtask test"]
+fn a_port_reused_after_delete_is_two_connections() {
+    port_reused_after_delete(&lab("ctr"), Ends::Revalidated);
+}
+
+#[test]
+#[ignore = "root: run by cargo xtask test"]
+fn a_port_reused_after_delete_is_two_connections_by_destroy_events() {
+    port_reused_after_delete(&lab("cts"), Ends::DestroyEvents);
 }
 
 #[test]

@@ -30,14 +30,14 @@ use observer_common::{
 use crate::{
     clock,
     conn::{
-        account, both_fins, close, emit, end_now, lost_identity, pending_close, refuses,
-        remember_dialed,
+        account, both_fins, close, dialed_wanted, emit, end_now, lost_identity, pending_close,
+        refuses, remember_dialed,
     },
     dns::capture,
     kernel::{ReadFailed, convert, read, read_netns, read_original, read_tuples},
     maps::{
         BPF_NOEXIST, CONNS, DIALED, SCRATCH, count, count_lost, forget_lost, lost_at, offset,
-        open_event_wanted, remember_lost,
+        opens_from_table, remember_lost,
     },
     packet::{
         Packet, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, carries_nothing, parse, port_unreachable,
@@ -206,15 +206,20 @@ fn open<S: SkbFields>(
         return Ok(());
     };
     let (_, fresh_bytes) = account(fresh, dir, packet, now);
+    let local = local_client(skb, dir)?;
+    let wanted = dialed_wanted(local, is_dns(fresh), opens_from_table());
     // SAFETY: this CPU's scratch slot, not shared while the program runs.
+    unsafe { (*fresh).dialed = wanted as u8 };
+    // SAFETY: as above.
     let fresh_ref = unsafe { &*fresh };
-    if start_seen && packet.protocol == PROTO_TCP {
+    // An earlier owner of the tuple has a `DIALED` entry only where this one gets one.
+    if start_seen && packet.protocol == PROTO_TCP && wanted {
         supersede(conntrack, fresh_ref, now);
     }
     match CONNS.insert(&conntrack, fresh_ref, BPF_NOEXIST) {
         Ok(()) => {
             if keep_inserted(conntrack, fresh_ref, start_seen, packet) {
-                report_opened(skb, conntrack, fresh, dir, packet, fresh_bytes, now)?;
+                report_opened(conntrack, fresh, (dir, local), packet, fresh_bytes, now);
             }
         }
         // Another CPU inserted it first and reported it: this packet is another of its
@@ -292,27 +297,27 @@ fn keep_inserted(conntrack: u64, fresh: &ConnState, start_seen: bool, packet: &P
 }
 
 /// Reports a connection just entered in the table: counts it, remembers where its
-/// client dialed, emits its open event where user space wants one, and copies its first
-/// DNS message.
+/// client dialed (`local`: a client on the node itself), emits its open event where user
+/// space wants one, and copies its first DNS message.
 #[inline(always)]
-fn report_opened<S: SkbFields>(
-    skb: S,
+fn report_opened(
     conntrack: u64,
     fresh: *mut ConnState,
-    dir: usize,
+    (dir, local): (usize, bool),
     packet: &Packet,
     fresh_bytes: u32,
     now: u64,
-) -> Result<(), ReadFailed> {
+) {
     // SAFETY: this CPU's scratch slot, not shared while the program runs.
     let fresh_ref = unsafe { &*fresh };
     count(counters::TRACKED);
-    remember_dialed(conntrack, fresh_ref, local_client(skb, dir)?);
-    if open_event_wanted(fresh_ref.start_seen == 0) {
+    remember_dialed(conntrack, fresh_ref, local);
+    // An adopted connection (established when observer attached) always has one: user
+    // space matches it to the entry conntrack listed at start.
+    if fresh_ref.start_seen == 0 || !opens_from_table() {
         emit(EVENT_OPEN, CLOSE_NONE, conntrack, fresh, now);
     }
     capture_dns(conntrack, fresh, dir, packet, fresh_bytes, now);
-    Ok(())
 }
 
 /// Copies the packet's DNS message when the connection's client dialed port 53.

@@ -367,10 +367,11 @@ impl Capture {
             return false;
         }
         let key = DialedKey::of(&state.original);
-        if self
-            .dialed
-            .get(&key, 0)
-            .is_ok_and(|owner| owner == conntrack)
+        if state.dialed != 0
+            && self
+                .dialed
+                .get(&key, 0)
+                .is_ok_and(|owner| owner == conntrack)
         {
             let _ = self.dialed.remove(&key);
         }

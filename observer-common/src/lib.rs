@@ -10,5 +10,6 @@ pub mod accounting;
 pub mod conn;
 pub mod counters;
 pub mod dns;
+pub mod kfunc;
 pub mod offsets;
 pub mod reject;

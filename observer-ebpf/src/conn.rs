@@ -111,8 +111,14 @@ pub fn remember_dialed(conntrack: u64, state: &ConnState, local_client: bool) {
         ));
     }
     if state.dialed != 0 {
-        let _ = DIALED.insert(&DialedKey::of(&state.original), &conntrack, BPF_NOEXIST);
+        insert_dialed(conntrack, state);
     }
+}
+
+/// Enters a new connection in `DIALED` (a tuple already taken keeps its first owner).
+#[inline(always)]
+pub fn insert_dialed(conntrack: u64, state: &ConnState) {
+    let _ = DIALED.insert(&DialedKey::of(&state.original), &conntrack, BPF_NOEXIST);
 }
 
 /// Removes a `DIALED` entry, if it is `conntrack`'s.

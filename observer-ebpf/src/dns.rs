@@ -1,12 +1,14 @@
 //! DNS capture: the first bytes of each message of a connection whose client dialed
 //! port 53, for user space to decode (query name and type, rcode).
 //!
-//! UDP messages are copied where the node forwards them (`capture`, from
-//! `net_dev_queue`), which costs one compare per DNATed packet of any other connection.
-//! TCP payload usually lies in page fragments, which that hook cannot read safely, so TCP
-//! segments are copied at the client's socket instead (`capture_segment`, from the
-//! cgroup_skb programs, whose `bpf_skb_load_bytes` reads fragments): the query as the
-//! client sends it (`dns_egress`), the response as it is delivered (`local_delivery`).
+//! UDP messages are copied where the node forwards them (`capture`, from the
+//! forwarding program), which costs one compare per DNATed packet of any other
+//! connection. TCP payload usually lies in page fragments: the netfilter program reads
+//! them through a dynamic pointer and copies TCP segments where it forwards them too
+//! (`capture_segment`); `net_dev_queue` cannot read them safely, so there TCP segments are
+//! copied at the client's socket instead (`capture_segment` from the cgroup_skb programs,
+//! whose `bpf_skb_load_bytes` reads fragments): the query as the client sends it
+//! (`dns_egress`), the response as it is delivered (`local_delivery`).
 
 use aya_ebpf::{
     helpers::generated::{bpf_probe_read_kernel, bpf_skb_load_bytes},
@@ -72,16 +74,14 @@ pub fn capture(
     submit_copied(entry, copied, netns);
 }
 
-/// Copies the first bytes of a TCP segment with `segment` payload bytes starting at
-/// offset `at` of the packet (from its IP header), sequence number `seq`, into
-/// `DNS_EVENTS`. User space finds the messages in it (`observer::dns::stream`).
+/// Copies the first bytes of a TCP segment with `segment` payload bytes, sequence
+/// number `seq`, into `DNS_EVENTS`, through `copy(dst, len)`, which copies the
+/// segment's first `len` (1..=`DNS_PREFIX`) bytes to `dst` or returns `< 0`. User space
+/// finds the messages in it (`observer::dns::stream`).
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 pub fn capture_segment(
-    ctx: &SkBuffContext,
-    at: u32,
-    segment: u32,
-    seq: u32,
+    copy: impl FnOnce(*mut u8, u32) -> i64,
+    (segment, seq): (u32, u32),
     conntrack: u64,
     state: *const ConnState,
     dir: usize,
@@ -98,22 +98,29 @@ pub fn capture_segment(
     };
     let event = entry.as_mut_ptr();
     // SAFETY: `event` is a reserved ring-buffer slot of `DnsEvent`'s size and alignment;
-    // `state` is a live map value. bpf_skb_load_bytes copies `len` (1..=DNS_PREFIX, `copy_len`)
-    // bytes of the packet, from its linear part or its page fragments, into `payload`
-    // (DNS_PREFIX bytes), or fails without writing past it.
+    // `state` is a live map value. `copy` writes at most `len` (1..=DNS_PREFIX,
+    // `copy_len`) bytes into `payload` (DNS_PREFIX bytes).
     let copied = unsafe {
         fill(event, conntrack, state, dir, PROTO_TCP, now);
         (*event).len = len as u16;
         (*event).seq = seq;
         (*event).segment = segment;
-        bpf_skb_load_bytes(
-            ctx.skb.skb as *const _,
-            at,
-            (&raw mut (*event).payload).cast(),
-            len,
-        )
+        copy((&raw mut (*event).payload).cast(), len)
     };
     submit_copied(entry, copied, netns);
+}
+
+/// `capture_segment`'s copy at a socket-side hook: `bpf_skb_load_bytes` of the bytes at
+/// offset `at` of the packet (from its IP header), from its linear part or its page
+/// fragments.
+#[inline(always)]
+pub fn load_bytes(ctx: &SkBuffContext, at: u32) -> impl FnOnce(*mut u8, u32) -> i64 {
+    let skb = ctx.skb.skb;
+    move |dst, len| {
+        // SAFETY: `skb` is the program's context; the helper writes at most `len` bytes
+        // to `dst` (the caller's buffer of at least that size) or fails.
+        unsafe { bpf_skb_load_bytes(skb as *const _, at, dst.cast(), len) }
+    }
 }
 
 /// Submits a filled DNS event whose payload copy returned `copied`; a failed copy is

@@ -4,9 +4,9 @@
 //!
 //! Layout: `maps.rs` (maps, counters, the offsets global), `clock.rs` (a packet's time),
 //! `kernel.rs` (reads of kernel memory), `skb.rs` (`sk_buff` fields, by BTF load or
-//! helper), `packet.rs` (header parsing), `state.rs` (field access to a connection's shared
-//! state), `conn.rs` (per-connection accounting), `dns.rs` (port-53 payload prefixes),
-//! `hooks/` (one file per hook family).
+//! helper), `kfunc.rs` (kernel functions), `packet.rs` (header parsing), `state.rs`
+//! (field access to a connection's shared state), `conn.rs` (per-connection accounting),
+//! `dns.rs` (port-53 payload prefixes), `hooks/` (one file per hook family).
 #![no_std]
 #![no_main]
 // Atomic adds (`conn::account`): core's atomic types lack them on the BPF target.
@@ -18,6 +18,7 @@ mod conn;
 mod dns;
 mod hooks;
 mod kernel;
+mod kfunc;
 mod maps;
 mod packet;
 mod skb;

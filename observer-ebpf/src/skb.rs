@@ -3,8 +3,11 @@
 //! tracepoint, where each read is a `bpf_probe_read_kernel` helper call. User space
 //! attaches the first and falls back to the second where the kernel refuses it.
 
+use aya_ebpf::{bindings::bpf_dynptr, helpers::generated::bpf_dynptr_read};
+
 use crate::{
     kernel::{ReadFailed, read},
+    kfunc::dynptr_from_skb,
     maps::offset,
 };
 
@@ -22,6 +25,17 @@ pub trait SkbFields: Copy {
     fn socket(self) -> Result<u64, ReadFailed>;
     /// The `sk_buff`'s own address.
     fn address(self) -> u64;
+    /// Whether `copy_payload` reads the packet's page fragments: the netfilter program's
+    /// `sk_buff`. Where it does, the program copies DNS over TCP itself and the
+    /// socket-side programs are not attached; on `net_dev_queue` they are.
+    const READS_FRAGMENTS: bool = false;
+    /// Copies `len` bytes (at most what `dst` holds) of the packet from kernel address
+    /// `from` (within its linear part or past it, in page fragments) into `dst`; `< 0`
+    /// when it cannot. Only where `READS_FRAGMENTS`.
+    #[inline(always)]
+    fn copy_payload(self, _from: u64, _dst: *mut u8, _len: u32) -> i64 {
+        -1
+    }
 }
 
 /// An `sk_buff` the verifier knows by its BTF type (a `tp_btf` argument). With the
@@ -127,5 +141,64 @@ impl SkbFields for ProbedSkb {
     #[inline(always)]
     fn address(self) -> u64 {
         self.0
+    }
+}
+
+/// The netfilter program's `sk_buff` (`bpf_nf_ctx.skb`, a trusted BTF pointer): fields
+/// as `BtfSkb` reads them, and the packet's bytes through a dynamic pointer
+/// (`bpf_dynptr_from_skb`, a kfunc netfilter programs may call since Linux 6.4), page
+/// fragments included, which TCP payload usually lies in.
+#[derive(Clone, Copy)]
+pub struct NetfilterSkb(pub BtfSkb);
+
+impl SkbFields for NetfilterSkb {
+    const READS_FRAGMENTS: bool = true;
+
+    #[inline(always)]
+    fn conntrack_and_lengths(self) -> Result<(u64, u32, u32), ReadFailed> {
+        self.0.conntrack_and_lengths()
+    }
+
+    #[inline(always)]
+    fn head_and_data(self) -> Result<(u64, u64), ReadFailed> {
+        self.0.head_and_data()
+    }
+
+    #[inline(always)]
+    fn network_header(self) -> Result<u16, ReadFailed> {
+        self.0.network_header()
+    }
+
+    #[inline(always)]
+    fn dev(self) -> Result<u64, ReadFailed> {
+        self.0.dev()
+    }
+
+    #[inline(always)]
+    fn socket(self) -> Result<u64, ReadFailed> {
+        self.0.socket()
+    }
+
+    #[inline(always)]
+    fn address(self) -> u64 {
+        self.0.address()
+    }
+
+    #[inline(always)]
+    fn copy_payload(self, from: u64, dst: *mut u8, len: u32) -> i64 {
+        let Ok((_, data)) = self.0.head_and_data() else {
+            return -1;
+        };
+        let mut packet = bpf_dynptr { __opaque: [0; 2] };
+        // SAFETY: `self.0` holds the program's own `sk_buff` pointer; the dynamic pointer
+        // lives on this stack frame for both calls. bpf_dynptr_read checks `from - data`
+        // and `len` against the packet and writes at most `len` bytes to `dst`, which the
+        // caller sized.
+        unsafe {
+            if dynptr_from_skb(self.0.0, &mut packet) != 0 {
+                return -1;
+            }
+            bpf_dynptr_read(dst.cast(), len, &packet, from.wrapping_sub(data) as u32, 0)
+        }
     }
 }

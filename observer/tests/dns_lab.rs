@@ -296,7 +296,8 @@ print(rcode(), flush=True)
 
 /// Node's `dns.lookup`: whatever glibc sends for it, observer logs exactly that, and
 /// each name is one lookup. Then queries over TCP from a plain socket (`TCP_QUERIES`,
-/// their payload in page fragments, read at the client's socket): the two in one
+/// their payload in page fragments, read where the node forwards them on the netfilter
+/// hooks, at the client's socket on `net_dev_queue`): the two in one
 /// segment are decoded with their responses; the split one's first segment holds only
 /// 5 bytes of its header, so that query is counted malformed and its line comes from
 /// its response alone.

@@ -30,10 +30,10 @@ use observer_common::{
 use crate::{
     clock,
     conn::{
-        account, both_fins, close, dialed_wanted, emit, end_now, lost_identity, pending_close,
-        refuses, remember_dialed,
+        account, both_fins, close, dialed_wanted, emit, end_now, insert_dialed, lost_identity,
+        pending_close, refuses, remember_dialed,
     },
-    dns::capture,
+    dns::{capture, capture_segment},
     kernel::{ReadFailed, convert, read, read_netns, read_original, read_tuples},
     maps::{
         BPF_NOEXIST, CONNS, DIALED, SCRATCH, count, count_lost, forget_lost, lost_at, offset,
@@ -124,7 +124,7 @@ pub(super) fn handle<S: SkbFields>(skb: S) -> Result<(), ReadFailed> {
         } else {
             clock::estimated(state)
         };
-        follow(conntrack, state, dir, &packet, now);
+        follow(skb, conntrack, state, dir, &packet, now);
         return Ok(());
     }
     open(
@@ -165,7 +165,14 @@ fn needs_exact_time(state: *const ConnState, packet: &Packet) -> bool {
 
 /// A packet of a tracked connection.
 #[inline(always)]
-fn follow(conntrack: u64, state: *mut ConnState, dir: usize, packet: &Packet, now: u64) {
+fn follow<S: SkbFields>(
+    skb: S,
+    conntrack: u64,
+    state: *mut ConnState,
+    dir: usize,
+    packet: &Packet,
+    now: u64,
+) {
     let pending = pending_close(state);
     if pending != CLOSE_NONE {
         // It ended while the ring buffer was full: try to report it again.
@@ -178,7 +185,7 @@ fn follow(conntrack: u64, state: *mut ConnState, dir: usize, packet: &Packet, no
     let (reason, fresh) = account(state, dir, packet, now);
     if is_dns(state) {
         // Before `close`, which may free the entry.
-        capture(conntrack, state, dir, packet, fresh, now);
+        capture_dns(skb, conntrack, state, dir, packet, fresh, now);
     }
     if reason != CLOSE_NONE {
         close(conntrack, state, reason, now);
@@ -207,7 +214,14 @@ fn open<S: SkbFields>(
     };
     let (_, fresh_bytes) = account(fresh, dir, packet, now);
     let local = local_client(skb, dir)?;
-    let wanted = dialed_wanted(local, is_dns(fresh), opens_from_table());
+    // Only the socket-side programs look connections up by what their client dialed,
+    // and they run only where the forwarding program cannot read whole packets.
+    let socket_side = !S::READS_FRAGMENTS;
+    let wanted = dialed_wanted(
+        local && socket_side,
+        is_dns(fresh) && socket_side,
+        opens_from_table(),
+    );
     // SAFETY: this CPU's scratch slot, not shared while the program runs.
     unsafe { (*fresh).dialed = wanted as u8 };
     // SAFETY: as above.
@@ -219,7 +233,15 @@ fn open<S: SkbFields>(
     match CONNS.insert(&conntrack, fresh_ref, BPF_NOEXIST) {
         Ok(()) => {
             if keep_inserted(conntrack, fresh_ref, start_seen, packet) {
-                report_opened(conntrack, fresh, (dir, local), packet, fresh_bytes, now);
+                report_opened(
+                    skb,
+                    conntrack,
+                    fresh,
+                    (dir, local),
+                    packet,
+                    fresh_bytes,
+                    now,
+                );
             }
         }
         // Another CPU inserted it first and reported it: this packet is another of its
@@ -227,7 +249,7 @@ fn open<S: SkbFields>(
         // them), accounted on that entry as any later packet.
         Err(EEXIST) => {
             if let Some(state) = CONNS.get_ptr_mut(&conntrack) {
-                follow(conntrack, state, dir, packet, now);
+                follow(skb, conntrack, state, dir, packet, now);
             }
         }
         // The table is full. Only a decision made while attached (ctinfo NEW) is a lost
@@ -297,10 +319,12 @@ fn keep_inserted(conntrack: u64, fresh: &ConnState, start_seen: bool, packet: &P
 }
 
 /// Reports a connection just entered in the table: counts it, remembers where its
-/// client dialed (`local`: a client on the node itself), emits its open event where user
-/// space wants one, and copies its first DNS message.
+/// client dialed (`local`: a client on the node itself) for the socket-side programs
+/// where they run, emits its open event where user space wants one, and copies its
+/// first DNS message.
 #[inline(always)]
-fn report_opened(
+fn report_opened<S: SkbFields>(
+    skb: S,
     conntrack: u64,
     fresh: *mut ConnState,
     (dir, local): (usize, bool),
@@ -311,27 +335,47 @@ fn report_opened(
     // SAFETY: this CPU's scratch slot, not shared while the program runs.
     let fresh_ref = unsafe { &*fresh };
     count(counters::TRACKED);
-    remember_dialed(conntrack, fresh_ref, local);
+    if !S::READS_FRAGMENTS {
+        remember_dialed(conntrack, fresh_ref, local);
+    } else if fresh_ref.dialed != 0 {
+        insert_dialed(conntrack, fresh_ref);
+    }
     // An adopted connection (established when observer attached) always has one: user
     // space matches it to the entry conntrack listed at start.
     if fresh_ref.start_seen == 0 || !opens_from_table() {
         emit(EVENT_OPEN, CLOSE_NONE, conntrack, fresh, now);
     }
-    capture_dns(conntrack, fresh, dir, packet, fresh_bytes, now);
+    if is_dns(fresh) {
+        capture_dns(skb, conntrack, fresh, dir, packet, fresh_bytes, now);
+    }
 }
 
-/// Copies the packet's DNS message when the connection's client dialed port 53.
+/// Copies the packet's DNS message (the connection's client dialed port 53): a UDP
+/// datagram where its bytes were first counted (`fresh`), a TCP segment with payload
+/// where the program reads page fragments (elsewhere the socket-side programs copy
+/// TCP).
 #[inline(always)]
-fn capture_dns(
+fn capture_dns<S: SkbFields>(
+    skb: S,
     conntrack: u64,
-    fresh: *const ConnState,
+    state: *const ConnState,
     dir: usize,
     packet: &Packet,
-    fresh_bytes: u32,
+    fresh: u32,
     now: u64,
 ) {
-    if is_dns(fresh) {
-        capture(conntrack, fresh, dir, packet, fresh_bytes, now);
+    if packet.protocol != PROTO_TCP {
+        capture(conntrack, state, dir, packet, fresh, now);
+    } else if S::READS_FRAGMENTS {
+        let from = packet.payload_at;
+        capture_segment(
+            move |dst, len| skb.copy_payload(from, dst, len),
+            (packet.payload, packet.seq),
+            conntrack,
+            state,
+            dir,
+            now,
+        );
     }
 }
 

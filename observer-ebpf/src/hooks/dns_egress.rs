@@ -25,7 +25,7 @@ use observer_common::{
 };
 
 use crate::{
-    dns::capture_segment,
+    dns::{capture_segment, load_bytes},
     maps::{CONNS, DIALED},
 };
 
@@ -131,10 +131,8 @@ fn handle(ctx: &SkBuffContext) {
     // SAFETY: bpf_ktime_get_ns has no preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
     capture_segment(
-        ctx,
-        segment.at,
-        segment.payload,
-        segment.seq,
+        load_bytes(ctx, segment.at),
+        (segment.payload, segment.seq),
         conntrack,
         state,
         ORIGINAL,

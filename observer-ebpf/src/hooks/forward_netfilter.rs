@@ -23,7 +23,7 @@
 
 use core::ffi::c_void;
 
-use crate::skb::BtfSkb;
+use crate::skb::{BtfSkb, NetfilterSkb};
 
 /// `NF_ACCEPT`: the packet goes on. The verifier allows only `NF_ACCEPT` and `NF_DROP`.
 const NF_ACCEPT: i32 = 1;
@@ -38,6 +38,6 @@ pub extern "C" fn forward_netfilter(ctx: *const c_void) -> i32 {
     // SAFETY: the context is a `struct bpf_nf_ctx`; the verifier allows this 8-byte load
     // of its `skb` member and types the result as the `sk_buff` of its BTF.
     let skb = unsafe { core::ptr::read_volatile(ctx.cast::<*const u8>().add(CTX_SKB)) };
-    let _ = super::dev_queue::handle(BtfSkb::new(skb));
+    let _ = super::dev_queue::handle(NetfilterSkb(BtfSkb::new(skb)));
     NF_ACCEPT
 }

@@ -28,7 +28,7 @@ use observer_common::conn::{CLOSE_NONE, DialedKey, PROTO_TCP, PROTO_UDP, REPLY};
 
 use crate::{
     conn::{account, close, pending_close},
-    dns::capture_segment,
+    dns::{capture_segment, load_bytes},
     maps::{CONNS, DIALED, dialed_slot, maybe_dialed},
     packet::Packet,
     state::{is_dns, load},
@@ -172,10 +172,8 @@ fn handle(ctx: &SkBuffContext) -> Result<(), i64> {
     let (packet, at) = read_packet(ctx, protocol, ip_header)?;
     if dns && packet.payload > 0 {
         capture_segment(
-            ctx,
-            at,
-            packet.payload,
-            packet.seq,
+            load_bytes(ctx, at),
+            (packet.payload, packet.seq),
             conntrack,
             state,
             REPLY,

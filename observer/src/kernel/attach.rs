@@ -123,7 +123,11 @@ pub fn attach_all(
             "{reason}; connections rejected because a Service has no endpoints are not seen"
         )),
     }
-    match cgroup2_mount() {
+    // The netfilter program sees every packet of a node namespace, its replies to
+    // clients on the node itself and TCP DNS payload included: the socket-side programs
+    // (which would cost every packet of every local socket a run) only where it does not.
+    let socket_side = matches!(forwarding, Forwarding::DevQueue);
+    match cgroup2_mount().filter(|_| socket_side) {
         Some(root) => {
             for (program, attach_type, hook) in [
                 (
@@ -138,6 +142,7 @@ pub fn attach_all(
                 hooks += 1;
             }
         }
+        None if !socket_side => {}
         None => warnings.push(
             "no cgroup v2 hierarchy is mounted: replies to clients on the node itself (host network) are not counted, and DNS over TCP is not decoded"
                 .to_owned(),
@@ -223,7 +228,7 @@ fn attach_forwarding(
         return Err(HookError::NetfilterTooOld(release));
     }
     if choice == HookChoice::Netfilter || (choice == HookChoice::Auto && new_enough) {
-        match NetfilterProgram::load(object, ebpf) {
+        match NetfilterProgram::load(object, ebpf, vmlinux) {
             Ok(program) => {
                 log::debug!("the forwarding program loaded as a netfilter program");
                 return Ok(Forwarding::Netfilter(program));

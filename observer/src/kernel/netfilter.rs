@@ -68,6 +68,10 @@ pub enum NetfilterError {
     MapMissing(String),
     #[error("cannot relocate the program: {0}")]
     Relocate(#[from] aya_obj::relocation::EbpfRelocationError),
+    #[error("the kernel's BTF, which names the kernel functions it calls, is unreadable ({0})")]
+    NoKernelBtf(String),
+    #[error("the kernel has no function {0} for it to call")]
+    NoKfunc(&'static str),
     #[error("the kernel refused to load it ({error}){}", verdict(.log))]
     Load { error: std::io::Error, log: String },
     #[error("the kernel refused to link it at netfilter hook {hooknum} for {family} ({error})")]
@@ -103,8 +107,14 @@ pub struct Links {
 
 impl NetfilterProgram {
     /// Loads the program from `object` (the bytes aya loaded `ebpf` from), its map
-    /// references pointed at `ebpf`'s maps. Call before any map is taken out of `ebpf`.
-    pub fn load(object: &[u8], ebpf: &Ebpf) -> Result<NetfilterProgram, NetfilterError> {
+    /// references pointed at `ebpf`'s maps and its kernel function calls at the
+    /// functions of the running kernel's BTF `vmlinux`. Call before any map is taken out
+    /// of `ebpf`.
+    pub fn load(
+        object: &[u8],
+        ebpf: &Ebpf,
+        vmlinux: Result<&aya::Btf, &str>,
+    ) -> Result<NetfilterProgram, NetfilterError> {
         let mut obj = aya_obj::Object::parse(object)?;
         let created: Vec<(String, i32)> = ebpf
             .maps()
@@ -131,7 +141,14 @@ impl NetfilterProgram {
             .functions
             .get(&program.function_key())
             .ok_or(NetfilterError::Missing)?;
-        let fd = load_program(&function.instructions, &program.license)?;
+        let mut instructions = function.instructions.clone();
+        let vmlinux = vmlinux.map_err(|error| NetfilterError::NoKernelBtf(error.to_owned()))?;
+        call_kfuncs(&mut instructions, |name| {
+            vmlinux
+                .id_by_type_name_kind(name, aya_obj::btf::BtfKind::Func)
+                .ok()
+        })?;
+        let fd = load_program(&instructions, &program.license)?;
         Ok(NetfilterProgram { fd })
     }
 
@@ -162,6 +179,35 @@ impl NetfilterProgram {
             families,
         })
     }
+}
+
+/// `BPF_JMP | BPF_CALL`, and `bpf_insn.src_reg` of a kfunc call (include/uapi/linux/bpf.h).
+const CALL: u8 = 0x85;
+const BPF_PSEUDO_KFUNC_CALL: u8 = 2;
+
+/// Rewrites each call of a placeholder helper number (`observer_common::kfunc::KFUNCS`)
+/// into a call of the kernel function it stands for, by its type id in the kernel's
+/// BTF (`id_of`; offset 0: vmlinux).
+fn call_kfuncs(
+    instructions: &mut [bpf_insn],
+    id_of: impl Fn(&str) -> Option<u32>,
+) -> Result<(), NetfilterError> {
+    for (placeholder, name) in observer_common::kfunc::KFUNCS {
+        let calls: Vec<&mut bpf_insn> = instructions
+            .iter_mut()
+            .filter(|insn| insn.code == CALL && insn.src_reg() == 0 && insn.imm == placeholder)
+            .collect();
+        if calls.is_empty() {
+            continue;
+        }
+        let id = id_of(name).ok_or(NetfilterError::NoKfunc(name))?;
+        for insn in calls {
+            insn.set_src_reg(BPF_PSEUDO_KFUNC_CALL);
+            insn.off = 0;
+            insn.imm = id as i32;
+        }
+    }
+    Ok(())
 }
 
 /// Whether the calling thread's namespace has IPv6 (a namespace with IPv6 disabled
@@ -309,6 +355,44 @@ fn bpf(command: bpf_cmd, attr: &mut bpf_attr) -> std::io::Result<OwnedFd> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    fn call(imm: i32) -> bpf_insn {
+        // SAFETY: `bpf_insn` is plain data.
+        let mut insn: bpf_insn = unsafe { std::mem::zeroed() };
+        insn.code = CALL;
+        insn.imm = imm;
+        insn
+    }
+
+    #[test]
+    fn placeholder_calls_become_kfunc_calls() {
+        let placeholder = observer_common::kfunc::DYNPTR_FROM_SKB;
+        // A helper call (bpf_dynptr_read, 201) stays; the placeholder becomes the kfunc.
+        let mut instructions = [call(201), call(placeholder), call(placeholder)];
+        call_kfuncs(&mut instructions, |name| {
+            (name == "bpf_dynptr_from_skb").then_some(63306)
+        })
+        .unwrap();
+        let seen: Vec<(u8, i32)> = instructions
+            .iter()
+            .map(|insn| (insn.src_reg(), insn.imm))
+            .collect();
+        assert_eq!(seen, [(0, 201), (2, 63306), (2, 63306)]);
+    }
+
+    #[test]
+    fn a_kernel_without_the_kfunc_is_one_sentence() {
+        let mut instructions = [call(observer_common::kfunc::DYNPTR_FROM_SKB)];
+        let error = call_kfuncs(&mut instructions, |_| None).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "the kernel has no function bpf_dynptr_from_skb for it to call"
+        );
+        // Without placeholders, nothing is looked up.
+        call_kfuncs(&mut [call(201)], |_| panic!("looked up")).unwrap();
+    }
+
     #[test]
     fn a_refusal_keeps_the_verifiers_last_line() {
         assert_eq!(

@@ -123,7 +123,8 @@ fn escapes_from_the_node_are_shown_as_text() {
         &format!("observer-hostile-{}", std::process::id()),
         &command,
     );
-    tmux.wait_for("the status bar", |s| s.contains("hooks 4"));
+    let hooks = format!("hooks {}", common::hooks_attached());
+    tmux.wait_for("the status bar", |s| s.contains(&hooks));
     // Until every pod has answered at least once (the rules pick at random).
     let evil = SocketAddrV4::new(EVIL_IP, 80);
     let mut answered = std::collections::BTreeSet::new();

@@ -95,9 +95,7 @@ fn metrics_count_what_the_clients_saw() {
         metrics.lines().any(|l| l == "observer_lost_events_total 0"),
         "{metrics}"
     );
-    // The forwarding program and skb:kfree_skb's, and on `net_dev_queue` the two
-    // socket-side ones.
-    let hooks = if common::netfilter_hook() { 2 } else { 4 };
+    let hooks = common::hooks_attached();
     assert!(
         metrics
             .lines()

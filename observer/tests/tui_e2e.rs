@@ -43,7 +43,8 @@ fn live_view_shows_pinning() {
         lab.runtime_root().display()
     );
     let tmux = Tmux::start(&format!("observer-e2e-{}", std::process::id()), &command);
-    tmux.wait_for("the status bar", |s| s.contains("hooks 4"));
+    let hooks = format!("hooks {}", common::hooks_attached());
+    tmux.wait_for("the status bar", |s| s.contains(&hooks));
 
     let service = lab.service("checkout").unwrap().clone();
     let keepalive = http_keepalive(&lab, service.cluster_addr(), 30).unwrap();

@@ -110,6 +110,13 @@ pub fn netfilter_hook() -> bool {
     }
 }
 
+/// How many kernel programs observer attaches here: the forwarding program and
+/// skb:kfree_skb's, and on `net_dev_queue` the two socket-side `cgroup_skb` programs
+/// (the netfilter program reads what they would itself).
+pub fn hooks_attached() -> u32 {
+    if netfilter_hook() { 2 } else { 4 }
+}
+
 /// The inode of a named network namespace (`/run/netns/NAME`): what the log's `netns`
 /// field holds for decisions made there.
 pub fn netns_inode(name: &str) -> u32 {

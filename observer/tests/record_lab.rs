@@ -388,7 +388,9 @@ type StartRecorder = fn(&std::path::Path, &[&str]) -> Recorder;
 /// On a kernel whose BTF is not at /sys/kernel/btf/vmlinux (here: an empty file mounted
 /// over it, in a mount namespace of observer's own), with `--btf` naming a copy of it:
 /// offsets come from the copy, and without the kernel's BTF the BTF tracepoint program
-/// cannot load, so the raw tracepoint program must run, with the same results.
+/// cannot load, so the raw tracepoint program must run, with the same results. (Nor
+/// the netfilter program: the kernel functions it calls are named by their ids in the
+/// kernel's BTF, which a copy cannot vouch for.)
 fn start_with_kernel_btf_elsewhere(dir: &std::path::Path, extra: &[&str]) -> Recorder {
     let btf = dir.join("vmlinux.btf");
     std::fs::copy("/sys/kernel/btf/vmlinux", &btf).unwrap();
@@ -410,9 +412,10 @@ fn start_with_kernel_btf_elsewhere(dir: &std::path::Path, extra: &[&str]) -> Rec
     let recorder = Recorder::spawn(command, output);
     // Without the kernel's BTF, the skb:kfree_skb program cannot load either (observer
     // warns that rejections are not seen).
-    assert_programs(
+    assert_programs_at(
         &recorder,
-        &[forwarding(BPF_PROG_TYPE_RAW_TRACEPOINT)],
+        false,
+        &[BPF_PROG_TYPE_RAW_TRACEPOINT],
         "the raw tracepoint program",
     );
     recorder
@@ -433,23 +436,28 @@ fn forwarding(on_dev_queue: u32) -> u32 {
     }
 }
 
-/// Asserts that observer holds the two cgroup_skb programs, the revalidation program (a
-/// raw tracepoint program, loaded and run but attached to nothing: this kernel has
-/// `bpf_loop`) and `tracing` (`what`): on `net_dev_queue`, a BTF or raw tracepoint
-/// program, and on `skb:kfree_skb` a BTF tracepoint program where the kernel's BTF is
-/// there.
+/// Asserts that observer holds the revalidation program (a raw tracepoint program,
+/// loaded and run but attached to nothing: this kernel has `bpf_loop`), `tracing`
+/// (`what`): on `net_dev_queue`, a BTF or raw tracepoint program, and on
+/// `skb:kfree_skb` a BTF tracepoint program where the kernel's BTF is there), and on
+/// `net_dev_queue` the two socket-side cgroup_skb programs (the netfilter program reads
+/// what they would itself).
 fn assert_programs(recorder: &Recorder, tracing: &[u32], what: &str) {
-    let mut expected = vec![
-        BPF_PROG_TYPE_CGROUP_SKB,
-        BPF_PROG_TYPE_CGROUP_SKB,
-        BPF_PROG_TYPE_RAW_TRACEPOINT,
-    ];
+    assert_programs_at(recorder, common::netfilter_hook(), tracing, what);
+}
+
+/// `assert_programs` for a run whose forwarding program is on the netfilter hooks, or not.
+fn assert_programs_at(recorder: &Recorder, netfilter: bool, tracing: &[u32], what: &str) {
+    let mut expected = vec![BPF_PROG_TYPE_RAW_TRACEPOINT];
+    if !netfilter {
+        expected.extend([BPF_PROG_TYPE_CGROUP_SKB, BPF_PROG_TYPE_CGROUP_SKB]);
+    }
     expected.extend_from_slice(tracing);
     expected.sort();
     assert_eq!(
         program_types(recorder.pid()),
         expected,
-        "{what}, the revalidation program and the two cgroup_skb programs"
+        "{what}, the revalidation program and, on net_dev_queue, the two cgroup_skb programs"
     );
 }
 

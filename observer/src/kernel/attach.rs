@@ -235,7 +235,7 @@ fn attach_forwarding(
             }
             Err(err) if choice == HookChoice::Netfilter => return Err(HookError::Netfilter(err)),
             Err(err) => warnings.push(format!(
-                "the kernel refused the netfilter program ({err}); the forwarding program runs on net_dev_queue instead, at a higher cost per packet"
+                "the netfilter program could not be loaded ({err}); the forwarding program runs on net_dev_queue instead, at a higher cost per packet"
             )),
         }
     }

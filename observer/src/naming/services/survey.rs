@@ -14,6 +14,10 @@ pub struct Survey {
     pub checked: usize,
     /// Those that hold kube-proxy's iptables or nftables rules.
     pub with_rules: usize,
+    /// Those that hold only DNAT rules no kube-proxy chain name or comment names (such
+    /// as Docker's for its embedded DNS server, in a container on a user-defined
+    /// network): observer follows them and shows their connections by address.
+    pub with_other_dnat: usize,
     /// IPVS holds virtual services (kube-proxy's IPVS mode).
     pub ipvs: bool,
     /// A kube-proxy-free datapath's name and some of its loaded programs' names.
@@ -48,10 +52,23 @@ impl Survey {
                 plural(self.checked)
             )),
             (false, false, None) => Some(format!(
-                "no kube-proxy rules in any of {} network namespace{} looked at, no IPVS, no kube-proxy-free datapath: nothing here DNATs Service traffic as kube-proxy does, so observer will show no Service",
+                "no kube-proxy rules in any of {} network namespace{} looked at, no IPVS, no kube-proxy-free datapath: nothing here DNATs Service traffic as kube-proxy does, so observer will show no Service{}",
                 self.checked,
-                plural(self.checked)
+                plural(self.checked),
+                self.other_dnat()
             )),
+        }
+    }
+}
+
+impl Survey {
+    /// What the sentence adds when other DNAT rules were found.
+    fn other_dnat(&self) -> String {
+        match self.with_other_dnat {
+            0 => String::new(),
+            n => format!(
+                " (DNAT rules that no kube-proxy chain or comment names, in {n} of them, are followed: their connections show by address)"
+            ),
         }
     }
 }
@@ -127,12 +144,16 @@ pub fn look(source: &super::SystemSource) -> Survey {
     for path in candidate_namespaces(32) {
         survey.checked += 1;
         survey.ipvs |= ipvs_in(&path);
-        let found = source
-            .dump_path(&path)
-            .is_ok_and(|dumps| !super::parse_dumps(&dumps).0.is_empty());
-        if found {
+        let Ok(dumps) = source.dump_path(&path) else {
+            continue;
+        };
+        let map = super::parse_dumps(&dumps).0;
+        if map.has_kube_proxy_services() {
             survey.with_rules += 1;
             break;
+        }
+        if !map.is_empty() {
+            survey.with_other_dnat += 1;
         }
     }
     survey.bpf_datapath = bpf_datapath();
@@ -173,6 +194,7 @@ mod tests {
         let cilium = Survey {
             checked: 1,
             with_rules: 0,
+            with_other_dnat: 0,
             ipvs: false,
             bpf_datapath: Some(("Cilium", vec!["cil_sock4_connect".to_owned()])),
         };
@@ -195,6 +217,19 @@ mod tests {
                 .unwrap()
                 .starts_with("no kube-proxy rules in any of 2 network namespaces")
         );
+        // Docker's embedded DNS rules (a container on a user-defined network) are no
+        // kube-proxy rules; the sentence says they are followed.
+        let docker_dns = Survey {
+            checked: 2,
+            with_other_dnat: 1,
+            ..Survey::default()
+        };
+        let text = docker_dns.sentence().unwrap();
+        assert!(
+            text.starts_with("no kube-proxy rules in any of 2"),
+            "{text}"
+        );
+        assert!(text.contains("observer will show no Service (DNAT rules that no kube-proxy chain or comment names, in 1 of them"), "{text}");
         let both = Survey {
             with_rules: 1,
             bpf_datapath: Some(("Calico eBPF", vec!["calico_connect_v4".to_owned()])),

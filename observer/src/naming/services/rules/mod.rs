@@ -68,6 +68,10 @@ pub struct ServicePort {
     /// Whether some way through the rules to a frontend could not be followed: a
     /// backend missing from `reachable` may then still be an endpoint.
     unfollowed: bool,
+    /// Whether a kube-proxy chain name or comment names it (not its address): DNAT
+    /// rules of others, such as Docker's for its embedded DNS server, are followed but
+    /// are no kube-proxy Service.
+    named: bool,
 }
 
 impl ServicePort {
@@ -94,6 +98,7 @@ impl ServicePort {
         self.affinity = self.affinity.or(other.affinity);
         self.reachable.extend(other.reachable);
         self.unfollowed |= other.unfollowed;
+        self.named |= other.named;
     }
 }
 
@@ -200,19 +205,18 @@ impl ServiceMap {
         let (found, mut warnings) = frontends(&borrowed);
         let mut map = ServiceMap::default();
         let mut unnamed = 0u32;
-        let mut by_port: BTreeMap<(Proto, String), Vec<FrontendRules>> = BTreeMap::new();
+        let mut by_port: BTreeMap<(Proto, String), (bool, Vec<FrontendRules>)> = BTreeMap::new();
         for mut frontend in found {
-            let name = match frontend.name.take() {
-                Some(name) => printable(name, NAME_BYTES),
+            let (name, named) = match frontend.name.take() {
+                Some(name) => (printable(name, NAME_BYTES), true),
                 None => {
                     unnamed += 1;
-                    unnamed_name(&frontend.frontend)
+                    (unnamed_name(&frontend.frontend), false)
                 }
             };
-            by_port
-                .entry((frontend.proto, name))
-                .or_default()
-                .push(frontend);
+            let port = by_port.entry((frontend.proto, name)).or_default();
+            port.0 |= named;
+            port.1.push(frontend);
         }
         if unnamed > 0 {
             warnings.push(
@@ -220,8 +224,8 @@ impl ServiceMap {
                     .to_owned(),
             );
         }
-        for ((proto, name), frontends) in by_port {
-            let port = service_port(&name, proto, &frontends);
+        for ((proto, name), (named, frontends)) in by_port {
+            let port = service_port(&name, proto, named, &frontends);
             for frontend in frontends {
                 map.index((proto, name.clone()), frontend);
             }
@@ -280,6 +284,12 @@ impl ServiceMap {
 
     pub fn is_empty(&self) -> bool {
         self.services.is_empty()
+    }
+
+    /// Whether kube-proxy's rules are here: a Service port that a kube-proxy chain name
+    /// or comment names, not only DNAT rules named by their addresses.
+    pub fn has_kube_proxy_services(&self) -> bool {
+        self.services.values().any(|port| port.named)
     }
 
     /// Rules observer could not follow, one sentence each.
@@ -473,7 +483,7 @@ fn packet_of(frontend: &FrontendRules) -> Option<Packet> {
 /// One Service port from its frontends' cases: the largest endpoint set is the
 /// cluster's, a smaller one (or a case dropped for want of local endpoints) the local
 /// policy's.
-fn service_port(name: &str, proto: Proto, frontends: &[FrontendRules]) -> ServicePort {
+fn service_port(name: &str, proto: Proto, named: bool, frontends: &[FrontendRules]) -> ServicePort {
     let mut sets: Vec<Vec<EndpointShare>> = Vec::new();
     let mut reachable = BTreeSet::new();
     let mut no_local = false;
@@ -508,6 +518,7 @@ fn service_port(name: &str, proto: Proto, frontends: &[FrontendRules]) -> Servic
         affinity: frontends.iter().find_map(|f| f.affinity),
         reachable,
         unfollowed,
+        named,
     }
 }
 

@@ -260,3 +260,19 @@ fn escapes_in_comments_and_lines_become_printable_text() {
         "iptables-save line 2: not an iptables-save line: \\x1b]0;owned\\x07"
     );
 }
+
+#[test]
+fn dnat_rules_of_others_are_followed_but_are_no_kube_proxy_service() {
+    // Docker's embedded DNS rules in a container on a user-defined network (a CI
+    // runner, a kind node): followed, named by address, not kube-proxy's.
+    let docker =
+        ServiceMap::from_iptables_save(fixture!("iptables/docker-embedded-dns.saved")).unwrap();
+    assert_eq!(names(&docker), ["tcp 127.0.0.11:53", "udp 127.0.0.11:53"]);
+    assert!(!docker.has_kube_proxy_services());
+    let kube_proxy =
+        ServiceMap::from_iptables_save(fixture!("iptables/mixed-v4-nat.saved")).unwrap();
+    assert!(kube_proxy.has_kube_proxy_services());
+    let mut both = docker.clone();
+    both.merge(kube_proxy);
+    assert!(both.has_kube_proxy_services());
+}

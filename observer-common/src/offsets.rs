@@ -37,11 +37,14 @@ pub struct KernelOffsets {
     pub tuple_dst_addr: u32,
     pub tuple_dst_port: u32,
     pub tuple_dst_protonum: u32,
+    /// The type id of `struct nf_conn` in the running kernel's BTF (0 where it is not
+    /// readable): the netfilter program reads entries through `bpf_rdonly_cast` to it.
+    pub ct_btf_id: u32,
     /// Non-zero once user space filled the structure in (programs do nothing until then).
     pub valid: u32,
 }
 
-const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 21 * 4);
+const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 22 * 4);
 
 /// `struct nf_conntrack_tuple` as every kernel since 2.6 lays it out: the programs read
 /// a tuple with one read into this. User space refuses to load on a kernel whose BTF

@@ -8,7 +8,10 @@ use observer_common::{
     offsets::RawTuplePair,
 };
 
-use crate::maps::{count, offset};
+use crate::{
+    kfunc::rdonly_cast,
+    maps::{count, offset},
+};
 
 /// A failed kernel read; already counted.
 pub struct ReadFailed;
@@ -65,4 +68,161 @@ pub fn convert(raw: &observer_common::offsets::RawTuple, out: &mut FlowTuple) {
 pub fn read_netns(conntrack: u64) -> Result<u32, ReadFailed> {
     let net: u64 = read(conntrack, offset!(ct_net))?;
     read(net, offset!(net_ns_inum))
+}
+
+/// How a program reads a conntrack entry (`struct nf_conn`, at the address
+/// `skb->_nfct` holds): `Probed`, a `bpf_probe_read_kernel` per block, or, in the
+/// netfilter program, `Cast`, plain loads.
+pub trait EntryReads {
+    /// `status` (the `IPS_*` bits).
+    fn status(conntrack: u64) -> Result<u64, ReadFailed>;
+    /// `proto.tcp.state`.
+    fn tcp_state(conntrack: u64) -> Result<u8, ReadFailed>;
+    /// The inode of the network namespace it belongs to (`ct_net.net->ns.inum`).
+    fn netns(conntrack: u64) -> Result<u32, ReadFailed>;
+    /// Both tuples, as observer keeps them.
+    fn tuples(
+        conntrack: u64,
+        original: &mut FlowTuple,
+        reply: &mut FlowTuple,
+    ) -> Result<(), ReadFailed>;
+    /// The original tuple alone.
+    fn original(conntrack: u64, out: &mut FlowTuple) -> Result<(), ReadFailed>;
+}
+
+/// Entries read with `bpf_probe_read_kernel`, one call per contiguous block.
+pub struct Probed;
+
+impl EntryReads for Probed {
+    #[inline(always)]
+    fn status(conntrack: u64) -> Result<u64, ReadFailed> {
+        read(conntrack, offset!(ct_status))
+    }
+
+    #[inline(always)]
+    fn tcp_state(conntrack: u64) -> Result<u8, ReadFailed> {
+        read(conntrack, offset!(ct_tcp_state))
+    }
+
+    #[inline(always)]
+    fn netns(conntrack: u64) -> Result<u32, ReadFailed> {
+        read_netns(conntrack)
+    }
+
+    #[inline(always)]
+    fn tuples(
+        conntrack: u64,
+        original: &mut FlowTuple,
+        reply: &mut FlowTuple,
+    ) -> Result<(), ReadFailed> {
+        let tuples = read_tuples(conntrack)?;
+        convert(&tuples.original, original);
+        convert(&tuples.reply, reply);
+        Ok(())
+    }
+
+    #[inline(always)]
+    fn original(conntrack: u64, out: &mut FlowTuple) -> Result<(), ReadFailed> {
+        read_original(conntrack, out)
+    }
+}
+
+/// Entries read as a typed pointer: `bpf_rdonly_cast` to `struct nf_conn` (its id in the
+/// kernel's BTF, `KernelOffsets::ct_btf_id`, a constant of the frozen `OFFSETS`), after
+/// which each field is one load the verifier checks against the type's layout (one
+/// member per load) and makes fault-safe. Only the netfilter program, whose loader
+/// rewrites the kfunc call, reads entries so.
+pub struct Cast;
+
+impl Cast {
+    /// The entry as a typed, read-only pointer.
+    #[inline(always)]
+    fn entry(conntrack: u64) -> *const u8 {
+        let id = offset!(ct_btf_id);
+        // SAFETY: the kfunc only retypes the address (the verifier turns the call into a
+        // move); loads through the result are fault-safe.
+        unsafe { rdonly_cast(conntrack as *const u8, id) }
+    }
+
+    /// The `T` at `base + offset`, one member of the type `base` points at.
+    #[inline(always)]
+    fn field<T>(base: *const u8, offset: u32) -> T {
+        // SAFETY: `base` is a typed pointer from `entry` (or a pointer member read
+        // through one): the verifier checks the load against the type's layout and
+        // makes it fault-safe.
+        unsafe { core::ptr::read_volatile(base.wrapping_add(offset as usize).cast::<T>()) }
+    }
+
+    /// The tuple at `base` (`RawTuple`'s layout, which user space checked), member by
+    /// member: the verifier refuses a load that spans two members.
+    #[inline(always)]
+    fn tuple(base: *const u8, out: &mut FlowTuple) {
+        let src: [u64; 2] = [Self::field(base, 0), Self::field(base, 8)];
+        let dst: [u32; 4] = [
+            Self::field(base, 20),
+            Self::field(base, 24),
+            Self::field(base, 28),
+            Self::field(base, 32),
+        ];
+        let mut src_addr = [0u8; 16];
+        src_addr[..8].copy_from_slice(&src[0].to_ne_bytes());
+        src_addr[8..].copy_from_slice(&src[1].to_ne_bytes());
+        let mut dst_addr = [0u8; 16];
+        for (chunk, word) in dst_addr.chunks_exact_mut(4).zip(dst) {
+            chunk.copy_from_slice(&word.to_ne_bytes());
+        }
+        out.src = Endpoint {
+            addr: src_addr,
+            port: u16::from_be(Self::field(base, 16)),
+            _pad: [0; 2],
+        };
+        out.dst = Endpoint {
+            addr: dst_addr,
+            port: u16::from_be(Self::field(base, 36)),
+            _pad: [0; 2],
+        };
+        out.family = Self::field(base, 18);
+        out.protocol = Self::field(base, 38);
+        out._pad = 0;
+    }
+}
+
+impl EntryReads for Cast {
+    #[inline(always)]
+    fn status(conntrack: u64) -> Result<u64, ReadFailed> {
+        Ok(Self::field(Self::entry(conntrack), offset!(ct_status)))
+    }
+
+    #[inline(always)]
+    fn tcp_state(conntrack: u64) -> Result<u8, ReadFailed> {
+        Ok(Self::field(Self::entry(conntrack), offset!(ct_tcp_state)))
+    }
+
+    #[inline(always)]
+    fn netns(conntrack: u64) -> Result<u32, ReadFailed> {
+        let net: *const u8 = Self::field(Self::entry(conntrack), offset!(ct_net));
+        Ok(Self::field(net, offset!(net_ns_inum)))
+    }
+
+    #[inline(always)]
+    fn tuples(
+        conntrack: u64,
+        original: &mut FlowTuple,
+        reply: &mut FlowTuple,
+    ) -> Result<(), ReadFailed> {
+        let entry = Self::entry(conntrack);
+        Self::tuple(
+            entry.wrapping_add(offset!(ct_tuple_original) as usize),
+            original,
+        );
+        Self::tuple(entry.wrapping_add(offset!(ct_tuple_reply) as usize), reply);
+        Ok(())
+    }
+
+    #[inline(always)]
+    fn original(conntrack: u64, out: &mut FlowTuple) -> Result<(), ReadFailed> {
+        let entry = Self::entry(conntrack);
+        Self::tuple(entry.wrapping_add(offset!(ct_tuple_original) as usize), out);
+        Ok(())
+    }
 }

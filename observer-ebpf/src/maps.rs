@@ -38,6 +38,7 @@ pub static OFFSETS: KernelOffsets = KernelOffsets {
     tuple_dst_addr: 0,
     tuple_dst_port: 0,
     tuple_dst_protonum: 0,
+    ct_btf_id: 0,
     valid: 0,
 };
 

@@ -6,13 +6,15 @@
 use aya_ebpf::{bindings::bpf_dynptr, helpers::generated::bpf_dynptr_read};
 
 use crate::{
-    kernel::{ReadFailed, read},
+    kernel::{Cast, EntryReads, Probed, ReadFailed, read},
     kfunc::dynptr_from_skb,
     maps::offset,
 };
 
 /// The `sk_buff` fields the forwarding hook needs.
 pub trait SkbFields: Copy {
+    /// How the program reads the conntrack entry `_nfct` points at.
+    type Entry: EntryReads;
     /// `_nfct`, `len` and `data_len`.
     fn conntrack_and_lengths(self) -> Result<(u64, u32, u32), ReadFailed>;
     /// `head` and `data`.
@@ -63,6 +65,8 @@ impl BtfSkb {
 }
 
 impl SkbFields for BtfSkb {
+    type Entry = Probed;
+
     #[inline(always)]
     fn conntrack_and_lengths(self) -> Result<(u64, u32, u32), ReadFailed> {
         Ok((
@@ -108,6 +112,8 @@ impl SkbFields for BtfSkb {
 pub struct ProbedSkb(pub u64);
 
 impl SkbFields for ProbedSkb {
+    type Entry = Probed;
+
     #[inline(always)]
     fn conntrack_and_lengths(self) -> Result<(u64, u32, u32), ReadFailed> {
         let [nfct, lengths]: [u64; 2] = read(self.0, offset!(skb_nfct))?;
@@ -152,6 +158,7 @@ impl SkbFields for ProbedSkb {
 pub struct NetfilterSkb(pub BtfSkb);
 
 impl SkbFields for NetfilterSkb {
+    type Entry = Cast;
     const READS_FRAGMENTS: bool = true;
 
     #[inline(always)]

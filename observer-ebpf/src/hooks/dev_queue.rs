@@ -34,7 +34,7 @@ use crate::{
         pending_close, refuses, remember_dialed,
     },
     dns::{capture, capture_segment},
-    kernel::{ReadFailed, convert, read, read_netns, read_original, read_tuples},
+    kernel::{EntryReads, ReadFailed},
     maps::{
         BPF_NOEXIST, CONNS, DIALED, SCRATCH, count, count_lost, forget_lost, lost_at, offset,
         opens_from_table, remember_lost,
@@ -80,7 +80,7 @@ pub(super) fn handle<S: SkbFields>(skb: S) -> Result<(), ReadFailed> {
     if conntrack == 0 || info == ctinfo::UNTRACKED {
         return Ok(());
     }
-    let ct_status: u64 = read(conntrack, offset!(ct_status))?;
+    let ct_status = S::Entry::status(conntrack)?;
     if ct_status & (1 << status::DST_NAT_BIT) == 0 {
         return Ok(());
     }
@@ -109,7 +109,9 @@ pub(super) fn handle<S: SkbFields>(skb: S) -> Result<(), ReadFailed> {
         // taken by another connection, whose packets are not NEW any more: checked on
         // every packet until it is seen confirmed.
         let unconfirmed = load!(state.unconfirmed) != 0;
-        if (info == ctinfo::NEW || unconfirmed) && reused(conntrack, ct_status, state, &packet)? {
+        if (info == ctinfo::NEW || unconfirmed)
+            && reused::<S::Entry>(conntrack, ct_status, state, &packet)?
+        {
             // The kernel freed the entry we tracked and reused its memory for this new
             // connection: the old one ended without FIN or RST.
             let time = clock::exact();
@@ -203,13 +205,15 @@ fn open<S: SkbFields>(
     (now, jiffies): (u64, u64),
 ) -> Result<(), ReadFailed> {
     let start_seen = is_decision(conntrack, info, packet);
-    if !start_seen && packet.protocol == PROTO_TCP && !established(conntrack)? {
+    if !start_seen && packet.protocol == PROTO_TCP && !established::<S::Entry>(conntrack)? {
         // Attached mid-connection: adopt established connections only, not the last
         // ACKs of one that just closed.
         return Ok(());
     }
     let confirmed = ct_status & (1 << status::CONFIRMED_BIT) != 0;
-    let Some(fresh) = new_state(conntrack, dir, (start_seen, confirmed), (now, jiffies))? else {
+    let Some(fresh) =
+        new_state::<S::Entry>(conntrack, dir, (start_seen, confirmed), (now, jiffies))?
+    else {
         return Ok(());
     };
     let (_, fresh_bytes) = account(fresh, dir, packet, now);
@@ -232,7 +236,7 @@ fn open<S: SkbFields>(
     }
     match CONNS.insert(&conntrack, fresh_ref, BPF_NOEXIST) {
         Ok(()) => {
-            if keep_inserted(conntrack, fresh_ref, start_seen, packet) {
+            if keep_inserted::<S::Entry>(conntrack, fresh_ref, start_seen, packet) {
                 report_opened(
                     skb,
                     conntrack,
@@ -268,7 +272,7 @@ fn open<S: SkbFields>(
 /// A new connection's state, before its first packet is accounted, in this CPU's
 /// scratch slot (too large for the stack); `None` if the slot is missing.
 #[inline(always)]
-fn new_state(
+fn new_state<E: EntryReads>(
     conntrack: u64,
     dir: usize,
     (start_seen, confirmed): (bool, bool),
@@ -284,10 +288,8 @@ fn new_state(
     init.start_jiffies = jiffies;
     init.start_seen = start_seen as u8;
     init.unconfirmed = !confirmed as u8;
-    init.netns = read_netns(conntrack)?;
-    let tuples = read_tuples(conntrack)?;
-    convert(&tuples.original, &mut init.original);
-    convert(&tuples.reply, &mut init.reply);
+    init.netns = E::netns(conntrack)?;
+    E::tuples(conntrack, &mut init.original, &mut init.reply)?;
     init.reply_forwarded = (dir == REPLY) as u8;
     Ok(Some(fresh))
 }
@@ -295,8 +297,16 @@ fn new_state(
 /// Whether the entry just inserted for `fresh` stays; removes it when it is not a
 /// connection to record.
 #[inline(always)]
-fn keep_inserted(conntrack: u64, fresh: &ConnState, start_seen: bool, packet: &Packet) -> bool {
-    if !start_seen && packet.protocol == PROTO_TCP && matches!(established(conntrack), Ok(false)) {
+fn keep_inserted<E: EntryReads>(
+    conntrack: u64,
+    fresh: &ConnState,
+    start_seen: bool,
+    packet: &Packet,
+) -> bool {
+    if !start_seen
+        && packet.protocol == PROTO_TCP
+        && matches!(established::<E>(conntrack), Ok(false))
+    {
         // A late packet of a connection another CPU just closed and removed: its
         // state left ESTABLISHED before that removal, so checking after the insert
         // cannot miss it. Not a connection to adopt.
@@ -414,8 +424,8 @@ fn counted_lost(conntrack: u64, fresh: &ConnState, packet: &Packet) -> bool {
 
 /// Whether conntrack's TCP state of the entry is ESTABLISHED now.
 #[inline(always)]
-fn established(conntrack: u64) -> Result<bool, ReadFailed> {
-    let state: u8 = read(conntrack, offset!(ct_tcp_state))?;
+fn established<E: EntryReads>(conntrack: u64) -> Result<bool, ReadFailed> {
+    let state = E::tcp_state(conntrack)?;
     Ok(state == tcp_state::ESTABLISHED)
 }
 
@@ -456,14 +466,14 @@ fn closed(state: *const ConnState) -> bool {
 /// NEW until an entry sees its first reply, and a NEW packet can reach this hook after
 /// a reply another CPU handled: then the entry has seen that reply and is ours.
 #[inline(always)]
-fn reused(
+fn reused<E: EntryReads>(
     conntrack: u64,
     ct_status: u64,
     state: *const ConnState,
     packet: &Packet,
 ) -> Result<bool, ReadFailed> {
     let mut current = FlowTuple::default();
-    read_original(conntrack, &mut current)?;
+    E::original(conntrack, &mut current)?;
     // SAFETY: a live map value; the tuples are written once, before insertion.
     let tracked = unsafe { &(*state).original };
     if current.src != tracked.src || current.dst != tracked.dst {

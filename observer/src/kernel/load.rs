@@ -5,6 +5,7 @@ use aya::{
     Ebpf, EbpfLoader,
     maps::{MapData, RingBuf},
 };
+use observer_common::offsets::KernelOffsets;
 
 use crate::kernel::{
     btf::{Btf, BtfError},
@@ -116,12 +117,21 @@ pub struct Sizes {
 pub fn load(sizes: &Sizes, kernel: &KernelBtf) -> Result<Ebpf, LoadError> {
     let tick_ns = tick_ns()?;
     let layout = &kernel.layout;
+    let offsets = KernelOffsets {
+        // From the same BTF as the kernel functions' ids (`kernel::netfilter`).
+        ct_btf_id: kernel.vmlinux.as_ref().map_or(0, |vmlinux| {
+            vmlinux
+                .id_by_type_name_kind("nf_conn", aya_obj::btf::BtfKind::Struct)
+                .unwrap_or(0)
+        }),
+        ..layout.offsets
+    };
     // aya 0.14's `EbpfLoader::new` parses the kernel's BTF itself, with no way around
     // it; the loader is then given the parse the attach routines use, so both agree.
     let mut loader = EbpfLoader::new();
     loader
         .btf(kernel.vmlinux.as_ref().ok())
-        .override_global("OFFSETS", &layout.offsets, true)
+        .override_global("OFFSETS", &offsets, true)
         .override_global("NETFILTER_DROP_REASON", &layout.netfilter_drop_reason, true)
         .override_global("TICK_NS", &tick_ns, true)
         .map_max_entries("CONNS", sizes.max_connections)

@@ -1,7 +1,10 @@
 //! A sweep of the kernel's connection table at 100k open connections (needs root): the
 //! table read entry by entry (aya's iterator) and in batches, and the tracker's and
 //! conntrack view's part. Also prints the resident memory those 100k connections take
-//! in user space. `sudo -E cargo bench -p observer --bench sweep`.
+//! in user space. At 100 open connections (a keep-alive load), the whole-table walk
+//! against one lookup per known key, which the sweep uses while no connection entered
+//! the table since its last walk (`pipeline::table`).
+//! `sudo -E cargo bench -p observer --bench sweep`.
 
 use std::os::fd::{AsFd as _, FromRawFd as _, OwnedFd};
 use std::time::Duration;
@@ -92,7 +95,8 @@ fn sweep(c: &mut Criterion) {
         map.insert(0xffff_8880_0000_0000 + n * 256, state(n), 0)
             .unwrap();
     }
-    let entries = batch::lookup_all::<u64, ConnState>(fd.as_fd()).unwrap();
+    let mut reader = batch::BatchReader::<u64, ConnState>::default();
+    let entries = reader.lookup_all(fd.as_fd()).unwrap();
     assert_eq!(entries.len() as u64, OPEN);
     let clock = Clock {
         monotonic_ns: 100 * SECOND,
@@ -115,11 +119,7 @@ fn sweep(c: &mut Criterion) {
         b.iter(|| map.iter().filter_map(Result::ok).count())
     });
     group.bench_function("read_batched", |b| {
-        b.iter(|| {
-            batch::lookup_all::<u64, ConnState>(fd.as_fd())
-                .unwrap()
-                .len()
-        })
+        b.iter(|| reader.lookup_all(fd.as_fd()).unwrap().len())
     });
     group.bench_function("tracker_and_view", |b| {
         b.iter(|| {
@@ -149,5 +149,29 @@ fn sweep(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, sweep);
+/// 100 open connections: the walk of every bucket against a lookup per known key.
+fn sweep_few(c: &mut Criterion) {
+    const FEW: u64 = 100;
+    let (mut map, fd) = conns_map();
+    let keys: Vec<u64> = (0..FEW).map(|n| 0xffff_8880_0000_0000 + n * 256).collect();
+    for (n, key) in keys.iter().enumerate() {
+        map.insert(key, state(n as u64), 0).unwrap();
+    }
+    let mut reader = batch::BatchReader::<u64, ConnState>::default();
+    let mut group = c.benchmark_group("sweep_100");
+    group.throughput(Throughput::Elements(FEW));
+    group.bench_function("read_batched", |b| {
+        b.iter(|| reader.lookup_all(fd.as_fd()).unwrap().len())
+    });
+    group.bench_function("read_by_key", |b| {
+        b.iter(|| {
+            batch::lookup_keys::<u64, ConnState>(fd.as_fd(), &keys)
+                .unwrap()
+                .len()
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, sweep, sweep_few);
 criterion_main!(benches);

@@ -15,6 +15,7 @@ pub mod reconcile;
 mod rejects;
 pub mod serve;
 mod session;
+mod table;
 
 pub use reconcile::{ConntrackStart, follow_conntrack};
 use session::Session;

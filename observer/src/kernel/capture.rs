@@ -116,6 +116,10 @@ pub struct Capture {
     conns: HashMap<MapData, u64, ConnState>,
     /// `conns`' descriptor again, for batch reads (aya 0.14 has none).
     conns_fd: std::os::fd::OwnedFd,
+    /// Its batch reads' buffers.
+    conns_reader: crate::kernel::batch::BatchReader<u64, ConnState>,
+    /// Its hash buckets (its size rounded up to a power of two), which a whole read walks.
+    conns_buckets: usize,
     dialed: HashMap<MapData, DialedKey, u64>,
     counters: PerCpuArray<MapData, u64>,
     /// observer-ebpf's `SETTINGS`.
@@ -235,6 +239,8 @@ impl Capture {
             rejected: load::take(&mut ebpf, "REJECTED")?,
             conns: HashMap::try_from(conns).map_err(LoadError::Map)?,
             conns_fd,
+            conns_reader: Default::default(),
+            conns_buckets: (max_connections as usize).next_power_of_two(),
             dialed: load::take(&mut ebpf, "DIALED")?,
             counters: load::take(&mut ebpf, "COUNTERS")?,
             settings: load::take(&mut ebpf, "SETTINGS")?,
@@ -343,11 +349,22 @@ impl Capture {
 
     /// The kernel's connection table as it is now: read in batches, or entry by entry
     /// where the kernel cannot batch.
-    pub fn connections(&self) -> Vec<(u64, ConnState)> {
-        match crate::kernel::batch::lookup_all(self.conns_fd.as_fd()) {
+    pub fn connections(&mut self) -> Vec<(u64, ConnState)> {
+        match self.conns_reader.lookup_all(self.conns_fd.as_fd()) {
             Ok(entries) => entries,
             Err(_) => self.conns.iter().filter_map(Result::ok).collect(),
         }
+    }
+
+    /// Those of `keys` in the kernel's connection table now, one lookup each; `None` when
+    /// a lookup failed (then read the whole table).
+    pub fn connections_of(&self, keys: &[u64]) -> Option<Vec<(u64, ConnState)>> {
+        crate::kernel::batch::lookup_keys(self.conns_fd.as_fd(), keys).ok()
+    }
+
+    /// The hash buckets a whole read of the connection table walks.
+    pub fn connection_buckets(&self) -> usize {
+        self.conns_buckets
     }
 
     /// One connection of the kernel's table, if it is there.
@@ -401,11 +418,11 @@ impl Capture {
 
     /// Connections ever entered in the kernel's table (`counters::TRACKED`): the table
     /// gains an entry only with this count.
-    pub fn tracked(&self) -> u64 {
+    pub fn tracked(&self) -> Option<u64> {
         self.counters
             .get(&counters::TRACKED, 0)
+            .ok()
             .map(|values| values.iter().sum())
-            .unwrap_or(0)
     }
 
     /// The programs' counters, summed over CPUs.

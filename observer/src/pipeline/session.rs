@@ -69,8 +69,8 @@ pub(super) struct Session {
     pub(super) pressure: pressure::Pressure,
     /// When the revalidation program runs next.
     pub(super) revalidation: reconcile::Revalidation,
-    /// The kernel's `tracked` count when a read found its table empty (see `table`).
-    pub(super) table_empty_at: Option<u64>,
+    /// What the sweeps' reads of the kernel's table found (see `table`).
+    pub(super) table_reads: super::table::TableReads,
 }
 
 impl Session {
@@ -106,20 +106,28 @@ impl Session {
             )),
             pressure: Default::default(),
             revalidation: reconcile::Revalidation::new(Instant::now()),
-            table_empty_at: None,
+            table_reads: Default::default(),
         }
     }
 
-    /// The kernel's connection table, unless it is known to be empty: it was at the last
-    /// read, and no connection entered it since. Reading it walks every bucket of the
-    /// hash map (262,144 by default), about a millisecond each second when idle.
+    /// The kernel's connection table: whole, or, while no connection entered it since
+    /// the last whole read, the keys that read found (none when it was empty): see
+    /// `table::TableReads`.
     pub(super) fn table(&mut self) -> Vec<(u64, ConnState)> {
+        use super::table::Read;
+        // Read before the table: an entry kept after it counts after it too.
         let tracked = self.capture.tracked();
-        if self.table_empty_at == Some(tracked) {
-            return Vec::new();
+        let by_key =
+            match tracked.map(|at| self.table_reads.plan(at, self.capture.connection_buckets())) {
+                Some(Read::Keys(keys)) => self.capture.connections_of(keys),
+                Some(Read::Whole) | None => None,
+            };
+        let whole = by_key.is_none();
+        let entries = by_key.unwrap_or_else(|| self.capture.connections());
+        match tracked {
+            Some(at) => self.table_reads.read(at, whole, &entries),
+            None => self.table_reads = Default::default(),
         }
-        let entries = self.capture.connections();
-        self.table_empty_at = entries.is_empty().then_some(tracked);
         entries
     }
 

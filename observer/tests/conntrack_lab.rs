@@ -459,7 +459,7 @@ fn run_verify(
         .expect("start observer verify");
     let stderr = BufReader::new(child.stderr.take().unwrap());
     let (send, lines) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
+    let reader = std::thread::spawn(move || {
         for line in stderr.lines().map_while(Result::ok) {
             eprintln!("[observer] {line}");
             let _ = send.send(line);
@@ -486,6 +486,9 @@ fn run_verify(
     let out = child.wait_with_output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     eprintln!("{text}");
+    // Every line, also the last ones still in the pipe when the process ended (a
+    // `try_iter` right after the wait missed `cannot verify: ...` once in CI).
+    reader.join().expect("the stderr reader");
     let stderr: Vec<String> = lines.try_iter().collect();
     (out.status.code().unwrap_or(-1), text, stderr.join("\n"))
 }

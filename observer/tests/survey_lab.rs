@@ -70,24 +70,14 @@ fn a_node_without_kube_proxy_rules_is_said_to_be_one() {
     let others = other_dnat_in(&said);
 
     // Docker's embedded DNS rules in the node: still no kube-proxy rules.
-    let docker_dns = std::fs::read_to_string(concat!(
+    let docker_dns = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/data/rules/iptables/docker-embedded-dns.saved"
-    ))
-    .unwrap();
-    let mut restore = Command::new("ip")
-        .args(["netns", "exec", lab.node_ns(), "iptables-restore"])
-        .stdin(std::process::Stdio::piped())
-        .spawn()
+    );
+    let restore = lab
+        .run_in(lab.node_ns(), "iptables-restore", &[docker_dns])
         .unwrap();
-    use std::io::Write;
-    restore
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(docker_dns.as_bytes())
-        .unwrap();
-    assert!(restore.wait().unwrap().success(), "iptables-restore");
+    assert!(restore.status.success(), "iptables-restore: {restore:?}");
     let said = said_once(dir.path());
     assert!(said.contains("observer will show no Service"), "{said}");
     assert_eq!(other_dnat_in(&said), others + 1, "{said}");

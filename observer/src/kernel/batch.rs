@@ -1,8 +1,7 @@
 //! Reads a whole BPF hash map with `BPF_MAP_LOOKUP_BATCH` (Linux 5.6+): a system call
 //! per few thousand entries instead of two per entry (next key, then its value), which
 //! is what aya 0.14's `HashMap::iter` does. At 100k open connections that is the
-//! difference between ~30 and ~200,000 system calls per sweep. And a few known keys,
-//! one lookup each, which is cheaper than walking every bucket (`pipeline::table`).
+//! difference between ~30 and ~200,000 system calls per sweep.
 
 use std::os::fd::{AsRawFd as _, BorrowedFd};
 
@@ -29,18 +28,10 @@ struct BatchAttr {
 /// Reads whole hash maps in batches into buffers it keeps: a fresh pair of 4096-entry
 /// buffers per read (852 KiB of `ConnState`s) was zero-filled at every sweep (9.5% of a
 /// keep-alive profile of observer's process, besides the kernel's walk).
+#[derive(Default)]
 pub struct BatchReader<K, V> {
     keys: Vec<K>,
     values: Vec<V>,
-}
-
-impl<K: aya::Pod + Default, V: aya::Pod + Default> Default for BatchReader<K, V> {
-    fn default() -> Self {
-        BatchReader {
-            keys: Vec::new(),
-            values: Vec::new(),
-        }
-    }
 }
 
 impl<K: aya::Pod + Default, V: aya::Pod + Default> BatchReader<K, V> {
@@ -98,57 +89,4 @@ impl<K: aya::Pod + Default, V: aya::Pod + Default> BatchReader<K, V> {
             first = false;
         }
     }
-}
-
-/// `BPF_MAP_LOOKUP_ELEM` in `enum bpf_cmd`.
-const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
-
-/// The element members of `union bpf_attr` (include/uapi/linux/bpf.h).
-#[repr(C)]
-#[derive(Default)]
-struct ElemAttr {
-    map_fd: u32,
-    _pad: u32,
-    key: u64,
-    value: u64,
-    flags: u64,
-}
-
-/// The entries of the hash map `fd` under `keys` that are there now, one lookup each:
-/// cheaper than walking every bucket when the keys are few against the buckets. `Err`
-/// on any failure but a missing key.
-pub fn lookup_keys<K: aya::Pod, V: aya::Pod + Default>(
-    fd: BorrowedFd<'_>,
-    keys: &[K],
-) -> std::io::Result<Vec<(K, V)>> {
-    let mut out = Vec::with_capacity(keys.len());
-    for key in keys {
-        let mut value = V::default();
-        let mut attr = ElemAttr {
-            map_fd: fd.as_raw_fd() as u32,
-            key: (&raw const *key) as u64,
-            value: (&raw mut value) as u64,
-            ..Default::default()
-        };
-        // SAFETY: `attr` is the kernel's element layout; `key` and `value` are of the
-        // map's key and value sizes (aya checked them against `K` and `V` when the map
-        // was opened) and live for the call.
-        let ret = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                BPF_MAP_LOOKUP_ELEM,
-                &raw mut attr,
-                std::mem::size_of::<ElemAttr>(),
-            )
-        };
-        if ret == 0 {
-            out.push((*key, value));
-            continue;
-        }
-        let error = std::io::Error::last_os_error();
-        if error.raw_os_error() != Some(libc::ENOENT) {
-            return Err(error);
-        }
-    }
-    Ok(out)
 }

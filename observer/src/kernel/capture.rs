@@ -356,10 +356,19 @@ impl Capture {
         }
     }
 
-    /// Those of `keys` in the kernel's connection table now, one lookup each; `None` when
-    /// a lookup failed (then read the whole table).
+    /// Those of `keys` in the kernel's connection table now, one lookup each (cheaper
+    /// than walking every bucket when the keys are few); `None` when a lookup failed
+    /// for another reason than a missing key (then read the whole table).
     pub fn connections_of(&self, keys: &[u64]) -> Option<Vec<(u64, ConnState)>> {
-        crate::kernel::batch::lookup_keys(self.conns_fd.as_fd(), keys).ok()
+        let mut out = Vec::with_capacity(keys.len());
+        for &key in keys {
+            match self.conns.get(&key, 0) {
+                Ok(state) => out.push((key, state)),
+                Err(aya::maps::MapError::KeyNotFound) => {}
+                Err(_) => return None,
+            }
+        }
+        Some(out)
     }
 
     /// The hash buckets a whole read of the connection table walks.

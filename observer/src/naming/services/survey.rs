@@ -59,9 +59,7 @@ impl Survey {
             )),
         }
     }
-}
 
-impl Survey {
     /// What the sentence adds when other DNAT rules were found.
     fn other_dnat(&self) -> String {
         match self.with_other_dnat {

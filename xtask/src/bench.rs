@@ -23,6 +23,7 @@ use crate::load::{EchoReport, LoadReport};
 
 mod compare;
 mod cost;
+mod cputime;
 mod hooks;
 mod keepalive;
 mod progstats;

@@ -14,7 +14,7 @@ use std::{
 use anyhow::Context as _;
 use observer_lab::Lab;
 
-use super::{Children, Recorder, list, list_u64, median, progstats, tempfile_dir};
+use super::{Children, cputime::CpuTime, Recorder, list, list_u64, median, progstats, tempfile_dir};
 use crate::load::{EchoReport, LoadReport};
 
 /// What the measurements need from the benchmark's lab.
@@ -135,7 +135,7 @@ fn pod_rates(setup: &Setup<'_>) -> anyhow::Result<()> {
 }
 
 /// One run of `load` with `observer record` attached, and observer's CPU time over it
-/// (utime + stime from /proc/PID/stat, start-up excluded).
+/// (`cputime`, start-up excluded).
 fn recorded(
     setup: &Setup<'_>,
     load: &dyn Fn() -> anyhow::Result<LoadReport>,
@@ -143,11 +143,11 @@ fn recorded(
     let dir = tempfile_dir()?;
     let recorder = Recorder::start(setup.observer, &dir)?;
     let pid = recorder.observer.pid();
-    let before = cpu_seconds(pid)?;
+    let before = CpuTime::of(pid)?;
     let report = load()?;
     // Let it drain and write what the run produced.
     std::thread::sleep(Duration::from_millis(300));
-    let cpu = cpu_seconds(pid)? - before;
+    let cpu = CpuTime::of(pid)?.seconds_since(&before);
     let summary = recorder.stop()?;
     let _ = std::fs::remove_dir_all(&dir);
     Ok(Recorded {
@@ -219,18 +219,6 @@ pub(super) fn destroy_listener(setup: &Setup<'_>) -> anyhow::Result<Children> {
         .context("xtask bench-destroy-listener")?;
     std::thread::sleep(Duration::from_millis(200));
     Ok(Children(vec![child]))
-}
-
-/// User + system CPU seconds process `pid` used so far (/proc/PID/stat fields 14, 15).
-pub(super) fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    // Fields after the command name, which is in parentheses and may hold spaces.
-    let rest = &stat[stat.rfind(')').context("/proc/PID/stat")? + 2..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: u64 = fields[11].parse::<u64>()? + fields[12].parse::<u64>()?;
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { nix::libc::sysconf(nix::libc::_SC_CLK_TCK) } as f64;
-    Ok(ticks as f64 / hz)
 }
 
 /// ns per run of each observer program over a DNAT-only phase, a pod-to-pod-only

@@ -16,7 +16,9 @@ use std::{
 
 use anyhow::Context as _;
 
-use super::{Recorder, cost, list, list_decimals, median, progstats, rounds, tempfile_dir};
+use super::{
+    Recorder, cost, cputime::CpuTime, list, list_decimals, median, progstats, rounds, tempfile_dir,
+};
 use crate::load::PacedReport;
 
 /// Exchanges per second in all, and kept connections.
@@ -224,13 +226,13 @@ fn observed_round(
     let ids = progstats::program_ids(pid)?;
     let (programs_before, cpu_before, started) = (
         progstats::snapshot(&ids)?,
-        cost::cpu_seconds(pid)?,
+        CpuTime::of(pid)?,
         Instant::now(),
     );
     let report = load(())?;
     let (programs_after, cpu_after, wall) = (
         progstats::snapshot(&ids)?,
-        cost::cpu_seconds(pid)?,
+        CpuTime::of(pid)?,
         started.elapsed().as_secs_f64(),
     );
     recorder.stop().context("observer record")?;
@@ -238,7 +240,7 @@ fn observed_round(
     Ok(Observed {
         load: report,
         programs: progstats::since(&programs_after, &programs_before),
-        process_seconds: cpu_after - cpu_before,
+        process_seconds: cpu_after.seconds_since(&cpu_before),
         wall,
     })
 }

@@ -71,11 +71,11 @@ fn one_round(
             let dir = tempfile_dir()?;
             let recorder = Recorder::start(binary, &dir)?;
             let pid = recorder.observer.pid();
-            let before = cost::cpu_seconds(pid)?;
+            let before = super::cputime::CpuTime::of(pid)?;
             let (rate, units) = load()?;
             // Let it drain what the run produced.
             std::thread::sleep(std::time::Duration::from_millis(300));
-            let cpu = cost::cpu_seconds(pid)? - before;
+            let cpu = super::cputime::CpuTime::of(pid)?.seconds_since(&before);
             recorder.stop().context("observer record")?;
             let _ = std::fs::remove_dir_all(&dir);
             Round {

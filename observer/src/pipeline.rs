@@ -31,6 +31,11 @@ use crate::naming::services::FIRST_READ;
 /// How often the ring buffers are drained without a wake-up: the live view's latency.
 const DRAIN_INTERVAL: Duration = Duration::from_millis(50);
 
+/// The same with no live view (`record`): as often as the revalidation runs at its
+/// fastest, so that one wake-up does both (records carry the kernel's timestamps, so a
+/// later drain changes no record; the kernel wakes user space when much is waiting).
+const RECORD_DRAIN_INTERVAL: Duration = reconcile::Revalidation::FASTEST;
+
 /// The same while nothing happens (no event at the last drain, nothing open, nothing
 /// waiting): an idle observer wakes twice a second instead of 20 times, and the first event
 /// after a quiet spell is read within this.
@@ -52,9 +57,14 @@ pub async fn run(
     let conntrack = options.conntrack.take();
     let sweep_interval = options.sweep_interval;
     let mut session = Session::new(capture, options, started);
+    let drain_interval = if session.output.has_view() {
+        DRAIN_INTERVAL
+    } else {
+        RECORD_DRAIN_INTERVAL
+    };
     // The kernel wakes user space only when a lot is waiting (see observer-ebpf's
     // `conn::submit_flags`): drain on a short timer as well.
-    let mut drain_at = tokio::time::Instant::now() + DRAIN_INTERVAL;
+    let mut drain_at = tokio::time::Instant::now() + drain_interval;
     let mut sweep = tokio::time::interval(sweep_interval);
     sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     if let Some(conntrack) = conntrack {
@@ -75,7 +85,7 @@ pub async fn run(
                 session.revalidate_if_due()?;
                 let quiet = session.events == before && session.quiet();
                 drain_at = tokio::time::Instant::now()
-                    + if quiet { QUIET_DRAIN_INTERVAL } else { DRAIN_INTERVAL };
+                    + if quiet { QUIET_DRAIN_INTERVAL } else { drain_interval };
             }
             _ = sweep.tick() => session.sweep()?,
         }

@@ -61,7 +61,7 @@ pub(super) struct Revalidation {
 }
 
 impl Revalidation {
-    const FASTEST: Duration = Duration::from_millis(100);
+    pub(super) const FASTEST: Duration = Duration::from_millis(100);
     const SLOWEST: Duration = Duration::from_secs(5);
     const PER_CONNECTION: Duration = Duration::from_micros(50);
 

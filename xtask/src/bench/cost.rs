@@ -14,7 +14,9 @@ use std::{
 use anyhow::Context as _;
 use observer_lab::Lab;
 
-use super::{Children, cputime::CpuTime, Recorder, list, list_u64, median, progstats, tempfile_dir};
+use super::{
+    Children, Recorder, cputime::CpuTime, list, list_u64, median, progstats, tempfile_dir,
+};
 use crate::load::{EchoReport, LoadReport};
 
 /// What the measurements need from the benchmark's lab.

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use anyhow::Context as _;
 
-use super::{Recorder, cost, list, median, progstats, tempfile_dir};
+use super::{Recorder, cost, cputime::CpuTime, list, median, progstats, tempfile_dir};
 
 /// What is attached to the node during a round.
 #[derive(Clone, Copy)]
@@ -71,11 +71,11 @@ fn one_round(
             let dir = tempfile_dir()?;
             let recorder = Recorder::start(binary, &dir)?;
             let pid = recorder.observer.pid();
-            let before = super::cputime::CpuTime::of(pid)?;
+            let before = CpuTime::of(pid)?;
             let (rate, units) = load()?;
             // Let it drain what the run produced.
             std::thread::sleep(std::time::Duration::from_millis(300));
-            let cpu = super::cputime::CpuTime::of(pid)?.seconds_since(&before);
+            let cpu = CpuTime::of(pid)?.seconds_since(&before);
             recorder.stop().context("observer record")?;
             let _ = std::fs::remove_dir_all(&dir);
             Round {

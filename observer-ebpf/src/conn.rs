@@ -17,11 +17,12 @@ use observer_common::{
 
 use crate::{
     maps::{
-        BPF_NOEXIST, CONNS, DIALED, EVENTS, EVENTS_WAKEUP_BYTES, atomic_add, count, count_lost,
+        BPF_NOEXIST, DIALED, EVENTS, EVENTS_WAKEUP_BYTES, atomic_add, count, count_lost,
         dialed_slot, fold_address, mark_dialed, submit_flags,
     },
     packet::{Packet, TCP_ACK, TCP_SYN},
     state::{is_dns, load, store},
+    table::Table,
 };
 
 /// Accounts one packet in direction `dir` (see `observer_common::accounting::account`,
@@ -143,11 +144,9 @@ fn forget_dialed(conntrack: u64, key: &DialedKey) {
 /// by now, which must not be marked closed. (A narrow window remains between this check
 /// and the store; docs/design.md, "A removed entry's memory".)
 #[inline(always)]
-pub fn close(conntrack: u64, state: *mut ConnState, reason: u32, now: u64) {
-    if !report(conntrack, state, reason, now)
-        && CONNS
-            .get_ptr(&conntrack)
-            .is_some_and(|current| core::ptr::eq(current, state))
+pub fn close<T: Table>(conntrack: u64, state: *mut ConnState, reason: u32, now: u64) {
+    if !report::<T>(conntrack, state, reason, now)
+        && T::get(conntrack).is_some_and(|current| core::ptr::eq(current, state))
     {
         store!(state.closed, reason as u8);
         count(counters::EVENTS_DROPPED);
@@ -160,8 +159,8 @@ pub fn close(conntrack: u64, state: *mut ConnState, reason: u32, now: u64) {
 /// mid-connection (`start_seen` 0) was no decision made while attached (or was counted
 /// lost when its first packet found the table full): only its event is counted.
 #[inline(always)]
-pub fn end_now(conntrack: u64, state: *mut ConnState, reason: u32, now: u64) {
-    if report(conntrack, state, reason, now) {
+pub fn end_now<T: Table>(conntrack: u64, state: *mut ConnState, reason: u32, now: u64) {
+    if report::<T>(conntrack, state, reason, now) {
         return;
     }
     // SAFETY: a live map value; read before the removal frees it.
@@ -169,7 +168,7 @@ pub fn end_now(conntrack: u64, state: *mut ConnState, reason: u32, now: u64) {
     let dialed = load!(state.dialed) != 0;
     let netns = load!(state.netns);
     let start_seen = load!(state.start_seen) != 0;
-    if CONNS.remove(&conntrack).is_ok() {
+    if T::remove(conntrack) {
         if dialed {
             forget_dialed(conntrack, &key);
         }
@@ -183,7 +182,7 @@ pub fn end_now(conntrack: u64, state: *mut ConnState, reason: u32, now: u64) {
 /// Writes the close event and removes the entry if this CPU removes it first; false
 /// when the ring buffer is full (nothing changed).
 #[inline(always)]
-fn report(conntrack: u64, state: *mut ConnState, reason: u32, now: u64) -> bool {
+fn report<T: Table>(conntrack: u64, state: *mut ConnState, reason: u32, now: u64) -> bool {
     let Some(mut entry) = EVENTS.reserve::<ConnEvent>(0) else {
         return false;
     };
@@ -192,7 +191,7 @@ fn report(conntrack: u64, state: *mut ConnState, reason: u32, now: u64) -> bool 
     // SAFETY: as above.
     let key = DialedKey::of(unsafe { &(*state).original });
     let dialed = load!(state.dialed) != 0;
-    if CONNS.remove(&conntrack).is_ok() {
+    if T::remove(conntrack) {
         if dialed {
             forget_dialed(conntrack, &key);
         }

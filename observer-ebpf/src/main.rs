@@ -5,7 +5,8 @@
 //! Layout: `maps.rs` (maps, counters, the offsets global), `clock.rs` (a packet's time),
 //! `kernel.rs` (reads of kernel memory), `skb.rs` (`sk_buff` fields, by BTF load or
 //! helper), `kfunc.rs` (kernel functions), `packet.rs` (header parsing), `state.rs`
-//! (field access to a connection's shared state), `conn.rs` (per-connection accounting),
+//! (field access to a connection's shared state), `table.rs` (where connections are
+//! kept), `conn.rs` (per-connection accounting),
 //! `dns.rs` (port-53 payload prefixes), `hooks/` (one file per hook family).
 #![no_std]
 #![no_main]
@@ -23,6 +24,7 @@ mod maps;
 mod packet;
 mod skb;
 mod state;
+mod table;
 
 /// The license the kernel is told (the object's `license` section): the programs call a
 /// GPL-only helper (`bpf_probe_read_kernel`), which the kernel allows only to

@@ -123,15 +123,16 @@ pub fn maybe_dialed(slot: usize) -> bool {
     }
 }
 
-/// Tracked DNATed connections, keyed by the `struct nf_conn` address. User space sizes
-/// it (`--max-connections`) and removes entries that idle out.
+/// Tracked DNATed connections, keyed by the `struct nf_conn` address (on the netfilter
+/// hooks, those that do not fit `table::NEAR_CONNS`). User space sizes it
+/// (`--max-connections`) and removes entries that idle out.
 #[map]
 pub static CONNS: HashMap<u64, ConnState> = HashMap::with_max_entries(65536, 0);
 
 /// The revalidation program's work (`hooks/revalidate.rs`): user space writes the
 /// `nf_conn` addresses of the connections it tracks into the first slots, through a
 /// memory mapping (no system call per address), and the program marks those whose
-/// conntrack entry is gone (`GONE_MARK`). Same size as `CONNS`.
+/// conntrack entry is gone (`GONE_MARK`). As large as both levels of the table together.
 #[map]
 pub static CHECKED: Array<u64> = Array::with_max_entries(65536, BPF_F_MMAPABLE);
 

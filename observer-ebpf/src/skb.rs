@@ -9,12 +9,15 @@ use crate::{
     kernel::{Cast, EntryReads, Probed, ReadFailed, read},
     kfunc::dynptr_from_skb,
     maps::offset,
+    table::{Levels, Single, Table},
 };
 
 /// The `sk_buff` fields the forwarding hook needs.
 pub trait SkbFields: Copy {
     /// How the program reads the conntrack entry `_nfct` points at.
     type Entry: EntryReads;
+    /// Where the program keeps its connections (`table`).
+    type Table: Table;
     /// `_nfct`, `len` and `data_len`.
     fn conntrack_and_lengths(self) -> Result<(u64, u32, u32), ReadFailed>;
     /// `head` and `data`.
@@ -66,6 +69,7 @@ impl BtfSkb {
 
 impl SkbFields for BtfSkb {
     type Entry = Probed;
+    type Table = Single;
 
     #[inline(always)]
     fn conntrack_and_lengths(self) -> Result<(u64, u32, u32), ReadFailed> {
@@ -113,6 +117,7 @@ pub struct ProbedSkb(pub u64);
 
 impl SkbFields for ProbedSkb {
     type Entry = Probed;
+    type Table = Single;
 
     #[inline(always)]
     fn conntrack_and_lengths(self) -> Result<(u64, u32, u32), ReadFailed> {
@@ -159,6 +164,7 @@ pub struct NetfilterSkb(pub BtfSkb);
 
 impl SkbFields for NetfilterSkb {
     type Entry = Cast;
+    type Table = Levels;
     const READS_FRAGMENTS: bool = true;
 
     #[inline(always)]

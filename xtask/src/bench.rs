@@ -76,7 +76,8 @@ pub struct BenchArgs {
     only: Option<Part>,
     /// Compare this observer binary (e.g. an older build) with the one benchmarked, in
     /// interleaved rounds on one lab: rates, CPU per connection, kernel programs' cost
-    /// per new connection and per exchange on kept connections. Only that is run.
+    /// per new connection and per exchange on kept connections. Only that is run. With
+    /// `--only keepalive`, the keep-alive figures of both builds in the same rounds.
     #[arg(long, value_name = "BINARY")]
     compare: Option<std::path::PathBuf>,
 }
@@ -191,12 +192,14 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
         established: &exchange,
         keepalive: &keepalive,
     };
-    if let Some(other) = &args.compare {
+    if let Some(other) = &args.compare
+        && !matches!(args.only, Some(Part::Keepalive))
+    {
         return compare::report(&setup, other);
     }
     match args.only {
         Some(Part::Subscriber) => return subscriber::report(&setup),
-        Some(Part::Keepalive) => return keepalive::report(&setup),
+        Some(Part::Keepalive) => return keepalive::report(&setup, args.compare.as_deref()),
         Some(Part::Hooks) => return hooks::report(&setup),
         None => {}
     }

@@ -36,14 +36,15 @@ use crate::{
     dns::{capture, capture_segment},
     kernel::{EntryReads, ReadFailed},
     maps::{
-        BPF_NOEXIST, CONNS, DIALED, SCRATCH, count, count_lost, forget_lost, lost_at, offset,
-        opens_from_table, remember_lost,
+        DIALED, SCRATCH, count, count_lost, forget_lost, lost_at, offset, opens_from_table,
+        remember_lost,
     },
     packet::{
         Packet, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, carries_nothing, parse, port_unreachable,
     },
     skb::{BtfSkb, ProbedSkb, SkbFields},
     state::{is_dns, load, store},
+    table::Table,
 };
 
 /// `-EEXIST`.
@@ -104,7 +105,7 @@ pub(super) fn handle<S: SkbFields>(skb: S) -> Result<(), ReadFailed> {
     } else {
         ORIGINAL
     };
-    if let Some(state) = CONNS.get_ptr_mut(&conntrack) {
+    if let Some(state) = S::Table::get(conntrack) {
         // An entry still unconfirmed may be a clash's loser, freed since and its memory
         // taken by another connection, whose packets are not NEW any more: checked on
         // every packet until it is seen confirmed.
@@ -115,7 +116,7 @@ pub(super) fn handle<S: SkbFields>(skb: S) -> Result<(), ReadFailed> {
             // The kernel freed the entry we tracked and reused its memory for this new
             // connection: the old one ended without FIN or RST.
             let time = clock::exact();
-            end_now(conntrack, state, CLOSE_EXPIRED, time.0);
+            end_now::<S::Table>(conntrack, state, CLOSE_EXPIRED, time.0);
             return open(skb, conntrack, (info, ct_status), dir, &packet, time);
         }
         if unconfirmed && ct_status & (1 << status::CONFIRMED_BIT) != 0 {
@@ -145,7 +146,7 @@ pub(super) fn handle<S: SkbFields>(skb: S) -> Result<(), ReadFailed> {
 /// about DNATed connections get here.
 #[inline(always)]
 fn refusal<S: SkbFields>(skb: S, conntrack: u64) -> Result<(), ReadFailed> {
-    let Some(state) = CONNS.get_ptr_mut(&conntrack) else {
+    let Some(state) = S::Table::get(conntrack) else {
         return Ok(());
     };
     if refuses(state) && port_unreachable(skb)? {
@@ -178,7 +179,7 @@ fn follow<S: SkbFields>(
     let pending = pending_close(state);
     if pending != CLOSE_NONE {
         // It ended while the ring buffer was full: try to report it again.
-        close(conntrack, state, pending, now);
+        close::<S::Table>(conntrack, state, pending, now);
         return;
     }
     if dir == REPLY {
@@ -190,7 +191,7 @@ fn follow<S: SkbFields>(
         capture_dns(skb, conntrack, state, dir, packet, fresh, now);
     }
     if reason != CLOSE_NONE {
-        close(conntrack, state, reason, now);
+        close::<S::Table>(conntrack, state, reason, now);
     }
 }
 
@@ -232,11 +233,11 @@ fn open<S: SkbFields>(
     let fresh_ref = unsafe { &*fresh };
     // An earlier owner of the tuple has a `DIALED` entry only where this one gets one.
     if start_seen && packet.protocol == PROTO_TCP && wanted {
-        supersede(conntrack, fresh_ref, now);
+        supersede::<S::Table>(conntrack, fresh_ref, now);
     }
-    match CONNS.insert(&conntrack, fresh_ref, BPF_NOEXIST) {
+    match S::Table::insert(conntrack, fresh_ref, !start_seen) {
         Ok(()) => {
-            if keep_inserted::<S::Entry>(conntrack, fresh_ref, start_seen, packet) {
+            if keep_inserted::<S::Entry, S::Table>(conntrack, fresh_ref, start_seen, packet) {
                 report_opened(
                     skb,
                     conntrack,
@@ -252,7 +253,7 @@ fn open<S: SkbFields>(
         // connection's (the flow's first datagrams on two CPUs, after a clash merged
         // them), accounted on that entry as any later packet.
         Err(EEXIST) => {
-            if let Some(state) = CONNS.get_ptr_mut(&conntrack) {
+            if let Some(state) = S::Table::get(conntrack) {
                 follow(skb, conntrack, state, dir, packet, now);
             }
         }
@@ -297,7 +298,7 @@ fn new_state<E: EntryReads>(
 /// Whether the entry just inserted for `fresh` stays; removes it when it is not a
 /// connection to record.
 #[inline(always)]
-fn keep_inserted<E: EntryReads>(
+fn keep_inserted<E: EntryReads, T: Table>(
     conntrack: u64,
     fresh: &ConnState,
     start_seen: bool,
@@ -310,14 +311,14 @@ fn keep_inserted<E: EntryReads>(
         // A late packet of a connection another CPU just closed and removed: its
         // state left ESTABLISHED before that removal, so checking after the insert
         // cannot miss it. Not a connection to adopt.
-        let _ = CONNS.remove(&conntrack);
+        T::remove(conntrack);
         return false;
     }
     if start_seen && counted_lost(conntrack, fresh, packet) {
         // An earlier pass of this packet (bridge, then bridge port) or of its SYN
         // found the table full and counted the connection lost: it stays lost, not
         // also recorded (its later packets may adopt it, `start_seen: false`).
-        let _ = CONNS.remove(&conntrack);
+        T::remove(conntrack);
         return false;
     }
     if !start_seen {
@@ -433,7 +434,7 @@ fn established<E: EntryReads>(conntrack: u64) -> Result<bool, ReadFailed> {
 /// namespace still holds: conntrack keeps one entry per tuple, so that entry is gone
 /// (flushed, deleted, or timed out) and its connection ended.
 #[inline(always)]
-fn supersede(conntrack: u64, fresh: &ConnState, now: u64) {
+fn supersede<T: Table>(conntrack: u64, fresh: &ConnState, now: u64) {
     let Some(owner) = DIALED.get_ptr(&DialedKey::of(&fresh.original)) else {
         return;
     };
@@ -442,11 +443,11 @@ fn supersede(conntrack: u64, fresh: &ConnState, now: u64) {
     if owner == conntrack {
         return;
     }
-    let Some(old) = CONNS.get_ptr_mut(&owner) else {
+    let Some(old) = T::get(owner) else {
         return;
     };
     if load!(old.netns) == fresh.netns {
-        end_now(owner, old, CLOSE_EXPIRED, now);
+        end_now::<T>(owner, old, CLOSE_EXPIRED, now);
     }
 }
 

@@ -26,7 +26,8 @@ use observer_common::{
 
 use crate::{
     dns::{capture_segment, load_bytes},
-    maps::{CONNS, DIALED},
+    maps::DIALED,
+    table::{Single, Table},
 };
 
 /// The TCP header's bytes `dns_egress` reads: the ports, the sequence number and the
@@ -125,7 +126,7 @@ fn handle(ctx: &SkBuffContext) {
     };
     // SAFETY: a live map value.
     let conntrack = unsafe { *owner };
-    let Some(state) = CONNS.get_ptr(&conntrack) else {
+    let Some(state) = Single::get(conntrack) else {
         return;
     };
     // SAFETY: bpf_ktime_get_ns has no preconditions.

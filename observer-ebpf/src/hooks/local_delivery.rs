@@ -29,9 +29,10 @@ use observer_common::conn::{CLOSE_NONE, DialedKey, PROTO_TCP, PROTO_UDP, REPLY};
 use crate::{
     conn::{account, close, pending_close},
     dns::{capture_segment, load_bytes},
-    maps::{CONNS, DIALED, dialed_slot, maybe_dialed},
+    maps::{DIALED, dialed_slot, maybe_dialed},
     packet::Packet,
     state::{is_dns, load},
+    table::{Single, Table},
 };
 
 #[cgroup_skb]
@@ -157,7 +158,7 @@ fn handle(ctx: &SkBuffContext) -> Result<(), i64> {
     };
     // SAFETY: a live map value.
     let conntrack = unsafe { *owner };
-    let Some(state) = CONNS.get_ptr_mut(&conntrack) else {
+    let Some(state) = Single::get(conntrack) else {
         return Ok(());
     };
     // A TCP DNS response is copied here even when the node forwarded it: its payload,
@@ -185,7 +186,7 @@ fn handle(ctx: &SkBuffContext) -> Result<(), i64> {
     }
     let (reason, _) = account(state, REPLY, &packet, now);
     if reason != CLOSE_NONE {
-        close(conntrack, state, reason, now);
+        close::<Single>(conntrack, state, reason, now);
     }
     Ok(())
 }

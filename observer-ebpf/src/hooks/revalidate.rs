@@ -34,8 +34,9 @@ use observer_common::{
 
 use crate::{
     kernel::{ReadFailed, read, read_original},
-    maps::{CHECKED, CONNS, offset},
+    maps::{CHECKED, offset},
     state::{load, store},
+    table::any_level,
 };
 
 #[raw_tracepoint]
@@ -69,7 +70,7 @@ extern "C" fn check(index: u64, _context: *mut c_void) -> i64 {
     if conntrack == 0 || conntrack & GONE_MARK != 0 {
         return 0;
     }
-    let Some(state) = CONNS.get_ptr_mut(&conntrack) else {
+    let Some(state) = any_level(conntrack) else {
         return 0;
     };
     // A failed read (counted) proves nothing: the connection stays.

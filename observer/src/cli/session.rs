@@ -25,6 +25,12 @@ pub struct CaptureArgs {
     /// beyond it are counted as lost.
     #[arg(long, value_name = "N", default_value_t = 262_144, value_parser = clap::value_parser!(u32).range(1..=4_194_304))]
     pub max_connections: u32,
+    /// Size of the first level of the table on the netfilter hooks (at most
+    /// `--max-connections`); for tests that make connections spill past it.
+    #[arg(long, value_name = "N", hide = true, env = "OBSERVER_NEAR_CONNECTIONS",
+          default_value_t = crate::kernel::conn_table::NEAR_CONNECTIONS,
+          value_parser = clap::value_parser!(u32).range(1..=4_194_304))]
+    pub near_connections: u32,
     /// Size of the kernel's ring buffer of connection events in bytes (a power of two,
     /// at least 4096); for tests that force it to fill.
     #[arg(long, value_name = "BYTES", hide = true, value_parser = ring_buffer_bytes)]
@@ -166,6 +172,7 @@ impl CaptureArgs {
     pub fn start_capture(&self) -> anyhow::Result<Capture> {
         let capture = Capture::start(&CaptureOptions {
             max_connections: self.max_connections,
+            near_connections: self.near_connections,
             btf_path: self.btf.clone(),
             ring_buffer_bytes: self.ring_buffer_bytes,
             dns_ring_buffer_bytes: self.dns_ring_buffer_bytes,

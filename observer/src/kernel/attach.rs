@@ -84,6 +84,16 @@ pub enum HookChoice {
 /// memory.
 pub const NETFILTER_SINCE: (u32, u32) = (6, 12);
 
+/// Whether `attach_all` will try the netfilter hooks first (`--hook netfilter` fails
+/// where the kernel is older, `auto` falls back to `net_dev_queue`).
+pub fn netfilter_planned(choice: HookChoice, release: Option<(u32, u32)>) -> bool {
+    choice == HookChoice::Netfilter || (choice == HookChoice::Auto && new_enough(release))
+}
+
+fn new_enough(release: Option<(u32, u32)>) -> bool {
+    release.is_some_and(|release| release >= NETFILTER_SINCE)
+}
+
 /// Where the forwarding program runs.
 #[derive(Debug)]
 pub enum Forwarding {
@@ -220,14 +230,14 @@ fn attach_forwarding(
     (choice, object, release): (HookChoice, &[u8], Option<(u32, u32)>),
     warnings: &mut Vec<String>,
 ) -> Result<Forwarding, HookError> {
-    let new_enough = release.is_some_and(|release| release >= NETFILTER_SINCE);
+    let new_enough = new_enough(release);
     if choice == HookChoice::Netfilter && !new_enough {
         let release = release.map_or("an unknown release".to_owned(), |(major, minor)| {
             format!("{major}.{minor}")
         });
         return Err(HookError::NetfilterTooOld(release));
     }
-    if choice == HookChoice::Netfilter || (choice == HookChoice::Auto && new_enough) {
+    if netfilter_planned(choice, release) {
         match NetfilterProgram::load(object, ebpf, vmlinux) {
             Ok(program) => {
                 log::debug!("the forwarding program loaded as a netfilter program");
@@ -338,4 +348,23 @@ fn attach_cgroup(
         .attach(cgroup, attach_type, CgroupAttachMode::Single)
         .map_err(AttachError::Program)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{HookChoice, netfilter_planned};
+
+    #[test]
+    fn the_netfilter_hooks_are_planned_where_they_will_be_tried() {
+        let cases = [
+            (HookChoice::Auto, Some((6, 12)), true),
+            (HookChoice::Auto, Some((6, 11)), false),
+            (HookChoice::Auto, None, false),
+            (HookChoice::Netfilter, Some((6, 1)), true),
+            (HookChoice::DevQueue, Some((6, 18)), false),
+        ];
+        for (choice, release, planned) in cases {
+            assert_eq!(netfilter_planned(choice, release), planned, "{choice:?} {release:?}");
+        }
+    }
 }

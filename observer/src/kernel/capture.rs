@@ -14,9 +14,8 @@ use observer_common::{
     reject::{RejectCount, RejectEvent, RejectKey},
 };
 
-use std::os::fd::AsFd as _;
-
 use crate::kernel::attach::{self, AttachError, Forwarding, HookChoice, HookError, REVALIDATE};
+use crate::kernel::conn_table::ConnTable;
 use crate::kernel::host::{Caps, kernel_release, parse_release, raise_memlock, too_old};
 use crate::kernel::load::{self, BtfFileError, KernelBtf, LoadError, error_chain};
 use crate::kernel::node_links::NodeLinks;
@@ -56,6 +55,9 @@ pub enum RunError {
 pub struct CaptureOptions {
     /// Size of the kernel's connection table (`CONNS`).
     pub max_connections: u32,
+    /// Size of its first level on the netfilter hooks (`NEAR_CONNS`), at most
+    /// `max_connections`.
+    pub near_connections: u32,
     /// Where the kernel's BTF is (normally `/sys/kernel/btf/vmlinux`).
     pub btf_path: std::path::PathBuf,
     /// The connection events' ring buffer's size in bytes (a power of two, at least a
@@ -113,13 +115,8 @@ pub struct Capture {
     rejects: RingBuf<MapData>,
     /// Rejected flows' counts, by flow.
     rejected: HashMap<MapData, RejectKey, RejectCount>,
-    conns: HashMap<MapData, u64, ConnState>,
-    /// `conns`' descriptor again, for batch reads (aya 0.14 has none).
-    conns_fd: std::os::fd::OwnedFd,
-    /// Its batch reads' buffers.
-    conns_reader: crate::kernel::batch::BatchReader<u64, ConnState>,
-    /// Its hash buckets (its size rounded up to a power of two), which a whole read walks.
-    conns_buckets: usize,
+    /// `CONNS`, and `NEAR_CONNS` where the netfilter program runs.
+    table: ConnTable,
     dialed: HashMap<MapData, DialedKey, u64>,
     counters: PerCpuArray<MapData, u64>,
     /// observer-ebpf's `SETTINGS`.
@@ -157,26 +154,26 @@ impl Capture {
         check_host()?;
         raise_memlock();
         let kernel = KernelBtf::read(&options.btf_path).map_err(CaptureError::Btf)?;
+        let release = kernel_release().as_deref().and_then(parse_release);
         let sizes = load::Sizes {
             max_connections: options.max_connections,
+            near_connections: if attach::netfilter_planned(options.hook, release) {
+                options.near_connections.min(options.max_connections)
+            } else {
+                1
+            },
             ring_buffer_bytes: options.ring_buffer_bytes,
             dns_ring_buffer_bytes: options.dns_ring_buffer_bytes,
         };
         let mut ebpf = load::load(&sizes, &kernel).map_err(CaptureError::Load)?;
-        let release = kernel_release().as_deref().and_then(parse_release);
         let attached = attach::attach_all(
             &mut ebpf,
             kernel.vmlinux.as_ref().map_err(String::as_str),
             (options.hook, load::object(), release),
         )
         .map_err(CaptureError::Attach)?;
-        let mut capture = Capture::new(
-            ebpf,
-            options.max_connections,
-            attached,
-            options.node_netns.clone(),
-        )
-        .map_err(CaptureError::Load)?;
+        let mut capture = Capture::new(ebpf, &sizes, attached, options.node_netns.clone())
+            .map_err(CaptureError::Load)?;
         if capture.node_links.is_some() {
             // Namespaces that do not exist yet are linked when they appear; but when
             // every one there is refused, nothing would ever be seen.
@@ -222,31 +219,27 @@ impl Capture {
     /// Takes the maps out of the attached object.
     fn new(
         mut ebpf: Ebpf,
-        max_connections: u32,
+        sizes: &load::Sizes,
         attached: attach::Attached,
         node_netns: Vec<std::path::PathBuf>,
     ) -> Result<Capture, LoadError> {
-        let conns = load::take_map(&mut ebpf, "CONNS")?;
-        let conns_fd = match &conns {
-            aya::maps::Map::HashMap(data) => data.fd().as_fd().try_clone_to_owned(),
-            _ => Err(std::io::Error::other("CONNS is not a hash map")),
-        }
-        .map_err(LoadError::ConnsFd)?;
+        let levels = matches!(attached.forwarding, Forwarding::Netfilter(_));
         Ok(Capture {
+            table: ConnTable::take(
+                &mut ebpf,
+                (sizes.near_connections, sizes.max_connections),
+                levels,
+            )?,
             events: load::poll_ring_buffer(&mut ebpf, "EVENTS")?,
             dns_events: load::poll_ring_buffer(&mut ebpf, "DNS_EVENTS")?,
             rejects: load::take(&mut ebpf, "REJECT_EVENTS")?,
             rejected: load::take(&mut ebpf, "REJECTED")?,
-            conns: HashMap::try_from(conns).map_err(LoadError::Map)?,
-            conns_fd,
-            conns_reader: Default::default(),
-            conns_buckets: (max_connections as usize).next_power_of_two(),
             dialed: load::take(&mut ebpf, "DIALED")?,
             counters: load::take(&mut ebpf, "COUNTERS")?,
             settings: load::take(&mut ebpf, "SETTINGS")?,
             lost_by_netns: load::take(&mut ebpf, "LOST_BY_NETNS")?,
             dns_dropped_by_netns: load::take(&mut ebpf, "DNS_DROPPED_BY_NETNS")?,
-            checked: load::map_checked(&mut ebpf, max_connections)?,
+            checked: load::map_checked(&mut ebpf, sizes.checked())?,
             ebpf: Some(ebpf),
             hooks_attached: attached.hooks,
             node_links: match attached.forwarding {
@@ -350,10 +343,7 @@ impl Capture {
     /// The kernel's connection table as it is now: read in batches, or entry by entry
     /// where the kernel cannot batch.
     pub fn connections(&mut self) -> Vec<(u64, ConnState)> {
-        match self.conns_reader.lookup_all(self.conns_fd.as_fd()) {
-            Ok(entries) => entries,
-            Err(_) => self.conns.iter().filter_map(Result::ok).collect(),
-        }
+        self.table.all()
     }
 
     /// Those of `keys` in the kernel's connection table now, one lookup each (cheaper
@@ -362,10 +352,8 @@ impl Capture {
     pub fn connections_of(&self, keys: &[u64]) -> Option<Vec<(u64, ConnState)>> {
         let mut out = Vec::with_capacity(keys.len());
         for &key in keys {
-            match self.conns.get(&key, 0) {
-                Ok(state) => out.push((key, state)),
-                Err(aya::maps::MapError::KeyNotFound) => {}
-                Err(_) => return None,
+            if let Some(state) = self.table.get(key).ok()? {
+                out.push((key, state));
             }
         }
         Some(out)
@@ -373,23 +361,19 @@ impl Capture {
 
     /// The hash buckets a whole read of the connection table walks.
     pub fn connection_buckets(&self) -> usize {
-        self.conns_buckets
+        self.table.buckets()
     }
 
     /// One connection of the kernel's table, if it is there.
     pub fn connection(&self, conntrack: u64) -> Option<ConnState> {
-        self.conns.get(&conntrack, 0).ok()
+        self.table.get(conntrack).ok().flatten()
     }
 
     /// Removes a connection from the kernel tables; false when the kernel removed it
     /// first (then its close event is on the way) or its key now holds a newer
     /// connection (the kernel reused the `nf_conn` since `state` was read).
     pub fn remove(&mut self, conntrack: u64, state: &ConnState) -> bool {
-        if self
-            .conns
-            .get(&conntrack, 0)
-            .map_or(true, |current| current.start_ns != state.start_ns)
-        {
+        if !self.table.remove(conntrack, state.start_ns) {
             return false;
         }
         let key = DialedKey::of(&state.original);
@@ -401,7 +385,7 @@ impl Capture {
         {
             let _ = self.dialed.remove(&key);
         }
-        self.conns.remove(&conntrack).is_ok()
+        true
     }
 
     /// Lost connections per network namespace inode (the kernel's part of

@@ -36,8 +36,10 @@ pub enum LoadError {
     Map(aya::maps::MapError),
     #[error("cannot map the array CHECKED: {0}")]
     Checked(std::io::Error),
-    #[error("cannot read map CONNS: {0}")]
+    #[error("cannot read the connection table: {0}")]
     ConnsFd(std::io::Error),
+    #[error("cannot map the array FAR_ENTRIES: {0}")]
+    FarEntries(std::io::Error),
     #[error("cannot poll the ring buffer {name}: {error}")]
     Poll {
         name: &'static str,
@@ -109,8 +111,17 @@ impl KernelBtf {
 /// Table and ring sizes for the object (see `CaptureOptions`).
 pub struct Sizes {
     pub max_connections: u32,
+    /// `NEAR_CONNS`' entries: at least 1, the map's minimum, where it is not used.
+    pub near_connections: u32,
     pub ring_buffer_bytes: Option<u32>,
     pub dns_ring_buffer_bytes: Option<u32>,
+}
+
+impl Sizes {
+    /// `CHECKED`'s slots: one per connection both levels of the table can hold.
+    pub fn checked(&self) -> u32 {
+        self.max_connections.saturating_add(self.near_connections)
+    }
 }
 
 /// Loads the embedded object with the offsets and table sizes filled in.
@@ -135,8 +146,9 @@ pub fn load(sizes: &Sizes, kernel: &KernelBtf) -> Result<Ebpf, LoadError> {
         .override_global("NETFILTER_DROP_REASON", &layout.netfilter_drop_reason, true)
         .override_global("TICK_NS", &tick_ns, true)
         .map_max_entries("CONNS", sizes.max_connections)
+        .map_max_entries("NEAR_CONNS", sizes.near_connections)
         .map_max_entries("DIALED", sizes.max_connections)
-        .map_max_entries("CHECKED", sizes.max_connections);
+        .map_max_entries("CHECKED", sizes.checked());
     for (ring, bytes) in [
         ("EVENTS", sizes.ring_buffer_bytes),
         ("DNS_EVENTS", sizes.dns_ring_buffer_bytes),
@@ -175,9 +187,9 @@ where
 }
 
 /// Maps the revalidation program's `CHECKED` array, as large as the connection table.
-pub fn map_checked(ebpf: &mut Ebpf, max_connections: u32) -> Result<MappedArray, LoadError> {
+pub fn map_checked(ebpf: &mut Ebpf, slots: u32) -> Result<MappedArray, LoadError> {
     match take_map(ebpf, "CHECKED")? {
-        aya::maps::Map::Array(data) => MappedArray::new(data, max_connections as usize),
+        aya::maps::Map::Array(data) => MappedArray::new(data, slots as usize),
         _ => Err(std::io::Error::other("it is not an array")),
     }
     .map_err(LoadError::Checked)

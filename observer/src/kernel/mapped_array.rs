@@ -65,6 +65,13 @@ impl MappedArray {
         }
     }
 
+    /// Slot `index`'s address, for atomic access (panics past the end).
+    pub fn slot_ptr(&self, index: usize) -> *mut u64 {
+        assert!(index < self.len, "slot {index} of {}", self.len);
+        // SAFETY: inside the mapping, which lives as long as `self`.
+        unsafe { self.slots.as_ptr().add(index) }
+    }
+
     /// Reads slot `index` (0 past the end).
     pub fn get(&self, index: usize) -> u64 {
         if index < self.len {

@@ -9,6 +9,7 @@ pub mod attach;
 pub mod batch;
 pub mod btf;
 pub mod capture;
+pub mod conn_table;
 pub mod decode;
 pub mod flowtables;
 pub mod host;

@@ -7,10 +7,12 @@
 //! exchange was due, and observer's CPU as % of a core: its programs (bpf_stats, gross:
 //! the accounting's own clock reads included; and net of them, less what empty programs
 //! on the same hooks measure under the same load) and its process (user + sys). Then an
-//! idle `observer record` (no traffic).
+//! idle `observer record` (no traffic). With `--compare OTHER`, the same for a second
+//! build in the same alternating rounds, so that a VM whose speed drifts moves both.
 
 use std::{
     collections::BTreeMap,
+    path::Path,
     time::{Duration, Instant},
 };
 
@@ -88,26 +90,35 @@ impl Floor {
     }
 }
 
-pub fn report(setup: &cost::Setup<'_>) -> anyhow::Result<()> {
+/// `other`: a second build measured in the same rounds (`--compare`).
+pub fn report(setup: &cost::Setup<'_>, other: Option<&Path>) -> anyhow::Result<()> {
     println!("load average before: {}", rounds::load_average()?);
     let stats = progstats::StatsEnabled::new()?;
-    let (mut without, mut with) = (Vec::new(), Vec::new());
+    // None first, then each build; the order turns by one each round.
+    let builds: Vec<&Path> = std::iter::once(setup.observer).chain(other).collect();
+    let mut without = Vec::new();
+    let mut with: Vec<Vec<Observed>> = builds.iter().map(|_| Vec::new()).collect();
+    let slots = builds.len() + 1;
     for round in 0..setup.rounds {
-        let observed_first = round % 2 == 1;
-        for observed in [observed_first, !observed_first] {
-            if observed {
-                with.push(observed_round(setup, |_| (setup.keepalive)())?);
-            } else {
-                without.push((setup.keepalive)()?);
+        for turn in 0..slots {
+            match (round + turn) % slots {
+                0 => without.push((setup.keepalive)()?),
+                build => with[build - 1]
+                    .push(observed_round(builds[build - 1], |_| (setup.keepalive)())?),
             }
         }
     }
-    let idle: Vec<Observed> = (0..3)
-        .map(|_| {
-            observed_round(setup, |_| {
-                std::thread::sleep(IDLE);
-                Ok(PacedReport::default())
-            })
+    let idle: Vec<Vec<Observed>> = builds
+        .iter()
+        .map(|build| {
+            (0..3)
+                .map(|_| {
+                    observed_round(build, |_| {
+                        std::thread::sleep(IDLE);
+                        Ok(PacedReport::default())
+                    })
+                })
+                .collect::<anyhow::Result<_>>()
         })
         .collect::<anyhow::Result<_>>()?;
     let floor = Floor::measure(setup)?;
@@ -134,20 +145,25 @@ pub fn report(setup: &cost::Setup<'_>) -> anyhow::Result<()> {
         )
     };
     println!("  no observer: {}", column(without.iter().collect()));
-    println!(
-        "  observer:    {}",
-        column(with.iter().map(|o| &o.load).collect())
-    );
-    print_cpu("observer's CPU under that load", &with, &floor, true);
-    print_cpu(
-        &format!(
-            "an idle observer record (no traffic), 3 rounds of {} s",
-            IDLE.as_secs()
-        ),
-        &idle,
-        &floor,
-        false,
-    );
+    for ((build, with), idle) in builds.iter().zip(&with).zip(&idle) {
+        if other.is_some() {
+            println!("  {}:", build.display());
+        }
+        println!(
+            "  observer:    {}",
+            column(with.iter().map(|o| &o.load).collect())
+        );
+        print_cpu("observer's CPU under that load", with, &floor, true);
+        print_cpu(
+            &format!(
+                "an idle observer record (no traffic), 3 rounds of {} s",
+                IDLE.as_secs()
+            ),
+            idle,
+            &floor,
+            false,
+        );
+    }
     println!("load average after: {}", rounds::load_average()?);
     Ok(())
 }
@@ -216,11 +232,11 @@ fn print_cpu(title: &str, rounds: &[Observed], floor: &Floor, per_exchange: bool
 /// `load` with `observer record` attached, its programs' and process's CPU measured
 /// over the load.
 fn observed_round(
-    setup: &cost::Setup<'_>,
+    observer: &Path,
     load: impl FnOnce(()) -> anyhow::Result<PacedReport>,
 ) -> anyhow::Result<Observed> {
     let dir = tempfile_dir()?;
-    let recorder = Recorder::start(setup.observer, &dir)?;
+    let recorder = Recorder::start(observer, &dir)?;
     let pid = recorder.observer.pid();
     std::thread::sleep(SETTLE);
     let ids = progstats::program_ids(pid)?;

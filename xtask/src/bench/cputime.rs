@@ -61,15 +61,19 @@ fn threads_ns(pid: u32) -> anyhow::Result<BTreeMap<u32, u64>> {
     for entry in std::fs::read_dir(format!("/proc/{pid}/task"))? {
         let entry = entry?;
         let tid: u32 = entry.file_name().to_string_lossy().parse()?;
-        let schedstat = std::fs::read_to_string(entry.path().join("schedstat"))?;
-        let ns = schedstat
-            .split_whitespace()
-            .next()
-            .context("empty schedstat")?
-            .parse()?;
-        threads.insert(tid, ns);
+        threads.insert(tid, schedstat_ns(&entry.path().join("schedstat"))?);
     }
     Ok(threads)
+}
+
+/// A thread's nanoseconds on a CPU: the first field of its `schedstat`.
+fn schedstat_ns(path: &std::path::Path) -> anyhow::Result<u64> {
+    let schedstat = std::fs::read_to_string(path)?;
+    Ok(schedstat
+        .split_whitespace()
+        .next()
+        .context("empty schedstat")?
+        .parse()?)
 }
 
 /// User + system CPU seconds process `pid` used so far (/proc/PID/stat fields 14, 15).
@@ -110,24 +114,20 @@ mod tests {
 
     #[test]
     fn a_running_thread_reads_to_the_nanosecond() {
-        // This thread's own figure: the harness's other test threads may end meanwhile,
-        // which sends the whole process's reading back to the ticks.
-        let pid = std::process::id();
-        // `/proc/thread-self` links to `PID/task/TID`.
-        let tid: u32 = std::fs::read_link("/proc/thread-self")
-            .unwrap()
-            .file_name()
-            .unwrap()
-            .to_str()
-            .unwrap()
-            .parse()
-            .unwrap();
-        let before = threads_ns(pid).unwrap()[&tid];
+        // This thread's own figure: reading the whole process fails when one of the
+        // harness's other test threads ends between the listing and its read.
+        let own = std::path::Path::new("/proc/thread-self/schedstat");
+        let before = schedstat_ns(own).unwrap();
+        // The kernel adds a running thread's time at its scheduler updates (ticks and
+        // switches): 50 ms of work spans several at any HZ.
+        let started = std::time::Instant::now();
         let mut x = 0u64;
-        for i in 0..200_000u64 {
-            x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
+        while started.elapsed() < std::time::Duration::from_millis(50) {
+            for i in 0..10_000u64 {
+                x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
+            }
         }
-        let after = threads_ns(pid).unwrap()[&tid];
+        let after = schedstat_ns(own).unwrap();
         assert!(after > before, "{before} -> {after}");
         assert!(after - before < 1_000_000_000, "{before} -> {after}");
     }

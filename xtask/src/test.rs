@@ -74,8 +74,8 @@ const SECOND_HOOK_TESTS: [&str; 12] = [
 /// The root tests that exercise the kernel's connection table, run again on the netfilter
 /// hooks with a first level (`NEAR_CONNS`) of 2 entries (`OBSERVER_NEAR_CONNECTIONS`, which
 /// observer reads for its hidden `--near-connections`): nearly every connection spills into
-/// `CONNS`, so both levels and the moves between them carry the churn, floods, overload,
-/// conntrack's own flushes, deletes and reuse, clashes, long UDP flows and outcomes.
+/// `CONNS`, so both levels carry the churn, floods, overload, conntrack's own flushes,
+/// deletes and reuse, clashes, long UDP flows and outcomes.
 const SPILL_TESTS: [&str; 11] = [
     "churn",
     "hostile",
@@ -119,7 +119,11 @@ fn second_passes(extra: &[String], dist_dir: &std::path::Path) -> anyhow::Result
         dist_dir,
         ("OBSERVER_NEAR_CONNECTIONS", "2"),
     );
-    dev_queue.and(spill)
+    match (dev_queue, spill) {
+        (Ok(()), Ok(())) => Ok(()),
+        (Err(e), Ok(())) | (Ok(()), Err(e)) => Err(e),
+        (Err(dev_queue), Err(spill)) => bail!("{dev_queue:#}; and {spill:#}"),
+    }
 }
 
 /// `tests` again, one at a time, with `variable` set.

@@ -364,7 +364,11 @@ mod tests {
             (HookChoice::DevQueue, Some((6, 18)), false),
         ];
         for (choice, release, planned) in cases {
-            assert_eq!(netfilter_planned(choice, release), planned, "{choice:?} {release:?}");
+            assert_eq!(
+                netfilter_planned(choice, release),
+                planned,
+                "{choice:?} {release:?}"
+            );
         }
     }
 }

@@ -239,7 +239,7 @@ impl Capture {
             settings: load::take(&mut ebpf, "SETTINGS")?,
             lost_by_netns: load::take(&mut ebpf, "LOST_BY_NETNS")?,
             dns_dropped_by_netns: load::take(&mut ebpf, "DNS_DROPPED_BY_NETNS")?,
-            checked: load::map_checked(&mut ebpf, sizes.checked())?,
+            checked: load::mapped_array(&mut ebpf, "CHECKED", sizes.checked())?,
             ebpf: Some(ebpf),
             hooks_attached: attached.hooks,
             node_links: match attached.forwarding {

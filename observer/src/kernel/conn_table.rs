@@ -78,16 +78,12 @@ impl ConnTable {
         (near_entries, far_entries): (u32, u32),
         levels: bool,
     ) -> Result<ConnTable, LoadError> {
-        let near = Level::take(ebpf, "NEAR_CONNS", near_entries)?;
-        let count = match load::take_map(ebpf, "FAR_ENTRIES")? {
-            aya::maps::Map::Array(data) => MappedArray::new(data, 1),
-            _ => Err(std::io::Error::other("it is not an array")),
-        }
-        .map_err(LoadError::FarEntries)?;
         Ok(ConnTable {
-            near: levels.then_some(near),
+            near: levels
+                .then(|| Level::take(ebpf, "NEAR_CONNS", near_entries))
+                .transpose()?,
             far: Level::take(ebpf, "CONNS", far_entries)?,
-            far_entries: count,
+            far_entries: load::mapped_array(ebpf, "FAR_ENTRIES", 1)?,
         })
     }
 

@@ -34,12 +34,13 @@ pub enum LoadError {
     MissingMap(&'static str),
     #[error("{}", error_chain(.0))]
     Map(aya::maps::MapError),
-    #[error("cannot map the array CHECKED: {0}")]
-    Checked(std::io::Error),
+    #[error("cannot map the array {name}: {error}")]
+    MappedArray {
+        name: &'static str,
+        error: std::io::Error,
+    },
     #[error("cannot read the connection table: {0}")]
     ConnsFd(std::io::Error),
-    #[error("cannot map the array FAR_ENTRIES: {0}")]
-    FarEntries(std::io::Error),
     #[error("cannot poll the ring buffer {name}: {error}")]
     Poll {
         name: &'static str,
@@ -186,13 +187,18 @@ where
     M::try_from(take_map(ebpf, name)?).map_err(LoadError::Map)
 }
 
-/// Maps the revalidation program's `CHECKED` array, as large as the connection table.
-pub fn map_checked(ebpf: &mut Ebpf, slots: u32) -> Result<MappedArray, LoadError> {
-    match take_map(ebpf, "CHECKED")? {
+/// Maps the first `slots` of the mmapable array `name` (the revalidation program's
+/// `CHECKED`, the table's `FAR_ENTRIES`).
+pub fn mapped_array(
+    ebpf: &mut Ebpf,
+    name: &'static str,
+    slots: u32,
+) -> Result<MappedArray, LoadError> {
+    match take_map(ebpf, name)? {
         aya::maps::Map::Array(data) => MappedArray::new(data, slots as usize),
         _ => Err(std::io::Error::other("it is not an array")),
     }
-    .map_err(LoadError::Checked)
+    .map_err(|error| LoadError::MappedArray { name, error })
 }
 
 /// Takes the ring buffer `name` and registers it with tokio, to wait for it to become

@@ -14,19 +14,28 @@ use observer_lab::{Lab, LabConfig, RuleMode, Topology};
 
 const SENTENCE: &str = "no kube-proxy rules in any of";
 
-/// observer's stderr lines once the survey had its time (it runs first thing on the
-/// rules thread).
-fn stderr_after_start(recorder: &Recorder, expect: bool) -> Vec<String> {
-    let deadline = Instant::now() + Duration::from_secs(20);
+/// What the survey logs when it is done (`surveying_recorder`).
+const SURVEYED: &str = "survey: Survey {";
+
+/// observer's stderr lines once the survey is done (it runs first thing on the rules
+/// thread) and its sentence, if any, had the time of a few of the loop's ticks to be
+/// said.
+fn stderr_after_start(recorder: &Recorder) -> Vec<String> {
+    // A loaded CI machine may take a while to run the survey's nft and iptables-save.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut surveyed: Option<Instant> = None;
     loop {
         let lines = recorder.stderr();
         if lines.iter().any(|l| l.contains(SENTENCE)) || Instant::now() > deadline {
             return lines;
         }
-        if !expect && Instant::now() > deadline - Duration::from_secs(15) {
+        if surveyed.is_none() && lines.iter().any(|l| l.contains(SURVEYED)) {
+            surveyed = Some(Instant::now());
+        }
+        if surveyed.is_some_and(|at| at.elapsed() > Duration::from_secs(3)) {
             return lines;
         }
-        std::thread::sleep(Duration::from_millis(200));
+        std::thread::sleep(Duration::from_millis(100));
     }
 }
 
@@ -43,8 +52,9 @@ fn a_node_without_kube_proxy_rules_is_said_to_be_one() {
     let dir = tempfile::tempdir().unwrap();
 
     // With the node's rules: nothing to say.
-    let recorder = Recorder::start(dir.path(), &[]);
-    let lines = stderr_after_start(&recorder, false);
+    let recorder = surveying_recorder(dir.path());
+    let lines = stderr_after_start(&recorder);
+    assert!(lines.iter().any(|l| l.contains(SURVEYED)), "{lines:#?}");
     assert!(!lines.iter().any(|l| l.contains(SENTENCE)), "{lines:#?}");
     recorder.stop();
 
@@ -86,8 +96,8 @@ fn a_node_without_kube_proxy_rules_is_said_to_be_one() {
 /// The survey's sentence, said exactly once by a recorder started now, which also keeps
 /// it in its summary line.
 fn said_once(dir: &std::path::Path) -> String {
-    let recorder = Recorder::start(dir, &[]);
-    let lines = stderr_after_start(&recorder, true);
+    let recorder = surveying_recorder(dir);
+    let lines = stderr_after_start(&recorder);
     let said: Vec<&String> = lines.iter().filter(|l| l.contains(SENTENCE)).collect();
     assert_eq!(said.len(), 1, "one sentence: {lines:#?}");
     let said = said[0].clone();
@@ -98,6 +108,18 @@ fn said_once(dir: &std::path::Path) -> String {
         "the summary line keeps it: {summary:?}"
     );
     said
+}
+
+/// `observer record` that also logs what its survey found in each namespace (a failure
+/// then shows, say, another lab's node with kube-proxy's rules).
+fn surveying_recorder(dir: &std::path::Path) -> Recorder {
+    let output = dir.join("conns.jsonl");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_observer"));
+    command
+        .args(["record", "--write"])
+        .arg(&output)
+        .env("RUST_LOG", "warn,observer::naming::services::survey=debug");
+    Recorder::spawn(command, output)
 }
 
 /// In how many namespaces the sentence says DNAT rules of others are followed.

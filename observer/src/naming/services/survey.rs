@@ -142,19 +142,26 @@ pub fn look(source: &super::SystemSource) -> Survey {
     for path in candidate_namespaces(32) {
         survey.checked += 1;
         survey.ipvs |= ipvs_in(&path);
-        let Ok(dumps) = source.dump_path(&path) else {
-            continue;
+        let dumps = match source.dump_path(&path) {
+            Ok(dumps) => dumps,
+            Err(error) => {
+                log::debug!("survey: {}: rules not read: {error}", path.display());
+                continue;
+            }
         };
         let map = super::parse_dumps(&dumps).0;
         if map.has_kube_proxy_services() {
+            log::debug!("survey: {}: kube-proxy's rules", path.display());
             survey.with_rules += 1;
             break;
         }
         if !map.is_empty() {
+            log::debug!("survey: {}: DNAT rules of others", path.display());
             survey.with_other_dnat += 1;
         }
     }
     survey.bpf_datapath = bpf_datapath();
+    log::debug!("survey: {survey:?}");
     survey
 }
 

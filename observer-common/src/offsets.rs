@@ -40,11 +40,17 @@ pub struct KernelOffsets {
     /// The type id of `struct nf_conn` in the running kernel's BTF (0 where it is not
     /// readable): the netfilter program reads entries through `bpf_rdonly_cast` to it.
     pub ct_btf_id: u32,
+    /// The type ids of `struct iphdr`, `struct ipv6hdr` and `struct tcphdr` in the same
+    /// BTF (0 where it is not readable): the netfilter program reads a packet's headers
+    /// through `bpf_rdonly_cast` to them.
+    pub iphdr_btf_id: u32,
+    pub ipv6hdr_btf_id: u32,
+    pub tcphdr_btf_id: u32,
     /// Non-zero once user space filled the structure in (programs do nothing until then).
     pub valid: u32,
 }
 
-const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 22 * 4);
+const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 25 * 4);
 
 /// `struct nf_conntrack_tuple` as every kernel since 2.6 lays it out: the programs read
 /// a tuple with one read into this. User space refuses to load on a kernel whose BTF

@@ -39,6 +39,9 @@ pub static OFFSETS: KernelOffsets = KernelOffsets {
     tuple_dst_port: 0,
     tuple_dst_protonum: 0,
     ct_btf_id: 0,
+    iphdr_btf_id: 0,
+    ipv6hdr_btf_id: 0,
+    tcphdr_btf_id: 0,
     valid: 0,
 };
 

@@ -11,6 +11,8 @@ use observer_common::conn::{PROTO_TCP, PROTO_UDP};
 
 use crate::{
     kernel::{ReadFailed, read},
+    kfunc::rdonly_cast,
+    maps::offset,
     skb::SkbFields,
 };
 
@@ -58,9 +60,17 @@ impl Transport {
     };
 }
 
+/// What accounting needs of a packet's IP and transport headers.
+pub struct Layers {
+    /// IP header length (IPv6: without extension headers).
+    pub ip_header: u32,
+    pub protocol: u8,
+    pub transport: Transport,
+}
+
 /// Parses an IPv4 or IPv6 TCP/UDP packet; `Ok(None)` for anything else. `len` and
 /// `data_len` (bytes in page fragments) are the skb's. Reads: `head` with `data`,
-/// `network_header`, the headers (one helper call), and for UDP `dev`.
+/// `network_header`, the headers (`SkbFields::layers`), and for UDP `dev`.
 #[inline(always)]
 pub fn parse<S: SkbFields>(skb: S, len: u32, data_len: u32) -> Result<Option<Packet>, ReadFailed> {
     let (head, data) = skb.head_and_data()?;
@@ -68,6 +78,39 @@ pub fn parse<S: SkbFields>(skb: S, len: u32, data_len: u32) -> Result<Option<Pac
     let ip = head + network_header as u64;
     // Bytes in front of the IP header that `skb->len` counts (the L2 header here).
     let l2 = ip.wrapping_sub(data) as u32;
+    let Some(Layers {
+        ip_header,
+        protocol,
+        transport,
+    }) = skb.layers(ip)?
+    else {
+        return Ok(None);
+    };
+    // Only UDP de-duplication needs the device and the sk_buff.
+    let (dev, skb_address) = if protocol == PROTO_UDP {
+        (skb.dev()?, skb.address())
+    } else {
+        (0, 0)
+    };
+    let before_payload = l2.wrapping_add(ip_header) + transport.header;
+    let payload = len.saturating_sub(before_payload);
+    let headlen = len.saturating_sub(data_len);
+    Ok(Some(Packet {
+        protocol,
+        tcp_flags: transport.tcp_flags,
+        seq: transport.seq,
+        payload,
+        dev,
+        skb: skb_address,
+        payload_at: data.wrapping_add(before_payload as u64),
+        linear: headlen.saturating_sub(before_payload).min(payload),
+    }))
+}
+
+/// `Layers` of the IP header at `ip`, read with `bpf_probe_read_kernel`: the IP header
+/// and the start of the transport header in one call.
+#[inline(always)]
+pub fn read_layers(ip: u64) -> Result<Option<Layers>, ReadFailed> {
     let headers: Headers = read(ip, 0)?;
     let (ip_header, protocol, tcp) = match headers.ip[0] >> 4 {
         4 => {
@@ -101,25 +144,70 @@ pub fn parse<S: SkbFields>(skb: S, len: u32, data_len: u32) -> Result<Option<Pac
         (PROTO_UDP, _) => Transport::UDP,
         _ => return Ok(None),
     };
-    // Only UDP de-duplication needs the device and the sk_buff.
-    let (dev, skb_address) = if protocol == PROTO_UDP {
-        (skb.dev()?, skb.address())
-    } else {
-        (0, 0)
-    };
-    let before_payload = l2.wrapping_add(ip_header) + transport.header;
-    let payload = len.saturating_sub(before_payload);
-    let headlen = len.saturating_sub(data_len);
-    Ok(Some(Packet {
+    Ok(Some(Layers {
+        ip_header,
         protocol,
-        tcp_flags: transport.tcp_flags,
-        seq: transport.seq,
-        payload,
-        dev,
-        skb: skb_address,
-        payload_at: data.wrapping_add(before_payload as u64),
-        linear: headlen.saturating_sub(before_payload).min(payload),
+        transport,
     }))
+}
+
+/// `Layers` of the IP header at `ip`, read as typed pointers: `bpf_rdonly_cast` to
+/// `struct iphdr`, `ipv6hdr` or `tcphdr` (their ids in `OFFSETS`), then one fault-safe
+/// load per member, instead of a helper call that copies 60 bytes. Only the netfilter
+/// program, whose loader rewrites the kfunc call, reads headers so.
+#[inline(always)]
+pub fn cast_layers(ip: u64) -> Option<Layers> {
+    let v4 = cast(ip, offset!(iphdr_btf_id));
+    // `ihl` and `version`: one byte of two bitfields, which the verifier allows as one
+    // load (it covers both); `protocol` is byte 9 (include/uapi/linux/ip.h).
+    let first: u8 = field(v4, 0);
+    let (ip_header, protocol) = match first >> 4 {
+        4 => (((first & 0x0f) as u32) * 4, field::<u8>(v4, 9)),
+        // `nexthdr`, byte 6 (include/uapi/linux/ipv6.h); no extension headers.
+        6 => (
+            Ipv6Hdr::LEN as u32,
+            field::<u8>(cast(ip, offset!(ipv6hdr_btf_id)), 6),
+        ),
+        _ => return None,
+    };
+    let transport = match protocol {
+        PROTO_TCP => {
+            let tcp = cast(ip + ip_header as u64, offset!(tcphdr_btf_id));
+            // `seq` at byte 4; bytes 12 and 13 hold `doff` and the flags as bitfields
+            // (include/uapi/linux/tcp.h), one load of two bytes that covers the first.
+            let seq: u32 = field(tcp, 4);
+            let [offset, flags] = field::<u16>(tcp, 12).to_ne_bytes();
+            Transport {
+                tcp_flags: flags,
+                seq: u32::from_be(seq),
+                header: ((offset >> 4) as u32) * 4,
+            }
+        }
+        PROTO_UDP => Transport::UDP,
+        _ => return None,
+    };
+    Some(Layers {
+        ip_header,
+        protocol,
+        transport,
+    })
+}
+
+/// `address` as a read-only pointer to the kernel type `btf_id`.
+#[inline(always)]
+fn cast(address: u64, btf_id: u32) -> *const u8 {
+    // SAFETY: the kfunc only retypes the address (the verifier turns the call into a
+    // move); loads through the result are fault-safe.
+    unsafe { rdonly_cast(address as *const u8, btf_id) }
+}
+
+/// The `T` at `base + offset`: one member (or bitfields' bytes) of the type `base` was
+/// cast to, which the verifier checks against its BTF.
+#[inline(always)]
+fn field<T>(base: *const u8, offset: usize) -> T {
+    // SAFETY: `base` is a typed pointer from `cast`: the verifier checks the load against
+    // the type's layout and makes it fault-safe.
+    unsafe { core::ptr::read_volatile(base.wrapping_add(offset).cast::<T>()) }
 }
 
 /// ICMP's "port unreachable": type 3 code 3 (ICMPv4), type 1 code 4 (ICMPv6).

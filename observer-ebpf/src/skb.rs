@@ -9,6 +9,7 @@ use crate::{
     kernel::{Cast, EntryReads, Probed, ReadFailed, read},
     kfunc::dynptr_from_skb,
     maps::offset,
+    packet::{Layers, cast_layers, read_layers},
     table::{Levels, Single, Table},
 };
 
@@ -30,6 +31,11 @@ pub trait SkbFields: Copy {
     fn socket(self) -> Result<u64, ReadFailed>;
     /// The `sk_buff`'s own address.
     fn address(self) -> u64;
+    /// The headers' fields accounting needs, from the IP header at kernel address `ip`.
+    #[inline(always)]
+    fn layers(self, ip: u64) -> Result<Option<Layers>, ReadFailed> {
+        read_layers(ip)
+    }
     /// Whether `copy_payload` reads the packet's page fragments: the netfilter program's
     /// `sk_buff`. Where it does, the program copies DNS over TCP itself and the
     /// socket-side programs are not attached; on `net_dev_queue` they are.
@@ -195,6 +201,11 @@ impl SkbFields for NetfilterSkb {
     #[inline(always)]
     fn address(self) -> u64 {
         self.0.address()
+    }
+
+    #[inline(always)]
+    fn layers(self, ip: u64) -> Result<Option<Layers>, ReadFailed> {
+        Ok(cast_layers(ip))
     }
 
     #[inline(always)]

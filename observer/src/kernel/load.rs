@@ -125,17 +125,26 @@ impl Sizes {
     }
 }
 
+/// The id of `struct name` in the kernel's BTF; 0 where it is not there (the netfilter
+/// program, which casts to it, is then refused and `net_dev_queue` used).
+fn struct_id(kernel: &KernelBtf, name: &str) -> u32 {
+    kernel.vmlinux.as_ref().map_or(0, |vmlinux| {
+        vmlinux
+            .id_by_type_name_kind(name, aya_obj::btf::BtfKind::Struct)
+            .unwrap_or(0)
+    })
+}
+
 /// Loads the embedded object with the offsets and table sizes filled in.
 pub fn load(sizes: &Sizes, kernel: &KernelBtf) -> Result<Ebpf, LoadError> {
     let tick_ns = tick_ns()?;
     let layout = &kernel.layout;
     let offsets = KernelOffsets {
         // From the same BTF as the kernel functions' ids (`kernel::netfilter`).
-        ct_btf_id: kernel.vmlinux.as_ref().map_or(0, |vmlinux| {
-            vmlinux
-                .id_by_type_name_kind("nf_conn", aya_obj::btf::BtfKind::Struct)
-                .unwrap_or(0)
-        }),
+        ct_btf_id: struct_id(kernel, "nf_conn"),
+        iphdr_btf_id: struct_id(kernel, "iphdr"),
+        ipv6hdr_btf_id: struct_id(kernel, "ipv6hdr"),
+        tcphdr_btf_id: struct_id(kernel, "tcphdr"),
         ..layout.offsets
     };
     // aya 0.14's `EbpfLoader::new` parses the kernel's BTF itself, with no way around

@@ -127,6 +127,25 @@ impl EntryReads for Probed {
     }
 }
 
+/// `address` as a read-only pointer to the kernel type `btf_id` (`bpf_rdonly_cast`), whose
+/// members are then plain loads. Only the netfilter program, whose loader rewrites the
+/// kfunc call, may use it.
+#[inline(always)]
+pub fn typed(address: u64, btf_id: u32) -> *const u8 {
+    // SAFETY: the kfunc only retypes the address (the verifier turns the call into a
+    // move); loads through the result are fault-safe.
+    unsafe { rdonly_cast(address as *const u8, btf_id) }
+}
+
+/// The `T` at `base + offset`: one member (or the bytes of bitfields, from the first) of
+/// the type `base` points at.
+#[inline(always)]
+pub fn member<T>(base: *const u8, offset: u32) -> T {
+    // SAFETY: `base` is a pointer from `typed` (or a pointer member read through one):
+    // the verifier checks the load against the type's layout and makes it fault-safe.
+    unsafe { core::ptr::read_volatile(base.wrapping_add(offset as usize).cast::<T>()) }
+}
+
 /// Entries read as a typed pointer: `bpf_rdonly_cast` to `struct nf_conn` (its id in the
 /// kernel's BTF, `KernelOffsets::ct_btf_id`, a constant of the frozen `OFFSETS`), after
 /// which each field is one load the verifier checks against the type's layout (one
@@ -138,31 +157,19 @@ impl Cast {
     /// The entry as a typed, read-only pointer.
     #[inline(always)]
     fn entry(conntrack: u64) -> *const u8 {
-        let id = offset!(ct_btf_id);
-        // SAFETY: the kfunc only retypes the address (the verifier turns the call into a
-        // move); loads through the result are fault-safe.
-        unsafe { rdonly_cast(conntrack as *const u8, id) }
-    }
-
-    /// The `T` at `base + offset`, one member of the type `base` points at.
-    #[inline(always)]
-    fn field<T>(base: *const u8, offset: u32) -> T {
-        // SAFETY: `base` is a typed pointer from `entry` (or a pointer member read
-        // through one): the verifier checks the load against the type's layout and
-        // makes it fault-safe.
-        unsafe { core::ptr::read_volatile(base.wrapping_add(offset as usize).cast::<T>()) }
+        typed(conntrack, offset!(ct_btf_id))
     }
 
     /// The tuple at `base` (`RawTuple`'s layout, which user space checked), member by
     /// member: the verifier refuses a load that spans two members.
     #[inline(always)]
     fn tuple(base: *const u8, out: &mut FlowTuple) {
-        let src: [u64; 2] = [Self::field(base, 0), Self::field(base, 8)];
+        let src: [u64; 2] = [member(base, 0), member(base, 8)];
         let dst: [u32; 4] = [
-            Self::field(base, 20),
-            Self::field(base, 24),
-            Self::field(base, 28),
-            Self::field(base, 32),
+            member(base, 20),
+            member(base, 24),
+            member(base, 28),
+            member(base, 32),
         ];
         let mut src_addr = [0u8; 16];
         src_addr[..8].copy_from_slice(&src[0].to_ne_bytes());
@@ -173,16 +180,16 @@ impl Cast {
         }
         out.src = Endpoint {
             addr: src_addr,
-            port: u16::from_be(Self::field(base, 16)),
+            port: u16::from_be(member(base, 16)),
             _pad: [0; 2],
         };
         out.dst = Endpoint {
             addr: dst_addr,
-            port: u16::from_be(Self::field(base, 36)),
+            port: u16::from_be(member(base, 36)),
             _pad: [0; 2],
         };
-        out.family = Self::field(base, 18);
-        out.protocol = Self::field(base, 38);
+        out.family = member(base, 18);
+        out.protocol = member(base, 38);
         out._pad = 0;
     }
 }
@@ -190,18 +197,18 @@ impl Cast {
 impl EntryReads for Cast {
     #[inline(always)]
     fn status(conntrack: u64) -> Result<u64, ReadFailed> {
-        Ok(Self::field(Self::entry(conntrack), offset!(ct_status)))
+        Ok(member(Self::entry(conntrack), offset!(ct_status)))
     }
 
     #[inline(always)]
     fn tcp_state(conntrack: u64) -> Result<u8, ReadFailed> {
-        Ok(Self::field(Self::entry(conntrack), offset!(ct_tcp_state)))
+        Ok(member(Self::entry(conntrack), offset!(ct_tcp_state)))
     }
 
     #[inline(always)]
     fn netns(conntrack: u64) -> Result<u32, ReadFailed> {
-        let net: *const u8 = Self::field(Self::entry(conntrack), offset!(ct_net));
-        Ok(Self::field(net, offset!(net_ns_inum)))
+        let net: *const u8 = member(Self::entry(conntrack), offset!(ct_net));
+        Ok(member(net, offset!(net_ns_inum)))
     }
 
     #[inline(always)]

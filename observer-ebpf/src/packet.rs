@@ -1,6 +1,7 @@
 //! The parts of a packet's headers that accounting needs, read from `skb->head`: the
-//! IP header and the start of the transport header in one read, and where the payload
-//! starts.
+//! IP header and the start of the transport header in one read (`read_layers`), or field
+//! by field as the kernel's own header types (`cast_layers`, the netfilter program), and
+//! where the payload starts.
 
 use network_types::{
     ip::{Ipv4Hdr, Ipv6Hdr},
@@ -10,8 +11,7 @@ use network_types::{
 use observer_common::conn::{PROTO_TCP, PROTO_UDP};
 
 use crate::{
-    kernel::{ReadFailed, read},
-    kfunc::rdonly_cast,
+    kernel::{ReadFailed, member, read, typed},
     maps::offset,
     skb::SkbFields,
 };
@@ -157,26 +157,26 @@ pub fn read_layers(ip: u64) -> Result<Option<Layers>, ReadFailed> {
 /// program, whose loader rewrites the kfunc call, reads headers so.
 #[inline(always)]
 pub fn cast_layers(ip: u64) -> Option<Layers> {
-    let v4 = cast(ip, offset!(iphdr_btf_id));
+    let v4 = typed(ip, offset!(iphdr_btf_id));
     // `ihl` and `version`: one byte of two bitfields, which the verifier allows as one
     // load (it covers both); `protocol` is byte 9 (include/uapi/linux/ip.h).
-    let first: u8 = field(v4, 0);
+    let first: u8 = member(v4, 0);
     let (ip_header, protocol) = match first >> 4 {
-        4 => (((first & 0x0f) as u32) * 4, field::<u8>(v4, 9)),
+        4 => (((first & 0x0f) as u32) * 4, member::<u8>(v4, 9)),
         // `nexthdr`, byte 6 (include/uapi/linux/ipv6.h); no extension headers.
         6 => (
             Ipv6Hdr::LEN as u32,
-            field::<u8>(cast(ip, offset!(ipv6hdr_btf_id)), 6),
+            member::<u8>(typed(ip, offset!(ipv6hdr_btf_id)), 6),
         ),
         _ => return None,
     };
     let transport = match protocol {
         PROTO_TCP => {
-            let tcp = cast(ip + ip_header as u64, offset!(tcphdr_btf_id));
+            let tcp = typed(ip + ip_header as u64, offset!(tcphdr_btf_id));
             // `seq` at byte 4; bytes 12 and 13 hold `doff` and the flags as bitfields
             // (include/uapi/linux/tcp.h), one load of two bytes that covers the first.
-            let seq: u32 = field(tcp, 4);
-            let [offset, flags] = field::<u16>(tcp, 12).to_ne_bytes();
+            let seq: u32 = member(tcp, 4);
+            let [offset, flags] = member::<u16>(tcp, 12).to_ne_bytes();
             Transport {
                 tcp_flags: flags,
                 seq: u32::from_be(seq),
@@ -191,23 +191,6 @@ pub fn cast_layers(ip: u64) -> Option<Layers> {
         protocol,
         transport,
     })
-}
-
-/// `address` as a read-only pointer to the kernel type `btf_id`.
-#[inline(always)]
-fn cast(address: u64, btf_id: u32) -> *const u8 {
-    // SAFETY: the kfunc only retypes the address (the verifier turns the call into a
-    // move); loads through the result are fault-safe.
-    unsafe { rdonly_cast(address as *const u8, btf_id) }
-}
-
-/// The `T` at `base + offset`: one member (or bitfields' bytes) of the type `base` was
-/// cast to, which the verifier checks against its BTF.
-#[inline(always)]
-fn field<T>(base: *const u8, offset: usize) -> T {
-    // SAFETY: `base` is a typed pointer from `cast`: the verifier checks the load against
-    // the type's layout and makes it fault-safe.
-    unsafe { core::ptr::read_volatile(base.wrapping_add(offset).cast::<T>()) }
 }
 
 /// ICMP's "port unreachable": type 3 code 3 (ICMPv4), type 1 code 4 (ICMPv6).

@@ -125,8 +125,9 @@ impl Sizes {
     }
 }
 
-/// The id of `struct name` in the kernel's BTF; 0 where it is not there (the netfilter
-/// program, which casts to it, is then refused and `net_dev_queue` used).
+/// The id of `struct name` in the kernel's BTF; 0 where it is not there (the kernel then
+/// refuses the netfilter program, which casts to it: `--hook auto` falls back to
+/// `net_dev_queue`).
 fn struct_id(kernel: &KernelBtf, name: &str) -> u32 {
     kernel.vmlinux.as_ref().map_or(0, |vmlinux| {
         vmlinux
